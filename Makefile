@@ -1,0 +1,48 @@
+# dp-adam-bench: `make reproduce-table` and `make test` do all the set-up on a fresh machine.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+TABLE ?= default
+PROFILE ?= cpu
+LAUNCHER ?= basic
+
+export WANDB_MODE ?= offline
+export HF_HUB_OFFLINE ?= 1
+
+.PHONY: install reproduce-table test bench lint format clean-runs
+
+install: $(STAMP)
+
+# torch: keep a torch that is already installed in the venv (e.g. a CUDA build a GPU user put there first);
+# otherwise take torch==2.13.0 (the local CPU wheel here). Everything else is installed with torch pinned to the
+# installed version, so pip never replaces it with a newer build and several GB of CUDA packages.
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
+	$(PY) -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > $(VENV)/constraints.txt
+	$(PY) -m pip install -q -c $(VENV)/constraints.txt -e ".[dev]"
+	@touch $(STAMP)
+
+reproduce-table: $(STAMP)
+	$(PY) -m dp_adam_bench reproduce $(TABLE) --profile $(PROFILE) --launcher $(LAUNCHER)
+
+# pytest exits 5 when it collects no test: that is a failure here, never a silent pass.
+test: $(STAMP)
+	$(PY) -m pytest -q tests; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
+
+bench: $(STAMP)
+	$(PY) benchmarks/run_all.py
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+clean-runs:
+	rm -rf runs

@@ -1,0 +1,5 @@
+import sys
+
+from dp_adam_bench.cli import main
+
+sys.exit(main())

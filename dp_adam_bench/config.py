@@ -1,0 +1,81 @@
+"""Validation of a composed config: fail fast, naming the field, the bad value and what would be valid."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+NOISE_KINDS = ("none", "independent", "dpmf_sqrt", "bandmf", "blt")
+SAMPLERS = ("single_pass", "poisson")
+PROFILES = ("cpu", "paper")
+
+
+class ConfigError(ValueError):
+    """A config field has an invalid value."""
+
+
+def _num(cfg: Mapping, dotted: str):
+    node = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            raise ConfigError(f"missing config field {dotted!r}")
+        node = node[part]
+    return node
+
+
+def validate(cfg: Mapping) -> None:
+    """Raise :class:`ConfigError` on the first invalid field."""
+    from dp_adam_bench.optim.registry import VARIANTS
+    from dp_adam_bench.tasks.registry import TASKS
+
+    task = _num(cfg, "task.name")
+    if task not in TASKS:
+        raise ConfigError(f"task.name={task!r} is not a known task; valid: {', '.join(sorted(TASKS))}")
+    opt = _num(cfg, "optimizer.name")
+    if opt not in VARIANTS:
+        raise ConfigError(f"optimizer.name={opt!r} is not a known variant; valid: {', '.join(sorted(VARIANTS))}")
+    lr = _num(cfg, "optimizer.lr")
+    if not isinstance(lr, (int, float)) or not lr > 0:
+        raise ConfigError(f"optimizer.lr={lr!r} must be a number > 0")
+    kind = _num(cfg, "noise.kind")
+    if kind not in NOISE_KINDS:
+        raise ConfigError(f"noise.kind={kind!r} is not a known mechanism; valid: {', '.join(NOISE_KINDS)}")
+    profile = cfg.get("profile", "cpu")
+    if profile not in PROFILES:
+        raise ConfigError(f"profile={profile!r}; valid: {', '.join(PROFILES)}")
+    if kind != "none":
+        sigma = _num(cfg, "privacy.sigma")
+        if not isinstance(sigma, (int, float)) or sigma < 0:
+            raise ConfigError(f"privacy.sigma={sigma!r} must be a number >= 0 (the noise multiplier)")
+        clip = _num(cfg, "privacy.clip")
+        if clip is None or not isinstance(clip, (int, float)) or not clip > 0:
+            raise ConfigError(
+                f"privacy.clip={clip!r} must be a number > 0 for a private run (null clipping only with noise=none)"
+            )
+        delta = _num(cfg, "privacy.delta")
+        if not isinstance(delta, (int, float)) or not 0 < delta < 1:
+            raise ConfigError(f"privacy.delta={delta!r} must be in (0, 1)")
+    sampler = _num(cfg, "train.sampler")
+    if sampler not in SAMPLERS:
+        raise ConfigError(f"train.sampler={sampler!r}; valid: {', '.join(SAMPLERS)}")
+    bs = _num(cfg, "train.batch_size")
+    if not isinstance(bs, (int, float)) or not bs > 0:
+        raise ConfigError(f"train.batch_size={bs!r} must be > 0")
+    if sampler == "single_pass":
+        epochs = _num(cfg, "train.epochs")
+        if not isinstance(epochs, int) or epochs < 1:
+            raise ConfigError(f"train.epochs={epochs!r} must be an integer >= 1")
+    else:
+        steps = _num(cfg, "train.steps")
+        if not isinstance(steps, int) or steps < 1:
+            raise ConfigError(f"train.steps={steps!r} must be an integer >= 1 with train.sampler=poisson")
+    if kind == "bandmf":
+        bands = _num(cfg, "noise.bands")
+        if not isinstance(bands, int) or bands < 1:
+            raise ConfigError(f"noise.bands={bands!r} must be an integer >= 1")
+    if kind == "blt":
+        buffers = _num(cfg, "noise.buffers")
+        if not isinstance(buffers, int) or buffers < 1:
+            raise ConfigError(f"noise.buffers={buffers!r} must be an integer >= 1")
+    trials = cfg.get("task", {}).get("trials", 1)
+    if not isinstance(trials, int) or trials < 1:
+        raise ConfigError(f"task.trials={trials!r} must be an integer >= 1")

@@ -1,0 +1,1 @@
+"""The private training step: sampling, clipping, noise, the loop."""

@@ -1,0 +1,1 @@
+"""Optimizer variants (SPEC §1): each consumes the privatizer's output and updates parameters in place."""

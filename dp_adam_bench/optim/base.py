@@ -1,0 +1,67 @@
+"""The interface between the privatizer and an optimizer variant.
+
+A variant is a small class with ``init(params) -> state`` and ``update(params, state, ctx)``, in the spirit of optax's
+``GradientTransformation`` but stateful tensors updated in place (PyTorch style). State is an explicit dict of
+tensors that checkpoints save; nothing is hung on parameters.
+
+What a variant may read from :class:`StepContext`:
+
+* ``noisy`` — the privatized gradient g~_t = g_t + (sigma C / B) w_t (Ganesh Alg. 1/5). Always private.
+* ``clean`` — the averaged clipped gradient g_t *before* noise. Only provided to variants that declare
+  ``needs_clean = True`` because their algorithm privatizes a function of it themselves (independent moment
+  estimation noises g_t^2 with its own stream) or because they are *non-private baselines* (noiseless
+  preconditioner). Anything derived from it and logged must be labelled diagnostic.
+* ``unit_noise`` — w_t of the gradient's own stream, given together with ``clean``.
+* ``noise(stream)`` — unit noise for this step from an extra, independent stream (IME's second stream).
+* ``noise_std`` = sigma * C / B and ``noise_variance`` = noise_std^2 * Var[w_t] (the Phi_t of bias correction:
+  (sigma C / B)^2 for independent noise, times the row norm^2 of C^{-1} for DP-MF).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class StepContext:
+    step: int  # 1-based t
+    noisy: list[torch.Tensor]
+    noise_std: float
+    noise_variance: float
+    sigma: float
+    clip: float | None
+    expected_batch_size: float
+    clean: list[torch.Tensor] | None = None
+    unit_noise: list[torch.Tensor] | None = None  # w_t of the gradient's own stream (with clean, for IME)
+    noise: Callable[[int], list[torch.Tensor]] = field(default=lambda stream: [])
+
+
+class Variant(ABC):
+    """An optimizer variant; subclasses set ``name`` and implement ``init`` / ``update``."""
+
+    name: str = "variant"
+    needs_clean: bool = False  # see StepContext.clean
+    extra_noise_streams: int = 0  # independent noise streams beyond the gradient's own
+    private: bool = True  # False for baselines that use clean statistics (never report them as private)
+
+    def __init__(self, lr: float, **hparams):
+        if not lr > 0:
+            raise ValueError(f"optimizer.lr must be > 0, got {lr}")
+        self.lr = float(lr)
+
+    @abstractmethod
+    def init(self, params: list[torch.Tensor]) -> dict:
+        """Fresh optimizer state for these parameters."""
+
+    @abstractmethod
+    def update(self, params: list[torch.Tensor], state: dict, ctx: StepContext) -> None:
+        """Apply one step in place."""
+
+    def scale(self, state: dict) -> list[torch.Tensor] | None:
+        """Per-coordinate scale s_t applied to per-example gradients before clipping (scale-then-privatize);
+        None for every other variant."""
+        return None

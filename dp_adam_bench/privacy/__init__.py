@@ -1,0 +1,1 @@
+"""Privacy core: noise-correlating strategies, streaming noise mechanisms, accounting, lecture mechanisms."""

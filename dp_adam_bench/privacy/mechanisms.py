@@ -1,0 +1,163 @@
+"""Streaming noise mechanisms: yield w_t = (C^{-1} z)_t, one model-shaped noise draw per step.
+
+Interface (what the privatizer and the optimizers see; Ganesh et al. Algorithm 1 with C^{-1} z in place of z):
+
+* ``reset(shapes, seed, dtype, device)`` — start a fresh stream for tensors of the given shapes.
+* ``next()`` — the noise for the current step (a list of tensors, unit noise multiplier: the caller multiplies by
+  sigma * clip / expected_batch_size), then advance.
+* ``variance(t)`` — the per-coordinate variance of w_t for unit-variance z (row norm^2 of C^{-1}, 0-based t).
+* ``state_dict()`` / ``load_state_dict()`` — everything needed to resume the stream bit-identically
+  (step, generator state, buffers), so checkpoints keep the noise a run would have had.
+
+Independent trials are vectorised by giving shapes with a leading trials dimension: every coordinate gets its own
+i.i.d. z, so trials are independent streams.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+
+class NoiseMechanism(ABC):
+    """Base class: owns a torch.Generator and a step counter; subclasses add their buffers."""
+
+    name: str = "mechanism"
+
+    def __init__(self) -> None:
+        self.step = 0
+        self._shapes: list[torch.Size] | None = None
+        self._gen: torch.Generator | None = None
+        self._dtype = torch.float32
+        self._device = torch.device("cpu")
+
+    def reset(
+        self,
+        shapes: Sequence[Sequence[int]],
+        seed: int,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+    ) -> NoiseMechanism:
+        self._shapes = [torch.Size(s) for s in shapes]
+        self._dtype = dtype
+        self._device = torch.device(device)
+        self._gen = torch.Generator(device=self._device)
+        self._gen.manual_seed(int(seed))
+        self.step = 0
+        self._reset_buffers()
+        return self
+
+    def _reset_buffers(self) -> None:
+        """Subclasses allocate their streaming buffers here."""
+
+    def _draw_z(self) -> list[torch.Tensor]:
+        if self._shapes is None or self._gen is None:
+            raise RuntimeError(f"{type(self).__name__}.next() called before reset(shapes, seed)")
+        return [
+            torch.randn(s, generator=self._gen, dtype=self._dtype, device=self._device) for s in self._shapes
+        ]
+
+    @abstractmethod
+    def next(self) -> list[torch.Tensor]:
+        """Noise for the current step (unit noise multiplier); advances the stream."""
+
+    @abstractmethod
+    def variance(self, t: int) -> float:
+        """Per-coordinate variance of w_t (0-based step) for unit-variance z."""
+
+    # --- checkpointing ---------------------------------------------------------------------------------------
+    def _buffers(self) -> dict[str, object]:
+        return {}
+
+    def _load_buffers(self, buffers: dict[str, object]) -> None:
+        pass
+
+    def state_dict(self) -> dict:
+        if self._gen is None:
+            raise RuntimeError("cannot checkpoint a mechanism that was never reset")
+        return {
+            "name": self.name,
+            "step": self.step,
+            "shapes": [list(s) for s in self._shapes],
+            "dtype": str(self._dtype),
+            "generator": self._gen.get_state(),
+            "buffers": self._buffers(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("name") != self.name:
+            raise ValueError(
+                f"checkpoint holds noise state of mechanism {state.get('name')!r}, but this run uses {self.name!r}"
+            )
+        shapes = [torch.Size(s) for s in state["shapes"]]
+        dtype = getattr(torch, state["dtype"].replace("torch.", ""))
+        self.reset(shapes, seed=0, dtype=dtype, device=self._device)
+        self._gen.set_state(state["generator"])
+        self.step = int(state["step"])
+        self._load_buffers(state["buffers"])
+
+
+class IndependentMechanism(NoiseMechanism):
+    """w_t = z_t: independent Gaussian noise (DP-SGD)."""
+
+    name = "independent"
+
+    def next(self) -> list[torch.Tensor]:
+        z = self._draw_z()
+        self.step += 1
+        return z
+
+    def variance(self, t: int) -> float:
+        return 1.0
+
+
+class DenseMechanism(NoiseMechanism):
+    """w_t = sum_{s<=t} C^{-1}[t, s] z_s for any dense lower-triangular C^{-1}.
+
+    Keeps every past z: O(t * d) memory, so it is for small models or short runs (the 1-D experiments, tests).
+    Banded and BLT strategies stream with O(b * d) memory instead.
+    """
+
+    name = "dense"
+
+    def __init__(self, c_inverse: np.ndarray, name: str = "dense"):
+        super().__init__()
+        c_inverse = np.asarray(c_inverse, dtype=np.float64)
+        if c_inverse.ndim != 2 or c_inverse.shape[0] != c_inverse.shape[1]:
+            raise ValueError(f"C^-1 must be a square matrix, got shape {c_inverse.shape}")
+        self.c_inverse = c_inverse
+        self.n = c_inverse.shape[0]
+        self.name = name
+        self._history: list[list[torch.Tensor]] = []
+
+    def _reset_buffers(self) -> None:
+        self._history = []
+
+    def next(self) -> list[torch.Tensor]:
+        t = self.step
+        if t >= self.n:
+            raise RuntimeError(
+                f"{self.name}: the strategy covers {self.n} steps but step {t + 1} was requested; "
+                "build the strategy for the run's number of steps"
+            )
+        self._history.append(self._draw_z())
+        row = self.c_inverse[t, : t + 1]
+        out = []
+        for k in range(len(self._shapes)):
+            zs = torch.stack([h[k] for h in self._history])  # (t+1, *shape)
+            coef = torch.as_tensor(row, dtype=zs.dtype, device=zs.device)
+            out.append(torch.tensordot(coef, zs, dims=1))
+        self.step += 1
+        return out
+
+    def variance(self, t: int) -> float:
+        return float(np.sum(self.c_inverse[t, : t + 1] ** 2))
+
+    def _buffers(self) -> dict[str, object]:
+        return {"history": [[h.clone() for h in step] for step in self._history]}
+
+    def _load_buffers(self, buffers: dict[str, object]) -> None:
+        self._history = [list(step) for step in buffers["history"]]

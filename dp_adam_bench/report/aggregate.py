@@ -1,0 +1,84 @@
+"""Aggregating run folders into table cells: tuning-grid selection and spread over trials/seeds.
+
+Selection rule (what the papers do when they "tune eta"): within each group of runs that differ only in the tuned
+hyper-parameters, keep the setting with the best mean final metric and report that setting's mean and std.
+Incomplete runs are never aggregated; they are returned so the report can list them.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dp_adam_bench.tracking.run_store import RunRecord
+
+
+def get(cfg: dict, dotted: str):
+    node = cfg
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+GROUP_KEYS = {"optimizer": "optimizer.name", "noise": "noise.kind"}
+
+
+@dataclass
+class Cell:
+    """One selected table cell."""
+
+    key: tuple
+    mean: float
+    std: float
+    n: int
+    chosen: dict
+    values: list[float] = field(default_factory=list)
+    candidates: list[tuple[dict, float]] = field(default_factory=list)  # (tuned hparams, mean) for every setting
+
+
+def split_complete(records: list[RunRecord]) -> tuple[list[RunRecord], list[RunRecord]]:
+    return [r for r in records if r.complete], [r for r in records if not r.complete]
+
+
+def select_best(
+    records: list[RunRecord],
+    *,
+    per: list[str],
+    tuned: list[str],
+    metric: str,
+    mode: str = "min",
+) -> dict[tuple, Cell]:
+    """Group complete runs by ``per`` (short names or dotted config keys), pick the ``tuned`` setting with the best
+    mean ``metric``; the values averaged are the per-trial values of all runs (seeds) sharing that setting."""
+    if mode not in ("min", "max"):
+        raise ValueError(f"selection mode must be 'min' or 'max', got {mode!r}")
+    per_keys = [GROUP_KEYS.get(k, k) for k in per]
+    groups: dict[tuple, dict[tuple, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in records:
+        if not r.complete:
+            continue
+        key = tuple(get(r.config, k) for k in per_keys)
+        setting = tuple(get(r.config, k) for k in tuned)
+        trials = (r.summary.get("trials") or {}).get(metric)
+        values = trials if trials is not None else [r.summary["metrics"][metric]]
+        groups[key][setting].extend(float(v) for v in values)
+    cells = {}
+    for key, settings in groups.items():
+        scored = [(s, float(np.mean(v))) for s, v in settings.items() if np.all(np.isfinite(v))]
+        if not scored:
+            continue
+        best, _ = (min if mode == "min" else max)(scored, key=lambda sv: sv[1])
+        vals = settings[best]
+        cells[key] = Cell(
+            key=key,
+            mean=float(np.mean(vals)),
+            std=float(np.std(vals)),
+            n=len(vals),
+            chosen=dict(zip(tuned, best, strict=True)),
+            values=vals,
+            candidates=sorted(((dict(zip(tuned, s, strict=True)), m) for s, m in scored),
+                              key=lambda c: tuple(c[0].values())),
+        )
+    return cells

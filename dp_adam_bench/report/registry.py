@@ -1,0 +1,60 @@
+"""Table ids -> report modules. Adding a table: one module in this package and one line here."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ReportSpec:
+    module: str
+    paper: str
+    shows: str
+    runtime_cpu: str
+    experiment: str | None = None  # sweep preset to run before the report (None: the table is computed exactly)
+    runtime_paper: str = "same"
+
+
+REPORTS: dict[str, ReportSpec] = {
+    "ganesh_fig2": ReportSpec(
+        "ganesh_fig2", "Ganesh et al. Fig. 2", "1-D logistic regression, private AdaGrad variants", "~2 min",
+        experiment="ganesh_fig2",
+    ),
+    "ganesh_mechanisms": ReportSpec(
+        "ganesh_mechanisms", "Ganesh et al. §5.2", "RMSE and epsilon of DP-SGD vs DP-BandMF", "~30 s"
+    ),
+    "li_e2e_accounting": ReportSpec(
+        "li_e2e_accounting", "Li et al. (E2E)", "sigma calibrated under RDP, epsilon under GDP-CLT / PRV", "~10 s"
+    ),
+    "tang_budget": ReportSpec(
+        "tang_budget", "Tang & Lecuyer", "steps to epsilon=7, Phi = (sigma C / B)^2", "~20 s"
+    ),
+    "lecture_mechanisms": ReportSpec(
+        "lecture_mechanisms", "Lecture notes (seed 001)", "classic vs analytic Gaussian, composition theorems", "~10 s"
+    ),
+}
+
+# Groups accepted by ``make reproduce-table TABLE=...``.
+GROUPS: dict[str, list[str]] = {
+    "default": ["ganesh_fig2"],
+    "privacy": ["ganesh_mechanisms", "li_e2e_accounting", "tang_budget", "lecture_mechanisms"],
+}
+GROUPS["all"] = list(REPORTS)
+
+
+def resolve(table: str) -> list[str]:
+    """Expand a table id or group name into table ids; unknown names fail with the valid choices."""
+    if table in GROUPS:
+        return GROUPS[table]
+    if table in REPORTS:
+        return [table]
+    valid = sorted(REPORTS) + sorted(GROUPS)
+    raise ValueError(f"unknown table {table!r}; valid tables and groups: {', '.join(valid)}")
+
+
+def build(table_id: str, profile: str = "cpu") -> list[Path]:
+    spec = REPORTS[table_id]
+    module = importlib.import_module(f"dp_adam_bench.report.{spec.module}")
+    return module.build(profile=profile)

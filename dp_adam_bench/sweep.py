@@ -1,0 +1,75 @@
+"""Run an experiment preset's sweep: ``dp-adam-bench sweep <experiment> [--profile cpu|paper] [--launcher ...]``.
+
+A preset (``configs/experiment/<name>.yaml``) declares its sweep as data:
+
+    sweeps:   {<label>: {<override key>: [values...], ...}, ...}   # each entry a Cartesian product
+    grid:     {<override key>: [values...]}                         # crossed with every entry
+    seeds:    [0, 1, 2]                                             # optional
+
+Each entry becomes one Hydra multirun of ``dp_adam_bench.train``. Runs whose folders are complete are skipped by
+the training entry point, so an interrupted sweep is finished by launching it again.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Sequence
+
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from dp_adam_bench.paths import CONFIG_DIR
+
+LAUNCHERS = ("basic", "joblib", "slurm")
+
+
+def load_preset(experiment: str, profile: str = "cpu", overrides: Sequence[str] = ()) -> dict:
+    """Compose the root config with ``experiment=<name>`` and return it as plain data."""
+    available = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
+    if experiment not in available:
+        raise ValueError(f"unknown experiment {experiment!r}; valid presets: {', '.join(available)}")
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=[f"experiment={experiment}", f"profile={profile}", *overrides])
+    return OmegaConf.to_container(cfg, resolve=False)
+
+
+def _values(v) -> str:
+    return ",".join(str(x) for x in (v if isinstance(v, list) else [v]))
+
+
+def sweep_commands(
+    experiment: str, profile: str = "cpu", launcher: str = "basic", overrides: Sequence[str] = ()
+) -> list[list[str]]:
+    """The ``python -m dp_adam_bench.train -m ...`` command lines that make up the sweep."""
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"unknown launcher {launcher!r}; valid: {', '.join(LAUNCHERS)}")
+    preset = load_preset(experiment, profile, overrides)
+    sweeps = preset.get("sweeps") or {"all": {}}
+    grid = preset.get("grid") or {}
+    seeds = preset.get("seeds")
+    commands = []
+    for entry in sweeps.values():
+        args = [f"experiment={experiment}", f"profile={profile}"]
+        args += [f"{k}={_values(v)}" for k, v in {**entry, **grid}.items()]
+        if seeds is not None:
+            args.append(f"seed={_values(seeds)}")
+        if launcher == "joblib":
+            args += ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "train.threads=1"]
+        elif launcher == "slurm":
+            args += ["hydra/launcher=slurm"]
+        commands.append([sys.executable, "-m", "dp_adam_bench.train", "-m", *args, *overrides])
+    return commands
+
+
+def run_sweep(experiment: str, profile: str = "cpu", launcher: str = "basic", overrides: Sequence[str] = (),
+              dry_run: bool = False) -> int:
+    for cmd in sweep_commands(experiment, profile, launcher, overrides):
+        print("+ " + " ".join(cmd[1:]), flush=True)
+        if dry_run:
+            continue
+        rc = subprocess.run(cmd, check=False).returncode
+        if rc != 0:
+            print(f"sweep command failed with exit code {rc}", file=sys.stderr)
+            return rc
+    return 0

@@ -1,0 +1,1 @@
+"""Tasks: data, model, loss and metrics. Registered by name in :mod:`.registry`."""

@@ -1,0 +1,1 @@
+"""Run store (one folder per run) and the W&B adapter."""

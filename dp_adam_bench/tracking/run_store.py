@@ -1,0 +1,157 @@
+"""One folder per run, readable without W&B.
+
+Layout of ``runs/<experiment>/<run_id>/``:
+
+* ``config.yaml`` — the resolved config the run used;
+* ``metrics.jsonl`` — one JSON object per logged step (``{"step": t, ...}``);
+* ``ledger.json`` — the privacy ledger;
+* ``summary.json`` — written last, with ``status: complete``, final metrics, wall time, git commit, seed.
+
+A folder without ``summary.json`` (or whose status is not ``complete``) is an incomplete run: the report lists it
+and leaves it out of every table.
+
+Run ids are deterministic (a readable prefix plus a hash of the config), so a relaunched sweep finds its own
+folders and skips complete runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from dp_adam_bench.paths import REPO_ROOT
+
+IDENTITY_KEYS = ("task", "optimizer", "noise", "privacy", "train", "seed", "experiment", "profile")
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=5, check=False
+        )
+        commit = out.stdout.strip() or "unknown"
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO_ROOT, capture_output=True, text=True, timeout=5, check=False,
+        ).stdout.strip()
+        return commit + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def run_id(cfg: dict) -> str:
+    """Readable, deterministic id: ``<optimizer>-<noise>-lr<lr>-s<seed>-<hash of the identity keys>``."""
+    ident = {k: cfg.get(k) for k in IDENTITY_KEYS}
+    digest = hashlib.sha1(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    opt = cfg.get("optimizer", {}) or {}
+    noise = cfg.get("noise", {}) or {}
+    return f"{opt.get('name', 'opt')}-{noise.get('kind', 'noise')}-lr{opt.get('lr', 'na'):g}-s{cfg.get('seed', 0)}-{digest}"
+
+
+def _clean(obj):
+    """JSON-safe: tensors/arrays to lists, NaN/inf to None."""
+    if hasattr(obj, "tolist"):
+        obj = obj.tolist()
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+class RunFolder:
+    """Writer for one run folder."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.start = time.time()
+
+    @classmethod
+    def create(cls, root: Path, experiment: str, cfg: dict) -> RunFolder:
+        path = Path(root) / experiment / run_id(cfg)
+        path.mkdir(parents=True, exist_ok=True)
+        folder = cls(path)
+        # a rerun of an incomplete run starts its files afresh (resume from checkpoints is the loop's business)
+        for name in ("metrics.jsonl", "summary.json"):
+            (path / name).unlink(missing_ok=True)
+        with open(path / "config.yaml", "w") as fh:
+            yaml.safe_dump(cfg, fh, sort_keys=False)
+        return folder
+
+    def log(self, step: int, metrics: dict) -> None:
+        with open(self.path / "metrics.jsonl", "a") as fh:
+            fh.write(json.dumps(_clean({"step": step, **metrics})) + "\n")
+
+    def write_json(self, name: str, payload: dict) -> None:
+        tmp = self.path / f".{name}.tmp"
+        tmp.write_text(json.dumps(_clean(payload), indent=2))
+        tmp.replace(self.path / name)
+
+    def finish(self, summary: dict, seed: int) -> dict:
+        payload = {
+            "status": "complete",
+            "wall_time_s": time.time() - self.start,
+            "git_commit": git_commit(),
+            "seed": seed,
+            **summary,
+        }
+        self.write_json("summary.json", payload)  # last: its presence marks the run complete
+        return payload
+
+
+@dataclass
+class RunRecord:
+    """A run read back from the store."""
+
+    path: Path
+    config: dict
+    summary: dict | None
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.summary) and self.summary.get("status") == "complete"
+
+    def metrics(self) -> list[dict]:
+        f = self.path / "metrics.jsonl"
+        if not f.exists():
+            return []
+        return [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+
+
+def is_complete(path: Path) -> bool:
+    f = Path(path) / "summary.json"
+    if not f.exists():
+        return False
+    try:
+        return json.loads(f.read_text()).get("status") == "complete"
+    except json.JSONDecodeError:
+        return False
+
+
+def load_runs(root: Path, experiment: str) -> list[RunRecord]:
+    """Every run folder of an experiment, complete or not."""
+    base = Path(root) / experiment
+    records = []
+    if not base.is_dir():
+        return records
+    for cfg_file in sorted(base.glob("*/config.yaml")):
+        folder = cfg_file.parent
+        with open(cfg_file) as fh:
+            cfg = yaml.safe_load(fh)
+        summary = None
+        if (folder / "summary.json").exists():
+            try:
+                summary = json.loads((folder / "summary.json").read_text())
+            except json.JSONDecodeError:
+                summary = None
+        records.append(RunRecord(folder, cfg, summary))
+    return records

@@ -1,0 +1,81 @@
+"""Training entry point: ``python -m dp_adam_bench.train task=... optimizer=... noise=... [experiment=...]``.
+
+Also ``dp-adam-bench train ...``. Hydra composes ``configs/``; every run writes one folder under
+``runs/<experiment_name>/<run_id>/`` (see :mod:`dp_adam_bench.tracking.run_store`) and logs the same metrics to
+W&B (offline unless a key is set). A complete run folder is skipped unless ``train.force=true``, so a relaunched
+sweep only runs what is missing.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from dp_adam_bench.config import ConfigError, validate
+from dp_adam_bench.paths import CONFIG_DIR, runs_dir
+from dp_adam_bench.tracking.run_store import RunFolder, is_complete, run_id
+from dp_adam_bench.tracking.wandb_logger import WandbLogger
+
+log = logging.getLogger("dp_adam_bench.train")
+
+# Keys that configure the sweep or the report, not the run itself.
+_NOT_RUN_KEYS = ("sweeps", "grid", "selection", "profiles")
+
+
+def run_config(cfg: DictConfig) -> dict:
+    """The resolved config of one run, as plain data."""
+    data = OmegaConf.to_container(cfg, resolve=True)
+    for k in _NOT_RUN_KEYS:
+        data.pop(k, None)
+    if data["noise"]["kind"] == "none":  # non-private: record what actually ran
+        data["privacy"] = {**data["privacy"], "sigma": 0.0, "clip": None}
+    return data
+
+
+def train(cfg: DictConfig) -> dict | None:
+    """Run one configuration (already composed); returns the summary, or None if the run was already complete."""
+    from dp_adam_bench.engine.loop import run
+
+    data = run_config(cfg)
+    validate(data)
+    root = cfg.paths.runs or runs_dir()
+    folder_path = __import__("pathlib").Path(root) / data["experiment_name"] / run_id(data)
+    if is_complete(folder_path) and not cfg.train.force:
+        log.info("skipping complete run %s", folder_path)
+        return None
+    folder = RunFolder.create(root, data["experiment_name"], data)
+    tags = [data["experiment_name"], data["task"]["name"], data["optimizer"]["name"], data["noise"]["kind"],
+            data.get("profile", "cpu")]
+    wb = WandbLogger(run_dir=folder.path, name=folder.path.name, group=data["experiment_name"], config=data,
+                     tags=tags, mode=cfg.logger.wandb.mode, project=cfg.logger.wandb.project,
+                     entity=cfg.logger.wandb.entity)
+
+    def log_both(step: int, metrics: dict) -> None:
+        folder.log(step, metrics)
+        wb.log(step, metrics)
+
+    try:
+        result = run(OmegaConf.create(data), log_both)
+        folder.write_json("ledger.json", result["ledger"])
+        summary = folder.finish(result, seed=int(data["seed"]))
+        wb.summary({k: v for k, v in result["metrics"].items()})
+    finally:
+        wb.finish()
+    log.info("run %s: %s", folder.path.name, summary["metrics"])
+    return summary
+
+
+@hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    try:
+        train(cfg)
+    except ConfigError as err:
+        print(f"config error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""Bad configs fail fast with a message naming the field and the valid values."""
+
+import pytest
+from hydra.errors import ConfigCompositionException
+
+from dp_adam_bench.config import ConfigError, validate
+from dp_adam_bench.train import run_config
+from helpers import compose_cfg
+
+
+def check(overrides):
+    validate(run_config(compose_cfg(overrides)))
+
+
+def test_default_config_is_valid():
+    check([])
+    check(["experiment=ganesh_fig2"])
+
+
+@pytest.mark.parametrize(
+    "override,match",
+    [
+        ("optimizer.name=adamw_magic", r"optimizer.name='adamw_magic'.*valid: adagrad_ime"),
+        ("privacy.sigma=-0.5", r"privacy.sigma=-0.5 must be a number >= 0"),
+        ("privacy.clip=0", r"privacy.clip=0 must be a number > 0"),
+        ("privacy.clip=-1", r"privacy.clip=-1"),
+        ("privacy.delta=1.5", r"privacy.delta=1.5 must be in \(0, 1\)"),
+        ("optimizer.lr=0", r"optimizer.lr=0 must be a number > 0"),
+        ("train.epochs=0", r"train.epochs=0 must be an integer >= 1"),
+        ("noise.kind=laplace", r"noise.kind='laplace'.*valid: none, independent"),
+        ("task.name=imagenet", r"task.name='imagenet'.*valid: logistic_1d"),
+        ("train.sampler=shuffle", r"train.sampler='shuffle'; valid: single_pass, poisson"),
+    ],
+)
+def test_bad_values_name_the_field(override, match):
+    with pytest.raises(ConfigError, match=match):
+        check([override])
+
+
+def test_poisson_needs_positive_steps():
+    with pytest.raises(ConfigError, match=r"train.steps=0 must be an integer >= 1"):
+        check(["train.sampler=poisson", "train.steps=0"])
+    with pytest.raises(ConfigError, match=r"train.steps=None"):
+        check(["train.sampler=poisson"])
+
+
+def test_unknown_group_option_lists_the_available_ones():
+    with pytest.raises(ConfigCompositionException, match=r"(?s)optimizer.*adagrad_ime"):
+        compose_cfg(["optimizer=does_not_exist"])
+
+
+def test_batch_larger_than_dataset_is_refused(isolated_dirs):
+    from dp_adam_bench.train import train
+
+    cfg = compose_cfg(["task.n_train=10", "train.batch_size=11", "logger.wandb.mode=disabled", "privacy.sigma=0.1"])
+    with pytest.raises(ValueError, match=r"batch size must be in \[1, dataset size = 10\], got 11"):
+        train(cfg)
+
+
+def test_cli_reports_config_errors_with_exit_code_2(capsys):
+    from dp_adam_bench import train as train_mod
+
+    with pytest.raises(SystemExit) as exc:
+        train_mod.main(compose_cfg(["privacy.sigma=-1"]))  # hydra.main passes a given config straight through
+    assert exc.value.code == 2
+    assert "privacy.sigma=-1" in capsys.readouterr().err

@@ -1,0 +1,72 @@
+"""Report aggregation on synthetic run folders: selection rule, incomplete runs excluded and listed."""
+
+import json
+
+import pandas as pd
+import pytest
+import yaml
+
+from dp_adam_bench.report import ganesh_fig2
+from dp_adam_bench.report.aggregate import select_best, split_complete
+from dp_adam_bench.tracking.run_store import load_runs
+
+
+def fake_run(root, name, opt, noise, lr, trials, complete=True, gt=0.6):
+    folder = root / "ganesh_fig2" / name
+    folder.mkdir(parents=True)
+    cfg = {"optimizer": {"name": opt, "lr": lr}, "noise": {"kind": noise}, "privacy": {"delta": 1e-5}, "seed": 0}
+    (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
+    if complete:
+        summary = {"status": "complete", "metrics": {"test_loss": sum(trials) / len(trials)},
+                   "trials": {"test_loss": trials}, "ground_truth": gt, "n_trials": len(trials),
+                   "epsilon": {"pld": 50.0}}
+        (folder / "summary.json").write_text(json.dumps(summary))
+
+
+@pytest.fixture
+def store(isolated_dirs):
+    root = isolated_dirs / "runs"
+    fake_run(root, "np", "adagrad_pp", "none", 1.0, [0.601])
+    fake_run(root, "np2", "adagrad_pp", "none", 0.1, [0.650])
+    for noise in ("dpmf_sqrt", "independent"):
+        fake_run(root, f"pp-a-{noise}", "adagrad_pp", noise, 0.1, [0.62, 0.64])
+        fake_run(root, f"pp-b-{noise}", "adagrad_pp", noise, 1.0, [0.605, 0.607])
+        fake_run(root, f"ime-{noise}", "adagrad_ime", noise, 1.0, [0.602, 0.604])
+        fake_run(root, f"imef-{noise}", "adagrad_ime_free", noise, 1.0, [0.603, 0.603])
+    # an incomplete run that would win if it were (wrongly) aggregated
+    fake_run(root, "broken", "adagrad_ime", "dpmf_sqrt", 3.0, [0.1], complete=False)
+    return isolated_dirs
+
+
+def test_select_best_picks_lowest_mean_and_ignores_incomplete(store):
+    records = load_runs(store / "runs", "ganesh_fig2")
+    complete, incomplete = split_complete(records)
+    assert [r.path.name for r in incomplete] == ["broken"]
+    cells = select_best(records, per=["optimizer", "noise"], tuned=["optimizer.lr"], metric="test_loss")
+    pp = cells[("adagrad_pp", "dpmf_sqrt")]
+    assert pp.chosen == {"optimizer.lr": 1.0} and pp.mean == pytest.approx(0.606) and pp.n == 2
+    assert cells[("adagrad_ime", "dpmf_sqrt")].chosen == {"optimizer.lr": 1.0}
+    assert len(pp.candidates) == 2
+
+
+def test_ganesh_fig2_report_writes_table_claims_and_figure(store):
+    paths = ganesh_fig2.build()
+    names = sorted(p.name for p in paths)
+    assert names == ["ganesh_fig2.csv", "ganesh_fig2.md", "ganesh_fig2.png"]
+    df = pd.read_csv(store / "results" / "ganesh_fig2.csv")
+    assert {"row", "column", "paper", "ours", "ours_std", "n"} <= set(df.columns)
+    assert set(df.row) == {"ground_truth", "nonprivate", "postprocessing", "ime", "ime_free"}
+    assert set(df.column) == {"dpmf", "independent"}
+    ime = df[(df.row == "ime") & (df.column == "dpmf")].iloc[0]
+    assert ime.paper == pytest.approx(0.5981) and ime.ours == pytest.approx(0.603)
+    assert df[df.column == "independent"].paper.isna().all()
+    md = (store / "results" / "ganesh_fig2.md").read_text()
+    assert "Regenerate: `make reproduce-table TABLE=ganesh_fig2`" in md
+    assert "IME beats post-processing (dpmf noise): **holds**" in md
+    assert "non-private AdaGrad reaches the ground-truth loss (within 0.001): **does not hold**" in md
+    assert "Incomplete runs left out: broken" in md
+
+
+def test_report_without_runs_says_what_to_run(isolated_dirs):
+    with pytest.raises(FileNotFoundError, match="dp-adam-bench sweep ganesh_fig2"):
+        ganesh_fig2.build()
