@@ -64,3 +64,9 @@ def test_cli_reports_config_errors_with_exit_code_2(capsys):
         train_mod.main(compose_cfg(["privacy.sigma=-1"]))  # hydra.main passes a given config straight through
     assert exc.value.code == 2
     assert "privacy.sigma=-1" in capsys.readouterr().err
+
+
+def test_experiment_preset_overrides_root_values():
+    cfg = compose_cfg(["experiment=ganesh_fig2"])
+    assert cfg.experiment_name == "ganesh_fig2"
+    assert cfg.privacy.sigma == 0.1 and cfg.task.trials == 30

@@ -89,6 +89,7 @@ class Privatizer:
             noisy, variance = mean, 0.0
         if scale is not None:  # scale-then-privatize: undo the scaling after the noise (Ganesh Alg. 8, line 6)
             noisy = [g / s for g, s in zip(noisy, scale, strict=True)]
+            mean = [m / s for m, s in zip(mean, scale, strict=True)]
         return StepContext(
             step=self.step,
             noisy=noisy,

@@ -3,9 +3,36 @@
 from __future__ import annotations
 
 from dp_adam_bench.optim.adagrad import AdaGradIME, AdaGradIMEFree, AdaGradPP
+from dp_adam_bench.optim.adam import (
+    Adam,
+    AdamBC,
+    AdamIME,
+    AdamIMEFree,
+    BiasCorrection,
+    NoiselessPreconditioner,
+    ScaleThenPrivatize,
+    STPNoiselessPreconditioner,
+)
 from dp_adam_bench.optim.base import Variant
+from dp_adam_bench.optim.sgd import SGD
 
-VARIANTS: dict[str, type[Variant]] = {cls.name: cls for cls in (AdaGradPP, AdaGradIME, AdaGradIMEFree)}
+VARIANTS: dict[str, type[Variant]] = {
+    cls.name: cls
+    for cls in (
+        SGD,
+        Adam,
+        AdamBC,
+        BiasCorrection,
+        AdamIME,
+        AdamIMEFree,
+        ScaleThenPrivatize,
+        NoiselessPreconditioner,
+        STPNoiselessPreconditioner,
+        AdaGradPP,
+        AdaGradIME,
+        AdaGradIMEFree,
+    )
+}
 
 
 def build_variant(name: str, **hparams) -> Variant:

@@ -1,0 +1,201 @@
+"""Adam and its private variants (Ganesh et al. Algorithms 4-9; Tang & Lecuyer Algorithm 1).
+
+All variants share Adam's moment recursions (m_t, v_t, bias corrections 1 - beta^t) and differ in what feeds
+them and in the denominator:
+
+| name | first moment fed with | second moment fed with | step |
+|---|---|---|---|
+| adam (post-processing, "DP-Adam-Biased") | g~ | g~^2 | m^ / (sqrt(v^) + eps) |
+| adambc (Tang Eq. 3) | g~ | g~^2 | m^ / sqrt(max(v^ - Phi_t, gamma')) — no eps outside the root |
+| bc (Ganesh Alg. 7) | g~ | g~^2 | m^ / sqrt(max(v^ - Phi_t, eps_s^2)) |
+| ime (Ganesh Alg. 6) | g + sqrt2 (C/B) sigma w1 | g^2 + sqrt2 S2 sigma w2 | m^ / (sqrt(max(v^, 0)) + eps_s) |
+| stp (Ganesh Alg. 8) | (clip(s g_i) summed + noise) / s | same, squared | m^ / (sqrt(v^) + eps_s2), s = 1/(sqrt(v^_{t-1}) + eps_s1) |
+| noiseless_precond (Alg. 9 variant, non-private) | g~ | clean g^2 | m^ / (sqrt(v^) + eps) |
+
+Phi_t is the exact bias of v^_t from the noise: for independent noise Phi = (sigma C / B)^2 (Tang); for DP-MF it
+follows the recursion Phi_t = (beta2 - beta2^t)/(1 - beta2^t) Phi_{t-1} + (1 - beta2)/(1 - beta2^t) Var[noise_t],
+with Var[noise_t] = (sigma C / B)^2 ||row_t(C^{-1})||^2 — the closed form of Ganesh App. A (see
+:mod:`dp_adam_bench.privacy.adam_bias` for why the recursion printed in the paper is not used).
+
+``adam`` follows ``torch.optim.Adam``'s single-tensor operation order, so with sigma = 0 and no clipping it matches
+``torch.optim.Adam(foreach=False)`` bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from dp_adam_bench.optim.adagrad import square_sensitivity
+from dp_adam_bench.optim.base import StepContext, Variant
+
+
+class Adam(Variant):
+    """DP-Adam via post-processing: plain Adam on the privatized gradient."""
+
+    name = "adam"
+
+    def __init__(self, lr: float, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8, **_):
+        super().__init__(lr)
+        for field, v in (("beta1", beta1), ("beta2", beta2)):
+            if not 0.0 <= v < 1.0:
+                raise ValueError(f"optimizer.{field} must be in [0, 1), got {v}")
+        if eps < 0:
+            raise ValueError(f"optimizer.eps must be >= 0, got {eps}")
+        self.beta1, self.beta2, self.eps = float(beta1), float(beta2), float(eps)
+
+    def init(self, params):
+        return {
+            "step": 0,
+            "m": [torch.zeros_like(p) for p in params],
+            "v": [torch.zeros_like(p) for p in params],
+            "phi": 0.0,
+        }
+
+    # what feeds the moments --------------------------------------------------------------------------------------
+    def first_moment_input(self, ctx: StepContext) -> list[torch.Tensor]:
+        return ctx.noisy
+
+    def second_moment_input(self, ctx: StepContext, first: list[torch.Tensor]) -> list[torch.Tensor] | None:
+        """What v is fed with; None means the square of the first-moment input (fused, as torch.optim.Adam)."""
+        return None
+
+    def denominator(self, v: torch.Tensor, bc2_sqrt: float, state: dict) -> torch.Tensor:
+        return (v.sqrt() / bc2_sqrt).add_(self.eps)
+
+    def update(self, params, state, ctx: StepContext):
+        state["step"] += 1
+        t = state["step"]
+        b1, b2 = self.beta1, self.beta2
+        # exact bias of v^_t under the mechanism (Phi_t; constant (sigma C/B)^2 for independent noise)
+        bc2 = 1 - b2**t
+        state["phi"] = ((b2 - b2**t) * state["phi"] + (1 - b2) * ctx.noise_variance) / bc2
+        first = self.first_moment_input(ctx)
+        second = self.second_moment_input(ctx, first)
+        step_size = self.lr / (1 - b1**t)
+        bc2_sqrt = bc2**0.5
+        for i, (p, g, m, v) in enumerate(zip(params, first, state["m"], state["v"], strict=True)):
+            m.lerp_(g, 1 - b1)
+            if second is None:
+                v.mul_(b2).addcmul_(g, g, value=1 - b2)
+            else:
+                v.mul_(b2).add_(second[i], alpha=1 - b2)
+            p.addcdiv_(m, self.denominator(v, bc2_sqrt, state), value=-step_size)
+
+
+class _SubtractBias(Adam):
+    """v^ - Phi_t floored at ``floor`` inside the square root, no eps outside."""
+
+    floor = 1e-8
+
+    def __init__(self, lr: float, phi: float | None = None, **kw):
+        super().__init__(lr, **kw)
+        if phi is not None and phi < 0:
+            raise ValueError(f"optimizer.phi must be >= 0 or null (exact bias), got {phi}")
+        self.phi_override = phi  # Tang Fig. 3 ablation: subtract a fixed Phi' instead of the exact bias
+
+    def denominator(self, v, bc2_sqrt, state):
+        phi = state["phi"] if self.phi_override is None else self.phi_override
+        return (v / bc2_sqrt**2 - phi).clamp_(min=self.floor).sqrt_()
+
+
+class AdamBC(_SubtractBias):
+    """Tang & Lecuyer's DP-AdamBC: m^ / sqrt(max(v^ - Phi, gamma'))."""
+
+    name = "adambc"
+
+    def __init__(self, lr: float, gamma: float = 1e-8, **kw):
+        super().__init__(lr, **kw)
+        if not gamma > 0:
+            raise ValueError(f"optimizer.gamma must be > 0 (the floor gamma' under the root), got {gamma}")
+        self.floor = float(gamma)
+
+
+class BiasCorrection(_SubtractBias):
+    """Ganesh et al.'s bias correction: m^ / sqrt(max(v^ - Phi_t, eps_s^2))."""
+
+    name = "bc"
+
+    def __init__(self, lr: float, eps_s: float = 1e-4, **kw):
+        super().__init__(lr, **kw)
+        if not eps_s > 0:
+            raise ValueError(f"optimizer.eps_s must be > 0, got {eps_s}")
+        self.floor = float(eps_s) ** 2
+
+
+class AdamIME(Adam):
+    """Independent moment estimation: g and g^2 noised separately (Ganesh Alg. 6; Kalinin et al.)."""
+
+    name = "ime"
+    needs_clean = True
+    extra_noise_streams = 1
+    split_factor = math.sqrt(2.0)
+
+    def __init__(self, lr: float, eps_s: float = 1e-4, sq_sensitivity: str = "derived", **kw):
+        super().__init__(lr, eps=eps_s, **kw)
+        square_sensitivity(1.0, 1.0, sq_sensitivity)
+        self.sq_form = sq_sensitivity
+
+    def first_moment_input(self, ctx):
+        if ctx.sigma == 0:
+            return ctx.clean
+        return [c + (self.split_factor * ctx.noise_std) * w for c, w in zip(ctx.clean, ctx.unit_noise, strict=True)]
+
+    def second_moment_input(self, ctx, first):
+        sq = [c * c for c in ctx.clean]
+        if ctx.sigma == 0:
+            return sq
+        scale = self.split_factor * ctx.sigma * square_sensitivity(ctx.clip, ctx.expected_batch_size, self.sq_form)
+        return [q + scale * w for q, w in zip(sq, ctx.noise(1), strict=True)]
+
+    def denominator(self, v, bc2_sqrt, state):
+        return (v.clamp(min=0).sqrt() / bc2_sqrt).add_(self.eps)
+
+
+class AdamIMEFree(AdamIME):
+    name = "ime_free"
+    split_factor = 1.0
+
+
+class ScaleThenPrivatize(Adam):
+    """Scale-then-privatize (Ganesh Alg. 8; Li et al.): clip s_t * g_i with s_t = 1/(sqrt(v^_{t-1}) + eps_s1),
+    noise, divide by s_t, then Adam with eps_s2. Needs per-example gradients scaled per coordinate, so it cannot
+    use ghost clipping."""
+
+    name = "stp"
+
+    def __init__(self, lr: float, eps_s1: float = 1e-4, eps_s2: float = 1e-8, **kw):
+        super().__init__(lr, eps=eps_s2, **kw)
+        if not eps_s1 > 0:
+            raise ValueError(f"optimizer.eps_s1 must be > 0, got {eps_s1}")
+        self.eps_s1 = float(eps_s1)
+
+    def scale(self, state):
+        t = state["step"]
+        if t == 0:
+            return [torch.full_like(v, 1.0 / self.eps_s1) for v in state["v"]]
+        bc2_sqrt = (1 - self.beta2**t) ** 0.5
+        return [1.0 / ((v.sqrt() / bc2_sqrt) + self.eps_s1) for v in state["v"]]
+
+
+class NoiselessPreconditioner(Adam):
+    """Non-private baseline (Ganesh Fig. 3): first moment from g~, second moment from the clean clipped g."""
+
+    name = "noiseless_precond"
+    needs_clean = True
+    private = False
+
+    def second_moment_input(self, ctx, first):
+        return [c * c for c in ctx.clean]
+
+
+class STPNoiselessPreconditioner(ScaleThenPrivatize):
+    """Scale-then-privatize whose preconditioner uses the clean (un-noised, unscaled) clipped gradient."""
+
+    name = "stp_noiseless_precond"
+    needs_clean = True
+    private = False
+
+    def second_moment_input(self, ctx, first):
+        return [c * c for c in ctx.clean]  # the privatizer unscales clean when a scale is used
