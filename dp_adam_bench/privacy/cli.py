@@ -55,7 +55,12 @@ def _epsilon(args) -> int:
     if not args.sigma > 0:
         raise ValueError(f"--sigma {args.sigma} must be > 0")
     steps = _steps(args)
-    rows = [("sigma", f"{args.sigma:g}"), ("q", f"{q:.6g}"), ("steps", str(steps)), ("delta", f"{args.delta:g}")]
+    rows = [
+        ("sigma", f"{args.sigma:g}"),
+        ("q", f"{q:.6g}"),
+        ("steps", str(steps)),
+        ("delta", f"{args.delta:g}"),
+    ]
     for acc in ACCOUNTANTS:
         note = "  (CLT approximation, not a guarantee)" if acc == "gdp_clt" else ""
         rows.append((f"epsilon[{acc}]", f"{epsilon(args.sigma, q, steps, args.delta, acc):.4f}{note}"))
@@ -74,8 +79,12 @@ def _calibrate(args) -> int:
         raise ValueError(f"--accountant {args.accountant!r}; valid: {', '.join(ACCOUNTANTS)}")
     steps = _steps(args)
     sigma = calibrate_sigma(args.epsilon, args.delta, q, steps, accountant=args.accountant)
-    rows = [("target", f"epsilon={args.epsilon:g} under {args.accountant}, delta={args.delta:g}"),
-            ("q", f"{q:.6g}"), ("steps", str(steps)), ("sigma", f"{sigma:.4f}")]
+    rows = [
+        ("target", f"epsilon={args.epsilon:g} under {args.accountant}, delta={args.delta:g}"),
+        ("q", f"{q:.6g}"),
+        ("steps", str(steps)),
+        ("sigma", f"{sigma:.4f}"),
+    ]
     for acc in ACCOUNTANTS:
         rows.append((f"epsilon[{acc}]", f"{epsilon(sigma, q, steps, args.delta, acc):.4f}"))
     print(_table(rows))
@@ -106,13 +115,21 @@ def _mechanism(args) -> int:
     dpsgd = IdentityStrategy(args.n)
     equiv = rmse * args.batch_size / dpsgd.prefix_rmse()
     rows = [
-        ("strategy", f"{args.kind} (n={args.n}" + (f", bands={args.bands}" if args.kind == "bandmf" else "")
-         + (f", buffers={args.buffers}" if args.kind == "blt" else "") + ")"),
+        (
+            "strategy",
+            f"{args.kind} (n={args.n}"
+            + (f", bands={args.bands}" if args.kind == "bandmf" else "")
+            + (f", buffers={args.buffers}" if args.kind == "blt" else "")
+            + ")",
+        ),
         ("participations", f"{args.participations} (min separation {min_sep})"),
         ("sensitivity", f"{sens:.4f}"),
         ("RMSE of prefix sums", f"{rmse:.4e}  (sigma * rmse(C) / B, units of the clip norm)"),
         ("equivalent DP-SGD sigma", f"{equiv:.4f}"),
-        ("epsilon (no amplification)", f"{mf_epsilon(args.sigma, sens, args.delta):.4f} at delta={args.delta:g}"),
+        (
+            "epsilon (no amplification)",
+            f"{mf_epsilon(args.sigma, sens, args.delta):.4f} at delta={args.delta:g}",
+        ),
     ]
     print(_table(rows))
     return 0

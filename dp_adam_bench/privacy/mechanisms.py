@@ -50,7 +50,7 @@ class NoiseMechanism(ABC):
         self._reset_buffers()
         return self
 
-    def _reset_buffers(self) -> None:
+    def _reset_buffers(self) -> None:  # noqa: B027 - optional hook, most mechanisms have no buffers
         """Subclasses allocate their streaming buffers here."""
 
     def _draw_z(self) -> list[torch.Tensor]:
@@ -72,8 +72,8 @@ class NoiseMechanism(ABC):
     def _buffers(self) -> dict[str, object]:
         return {}
 
-    def _load_buffers(self, buffers: dict[str, object]) -> None:
-        pass
+    def _load_buffers(self, buffers: dict[str, object]) -> None:  # noqa: B027 - optional hook
+        """Subclasses restore their streaming buffers here."""
 
     def state_dict(self) -> dict:
         if self._gen is None:
@@ -131,10 +131,14 @@ class DenseMechanism(NoiseMechanism):
         self.c_inverse = c_inverse
         self.n = c_inverse.shape[0]
         self.name = name
-        self._history: list[list[torch.Tensor]] = []
+        self._history: list[torch.Tensor] = []
 
     def _reset_buffers(self) -> None:
-        self._history = []
+        # one (n, *shape) tensor per parameter, filled as the stream advances
+        self._history = [
+            torch.empty((self.n, *s), dtype=self._dtype, device=self._device) for s in self._shapes
+        ]
+        self._c_inv_t = torch.as_tensor(self.c_inverse, dtype=self._dtype, device=self._device)
 
     def next(self) -> list[torch.Tensor]:
         t = self.step
@@ -143,13 +147,11 @@ class DenseMechanism(NoiseMechanism):
                 f"{self.name}: the strategy covers {self.n} steps but step {t + 1} was requested; "
                 "build the strategy for the run's number of steps"
             )
-        self._history.append(self._draw_z())
-        row = self.c_inverse[t, : t + 1]
+        row = self._c_inv_t[t, : t + 1]
         out = []
-        for k in range(len(self._shapes)):
-            zs = torch.stack([h[k] for h in self._history])  # (t+1, *shape)
-            coef = torch.as_tensor(row, dtype=zs.dtype, device=zs.device)
-            out.append(torch.tensordot(coef, zs, dims=1))
+        for hist, z in zip(self._history, self._draw_z(), strict=True):
+            hist[t] = z
+            out.append(torch.tensordot(row, hist[: t + 1], dims=1))
         self.step += 1
         return out
 
@@ -157,7 +159,8 @@ class DenseMechanism(NoiseMechanism):
         return float(np.sum(self.c_inverse[t, : t + 1] ** 2))
 
     def _buffers(self) -> dict[str, object]:
-        return {"history": [[h.clone() for h in step] for step in self._history]}
+        return {"history": [h[: self.step].clone() for h in self._history]}
 
     def _load_buffers(self, buffers: dict[str, object]) -> None:
-        self._history = [list(step) for step in buffers["history"]]
+        for hist, saved in zip(self._history, buffers["history"], strict=True):
+            hist[: saved.shape[0]] = saved

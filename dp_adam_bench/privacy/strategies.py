@@ -141,7 +141,9 @@ class DenseStrategy(Strategy):
 
     name = "dense"
 
-    def __init__(self, c_matrix: np.ndarray | None = None, *, c_inverse: np.ndarray | None = None, name: str = "dense"):
+    def __init__(
+        self, c_matrix: np.ndarray | None = None, *, c_inverse: np.ndarray | None = None, name: str = "dense"
+    ):
         if (c_matrix is None) == (c_inverse is None):
             raise ValueError("give exactly one of c_matrix or c_inverse")
         from scipy.linalg import solve_triangular
@@ -150,7 +152,9 @@ class DenseStrategy(Strategy):
         if given.ndim != 2 or given.shape[0] != given.shape[1]:
             raise ValueError(f"strategy matrix must be square, got shape {given.shape}")
         if not np.allclose(given, np.tril(given)):
-            raise ValueError("strategy matrix must be lower triangular (noise at step t may only use z_1..z_t)")
+            raise ValueError(
+                "strategy matrix must be lower triangular (noise at step t may only use z_1..z_t)"
+            )
         if np.any(np.abs(np.diag(given)) < 1e-12):
             raise ValueError("strategy matrix must have a non-zero diagonal (it must be invertible)")
         super().__init__(given.shape[0])
