@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 NOISE_KINDS = ("none", "independent", "dpmf_sqrt", "bandmf", "blt")
-SAMPLERS = ("single_pass", "poisson")
+SAMPLERS = ("single_pass", "poisson", "shuffle")
+ENGINES = ("ghost", "hooks", "functorch", "loop")
 PROFILES = ("cpu", "paper")
 
 
@@ -32,7 +33,9 @@ def validate(cfg: Mapping) -> None:
         raise ConfigError(f"task.name={task!r} is not a known task; valid: {', '.join(sorted(TASKS))}")
     opt = _num(cfg, "optimizer.name")
     if opt not in VARIANTS:
-        raise ConfigError(f"optimizer.name={opt!r} is not a known variant; valid: {', '.join(sorted(VARIANTS))}")
+        raise ConfigError(
+            f"optimizer.name={opt!r} is not a known variant; valid: {', '.join(sorted(VARIANTS))}"
+        )
     lr = _num(cfg, "optimizer.lr")
     if not isinstance(lr, (int, float)) or not lr > 0:
         raise ConfigError(f"optimizer.lr={lr!r} must be a number > 0")
@@ -60,7 +63,18 @@ def validate(cfg: Mapping) -> None:
     bs = _num(cfg, "train.batch_size")
     if not isinstance(bs, (int, float)) or not bs > 0:
         raise ConfigError(f"train.batch_size={bs!r} must be > 0")
-    if sampler == "single_pass":
+    clipping = cfg.get("train", {}).get("clipping", "ghost")
+    if clipping not in ENGINES:
+        raise ConfigError(f"train.clipping={clipping!r}; valid: {', '.join(ENGINES)}")
+    if sampler == "poisson" and kind not in ("none", "independent"):
+        raise ConfigError(
+            f"noise.kind={kind!r} with train.sampler=poisson: correlated noise is accounted here only without "
+            "amplification; use train.sampler=single_pass (cyclic batches, min-separation = steps per epoch)"
+        )
+    budget = cfg.get("privacy", {}).get("epsilon_budget")
+    if budget is not None and (not isinstance(budget, (int, float)) or budget <= 0):
+        raise ConfigError(f"privacy.epsilon_budget={budget!r} must be > 0 or null")
+    if sampler in ("single_pass", "shuffle"):
         epochs = _num(cfg, "train.epochs")
         if not isinstance(epochs, int) or epochs < 1:
             raise ConfigError(f"train.epochs={epochs!r} must be an integer >= 1")

@@ -62,8 +62,13 @@ def sweep_commands(
     return commands
 
 
-def run_sweep(experiment: str, profile: str = "cpu", launcher: str = "basic", overrides: Sequence[str] = (),
-              dry_run: bool = False) -> int:
+def run_sweep(
+    experiment: str,
+    profile: str = "cpu",
+    launcher: str = "basic",
+    overrides: Sequence[str] = (),
+    dry_run: bool = False,
+) -> int:
     for cmd in sweep_commands(experiment, profile, launcher, overrides):
         print("+ " + " ".join(cmd[1:]), flush=True)
         if dry_run:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -37,28 +38,44 @@ def run_config(cfg: DictConfig) -> dict:
 
 def train(cfg: DictConfig) -> dict | None:
     """Run one configuration (already composed); returns the summary, or None if the run was already complete."""
-    from dp_adam_bench.engine.loop import run
+    from dp_adam_bench.engine import loop, trainer
+    from dp_adam_bench.tasks.registry import build_task
 
     data = run_config(cfg)
     validate(data)
     root = cfg.paths.runs or runs_dir()
-    folder_path = __import__("pathlib").Path(root) / data["experiment_name"] / run_id(data)
+    folder_path = Path(root) / data["experiment_name"] / run_id(data)
     if is_complete(folder_path) and not cfg.train.force:
         log.info("skipping complete run %s", folder_path)
         return None
     folder = RunFolder.create(root, data["experiment_name"], data)
-    tags = [data["experiment_name"], data["task"]["name"], data["optimizer"]["name"], data["noise"]["kind"],
-            data.get("profile", "cpu")]
-    wb = WandbLogger(run_dir=folder.path, name=folder.path.name, group=data["experiment_name"], config=data,
-                     tags=tags, mode=cfg.logger.wandb.mode, project=cfg.logger.wandb.project,
-                     entity=cfg.logger.wandb.entity)
+    tags = [
+        data["experiment_name"],
+        data["task"]["name"],
+        data["optimizer"]["name"],
+        data["noise"]["kind"],
+        data.get("profile", "cpu"),
+    ]
+    wb = WandbLogger(
+        run_dir=folder.path,
+        name=folder.path.name,
+        group=data["experiment_name"],
+        config=data,
+        tags=tags,
+        mode=cfg.logger.wandb.mode,
+        project=cfg.logger.wandb.project,
+        entity=cfg.logger.wandb.entity,
+    )
 
     def log_both(step: int, metrics: dict) -> None:
         folder.log(step, metrics)
         wb.log(step, metrics)
 
     try:
-        result = run(OmegaConf.create(data), log_both)
+        run_cfg = OmegaConf.create(data)
+        task = build_task(run_cfg.task, trials=int(run_cfg.task.get("trials", 1)), seed=int(run_cfg.seed))
+        engine = loop if hasattr(task, "per_example_grads") else trainer  # closed-form toy task or nn.Module
+        result = engine.run(run_cfg, folder.path, log_both, task=task)
         folder.write_json("ledger.json", result["ledger"])
         summary = folder.finish(result, seed=int(data["seed"]))
         wb.summary({k: v for k, v in result["metrics"].items()})
@@ -70,10 +87,15 @@ def train(cfg: DictConfig) -> dict | None:
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    from dp_adam_bench.engine.checkpoint import CheckpointError
+
     try:
         train(cfg)
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
+        sys.exit(2)
+    except (CheckpointError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
 
 

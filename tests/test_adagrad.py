@@ -30,8 +30,14 @@ def run_variant(name, steps=300, sigma=0.0, clip=None, mech=None, **hp):
             m = (mech or IndependentMechanism)()
             m = m if not callable(getattr(m, "reset", None)) else m
             mechs.append(m.reset([params[0].shape], seed=10 + s, dtype=torch.float64))
-    priv = Privatizer(clip=clip, sigma=sigma, expected_batch_size=1, mechanisms=mechs, trial_dims=1,
-                      provide_clean=variant.needs_clean)
+    priv = Privatizer(
+        clip=clip,
+        sigma=sigma,
+        expected_batch_size=1,
+        mechanisms=mechs,
+        trial_dims=1,
+        provide_clean=variant.needs_clean,
+    )
     for i in range(steps):
         ctx = priv(t.per_example_grads(params, torch.tensor([i])))
         variant.update(params, state, ctx)
@@ -68,7 +74,9 @@ def test_ime_sigma0_follows_its_formula_by_hand():
     variant = build_variant("adagrad_ime", lr=0.5)
     params = t.init_params()
     state = variant.init(params)
-    priv = Privatizer(clip=None, sigma=0.0, expected_batch_size=1, mechanisms=[], trial_dims=1, provide_clean=True)
+    priv = Privatizer(
+        clip=None, sigma=0.0, expected_batch_size=1, mechanisms=[], trial_dims=1, provide_clean=True
+    )
     theta, nu = 0.0, 0.0
     for i in range(2):
         x, y = float(t.x_train[i]), float(t.y_train[i])
@@ -96,8 +104,9 @@ def test_ime_noise_scales(name, factor):
     params = [torch.zeros(trials, dtype=torch.float64)]
     state = variant.init(params)
     mechs = [IndependentMechanism().reset([(trials,)], seed=s, dtype=torch.float64) for s in (1, 2)]
-    priv = Privatizer(clip=1.0, sigma=sigma, expected_batch_size=1, mechanisms=mechs, trial_dims=1,
-                      provide_clean=True)
+    priv = Privatizer(
+        clip=1.0, sigma=sigma, expected_batch_size=1, mechanisms=mechs, trial_dims=1, provide_clean=True
+    )
     variant.update(params, state, priv([torch.zeros(1, trials, dtype=torch.float64)]))
     g_noise = -params[0] * 1e6
     assert float(g_noise.std()) == pytest.approx(factor * sigma, rel=0.03)

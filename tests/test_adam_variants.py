@@ -34,8 +34,13 @@ def run_ours(name, sigma=0.0, clip=None, scale_one=False, mechanisms=None, **hp)
     theta = torch.zeros(D, dtype=torch.float64)
     params = [theta]
     state = variant.init(params)
-    priv = Privatizer(clip=clip, sigma=sigma, expected_batch_size=B, mechanisms=mechanisms or [],
-                      provide_clean=variant.needs_clean)
+    priv = Privatizer(
+        clip=clip,
+        sigma=sigma,
+        expected_batch_size=B,
+        mechanisms=mechanisms or [],
+        provide_clean=variant.needs_clean,
+    )
     for t in range(STEPS):
         variant.update(params, state, priv(per_example(theta, x[t], y[t]), variant.scale(state)))
     return theta, state
@@ -93,8 +98,15 @@ def test_adambc_and_bc_follow_their_formula_by_hand():
         m = v = 0.0
         expected = 0.0
         for t, g in enumerate([0.3, -0.05], start=1):
-            ctx = StepContext(step=t, noisy=[torch.tensor([g], dtype=torch.float64)], noise_std=sigma * clip / bsz,
-                              noise_variance=phi, sigma=sigma, clip=clip, expected_batch_size=bsz)
+            ctx = StepContext(
+                step=t,
+                noisy=[torch.tensor([g], dtype=torch.float64)],
+                noise_std=sigma * clip / bsz,
+                noise_variance=phi,
+                sigma=sigma,
+                clip=clip,
+                expected_batch_size=bsz,
+            )
             variant.update([theta], state, ctx)
             m = b1 * m + (1 - b1) * g
             v = b2 * v + (1 - b2) * g * g
@@ -123,8 +135,20 @@ def test_phi_under_dpmf_is_the_exact_bias_of_v_hat():
 def test_every_variant_is_registered_with_its_name():
     for name, cls in VARIANTS.items():
         assert cls.name == name
-    expected = {"sgd", "adam", "adambc", "bc", "ime", "ime_free", "stp", "noiseless_precond",
-                "stp_noiseless_precond", "adagrad_pp", "adagrad_ime", "adagrad_ime_free"}
+    expected = {
+        "sgd",
+        "adam",
+        "adambc",
+        "bc",
+        "ime",
+        "ime_free",
+        "stp",
+        "noiseless_precond",
+        "stp_noiseless_precond",
+        "adagrad_pp",
+        "adagrad_ime",
+        "adagrad_ime_free",
+    }
     assert expected <= set(VARIANTS)
 
 

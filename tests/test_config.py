@@ -5,6 +5,7 @@ from hydra.errors import ConfigCompositionException
 
 from dp_adam_bench.config import ConfigError, validate
 from dp_adam_bench.train import run_config
+
 from helpers import compose_cfg
 
 
@@ -28,8 +29,8 @@ def test_default_config_is_valid():
         ("optimizer.lr=0", r"optimizer.lr=0 must be a number > 0"),
         ("train.epochs=0", r"train.epochs=0 must be an integer >= 1"),
         ("noise.kind=laplace", r"noise.kind='laplace'.*valid: none, independent"),
-        ("task.name=imagenet", r"task.name='imagenet'.*valid: logistic_1d"),
-        ("train.sampler=shuffle", r"train.sampler='shuffle'; valid: single_pass, poisson"),
+        ("task.name=imagenet", r"task.name='imagenet' is not a known task; valid: .*logistic_1d"),
+        ("train.sampler=uniform", r"train.sampler=.uniform.; valid: single_pass, poisson, shuffle"),
     ],
 )
 def test_bad_values_name_the_field(override, match):
@@ -39,9 +40,9 @@ def test_bad_values_name_the_field(override, match):
 
 def test_poisson_needs_positive_steps():
     with pytest.raises(ConfigError, match=r"train.steps=0 must be an integer >= 1"):
-        check(["train.sampler=poisson", "train.steps=0"])
+        check(["train.sampler=poisson", "train.steps=0", "noise=independent"])
     with pytest.raises(ConfigError, match=r"train.steps=None"):
-        check(["train.sampler=poisson"])
+        check(["train.sampler=poisson", "noise=independent"])
 
 
 def test_unknown_group_option_lists_the_available_ones():
@@ -52,7 +53,9 @@ def test_unknown_group_option_lists_the_available_ones():
 def test_batch_larger_than_dataset_is_refused(isolated_dirs):
     from dp_adam_bench.train import train
 
-    cfg = compose_cfg(["task.n_train=10", "train.batch_size=11", "logger.wandb.mode=disabled", "privacy.sigma=0.1"])
+    cfg = compose_cfg(
+        ["task.n_train=10", "train.batch_size=11", "logger.wandb.mode=disabled", "privacy.sigma=0.1"]
+    )
     with pytest.raises(ValueError, match=r"batch size must be in \[1, dataset size = 10\], got 11"):
         train(cfg)
 
@@ -70,3 +73,8 @@ def test_experiment_preset_overrides_root_values():
     cfg = compose_cfg(["experiment=ganesh_fig2"])
     assert cfg.experiment_name == "ganesh_fig2"
     assert cfg.privacy.sigma == 0.1 and cfg.task.trials == 30
+
+
+def test_correlated_noise_with_poisson_sampling_is_refused():
+    with pytest.raises(ConfigError, match=r"noise.kind='bandmf' with train.sampler=poisson.*single_pass"):
+        check(["noise=bandmf", "train.sampler=poisson", "train.steps=10"])

@@ -43,3 +43,29 @@ def test_realized_noise_std_is_sigma_c_over_b():
 def test_bad_privatizer_settings_fail_clearly(kwargs, match):
     with pytest.raises(ValueError, match=match):
         Privatizer(**kwargs)
+
+
+def test_single_pass_sampler_keeps_min_separation_across_epochs():
+    from dp_adam_bench.engine.sampling import SinglePassSampler
+
+    sampler = SinglePassSampler(20, 4, epochs=3, seed=1)
+    batches = list(sampler)
+    assert len(batches) == sampler.steps == 15
+    where = {}
+    for t, b in enumerate(batches):
+        for i in b.tolist():
+            where.setdefault(i, []).append(t)
+    assert all(len(ts) == 3 for ts in where.values())
+    assert all(
+        min(b - a for a, b in zip(ts, ts[1:], strict=False)) == sampler.min_separation == 5
+        for ts in where.values()
+    )
+
+
+def test_poisson_batch_sizes_follow_binomial():
+    from dp_adam_bench.engine.sampling import PoissonSampler
+
+    sampler = PoissonSampler(1000, 50, steps=2000, seed=0)
+    sizes = torch.tensor([len(b) for b in sampler], dtype=torch.float64)
+    assert float(sizes.mean()) == pytest.approx(50, rel=0.02)
+    assert float(sizes.var()) == pytest.approx(1000 * 0.05 * 0.95, rel=0.1)

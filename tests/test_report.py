@@ -14,12 +14,22 @@ from dp_adam_bench.tracking.run_store import load_runs
 def fake_run(root, name, opt, noise, lr, trials, complete=True, gt=0.6):
     folder = root / "ganesh_fig2" / name
     folder.mkdir(parents=True)
-    cfg = {"optimizer": {"name": opt, "lr": lr}, "noise": {"kind": noise}, "privacy": {"delta": 1e-5}, "seed": 0}
+    cfg = {
+        "optimizer": {"name": opt, "lr": lr},
+        "noise": {"kind": noise},
+        "privacy": {"delta": 1e-5},
+        "seed": 0,
+    }
     (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
     if complete:
-        summary = {"status": "complete", "metrics": {"test_loss": sum(trials) / len(trials)},
-                   "trials": {"test_loss": trials}, "ground_truth": gt, "n_trials": len(trials),
-                   "epsilon": {"pld": 50.0}}
+        summary = {
+            "status": "complete",
+            "metrics": {"test_loss": sum(trials) / len(trials)},
+            "trials": {"test_loss": trials},
+            "ground_truth": gt,
+            "n_trials": len(trials),
+            "epsilon": {"pld": 50.0},
+        }
         (folder / "summary.json").write_text(json.dumps(summary))
 
 

@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from dp_adam_bench.train import train
+
 from helpers import TINY_1D, compose_cfg
 from wandb_reader import history
 
@@ -56,8 +57,17 @@ def test_same_seed_same_result_other_seed_differs(isolated_dirs):
 
 
 def test_nonprivate_run_records_no_noise_and_no_clipping(isolated_dirs):
-    summary = train(compose_cfg(["optimizer=adagrad_pp", "noise=none", "experiment_name=e2e",
-                                 "logger.wandb.mode=disabled", *TINY_1D]))
+    summary = train(
+        compose_cfg(
+            [
+                "optimizer=adagrad_pp",
+                "noise=none",
+                "experiment_name=e2e",
+                "logger.wandb.mode=disabled",
+                *TINY_1D,
+            ]
+        )
+    )
     cfg = yaml.safe_load((run_folder(isolated_dirs) / "config.yaml").read_text())
     assert cfg["privacy"]["sigma"] == 0.0 and cfg["privacy"]["clip"] is None
     assert summary["private"] is False and summary["epsilon"] == {}

@@ -50,6 +50,10 @@ def history(path: Path) -> list[dict]:
         rec = pb.Record()
         rec.ParseFromString(raw)
         if rec.WhichOneof("record_type") == "history":
-            rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                         for item in rec.history.item})
+            rows.append(
+                {
+                    item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                    for item in rec.history.item
+                }
+            )
     return rows

@@ -28,8 +28,11 @@ def build_sampler(cfg, dataset_size: int, seed: int):
     return PoissonSampler(dataset_size, float(t.batch_size), steps=int(t.steps), seed=seed)
 
 
-def run(cfg, log: Callable[[int, dict], None]) -> dict:
-    """Train once; call ``log(step, metrics)`` every ``train.log_every`` steps; return the final summary."""
+def run(cfg, folder, log: Callable[[int, dict], None], task=None) -> dict:
+    """Train once; call ``log(step, metrics)`` every ``train.log_every`` steps; return the final summary.
+
+    These runs take seconds, so they have no checkpoints: an interrupted one starts again from scratch.
+    """
     from dp_adam_bench.privacy.accounting import PrivacyLedger
 
     t0 = time.time()
@@ -40,7 +43,8 @@ def run(cfg, log: Callable[[int, dict], None]) -> dict:
     private = cfg.noise.kind != "none"
     sigma = float(cfg.privacy.sigma) if private else 0.0
     clip = float(cfg.privacy.clip) if private else None
-    task = build_task(cfg.task, trials=int(cfg.task.get("trials", 1)), seed=seed)
+    (folder / "metrics.jsonl").unlink(missing_ok=True)
+    task = task or build_task(cfg.task, trials=int(cfg.task.get("trials", 1)), seed=seed)
     sampler = build_sampler(cfg, task.dataset_size, seed)
     opt_kwargs = {k: v for k, v in cfg.optimizer.items() if k != "name"}
     variant = build_variant(cfg.optimizer.name, **opt_kwargs)
@@ -52,8 +56,11 @@ def run(cfg, log: Callable[[int, dict], None]) -> dict:
     if private and sigma > 0:
         for stream in range(1 + variant.extra_noise_streams):
             mech = strategy.mechanism()
-            mech.reset([p.shape for p in params], seed=seed * _NOISE_SEED_OFFSET + 7919 * (stream + 1),
-                       dtype=params[0].dtype)
+            mech.reset(
+                [p.shape for p in params],
+                seed=seed * _NOISE_SEED_OFFSET + 7919 * (stream + 1),
+                dtype=params[0].dtype,
+            )
             mechanisms.append(mech)
     privatizer = Privatizer(
         clip=clip,
@@ -75,10 +82,14 @@ def run(cfg, log: Callable[[int, dict], None]) -> dict:
             # Each example is in one batch per epoch: a Gaussian mechanism on the whole stream with
             # sensitivity = that of the strategy under `epochs` participations (no amplification).
             participations = int(cfg.train.epochs)
-            sens = strategy.sensitivity(participations=participations,
-                                        min_separation=sampler.steps_per_epoch if participations > 1 else None)
+            sens = strategy.sensitivity(
+                participations=participations,
+                min_separation=sampler.min_separation if participations > 1 else None,
+            )
             ledger.record_gaussian(sens / sigma)
-            privacy_notes.append("single-pass fixed-size batches: accounted without amplification by sampling")
+            privacy_notes.append(
+                "single-pass fixed-size batches: accounted without amplification by sampling"
+            )
     if variant.needs_clean and not variant.private:
         privacy_notes.append(f"{variant.name} uses clean (un-noised) statistics: a non-private baseline")
 
@@ -89,8 +100,11 @@ def run(cfg, log: Callable[[int, dict], None]) -> dict:
             variant.update(params, state, ctx)
         if step % int(cfg.train.log_every) == 0 or step == sampler.steps:
             metrics = task.evaluate(params)
-            log(step, {f"{k}_mean": float(v.mean()) for k, v in metrics.items()}
-                | {f"{k}_std": float(v.std(unbiased=False)) for k, v in metrics.items()})
+            log(
+                step,
+                {f"{k}_mean": float(v.mean()) for k, v in metrics.items()}
+                | {f"{k}_std": float(v.std(unbiased=False)) for k, v in metrics.items()},
+            )
 
     final = task.evaluate(params)
     eps = ledger.epsilons(float(cfg.privacy.delta)) if (private and sigma > 0) else {}

@@ -44,7 +44,9 @@ class Privatizer:
         if clip is not None and not clip > 0:
             raise ValueError(f"privacy.clip must be > 0 or null (no clipping), got {clip}")
         if sigma > 0 and clip is None:
-            raise ValueError("privacy.sigma > 0 needs a clip norm: without clipping the sensitivity is unbounded")
+            raise ValueError(
+                "privacy.sigma > 0 needs a clip norm: without clipping the sensitivity is unbounded"
+            )
         if sigma > 0 and not mechanisms:
             raise ValueError("privacy.sigma > 0 needs a noise mechanism (noise=independent, dpmf_sqrt, ...)")
         if not expected_batch_size > 0:
@@ -64,22 +66,37 @@ class Privatizer:
         self, per_example: list[torch.Tensor], scale: list[torch.Tensor] | None = None
     ) -> tuple[list[torch.Tensor], torch.Tensor]:
         """(1/B) sum_i clip(s * g_i; C), and the per-example norms (before clipping) for diagnostics."""
+        from dp_adam_bench.engine.grads import clip_factors
+
         lead = 1 + self.trial_dims
         if scale is not None:
             per_example = [g * s for g, s in zip(per_example, scale, strict=True)]
         norms = per_example_norms(per_example, lead)
-        if self.clip is None:
-            return [g.sum(0) / self.B for g in per_example], norms
-        factor = (self.clip / (norms + 1e-12)).clamp(max=1.0)
+        factor = clip_factors(norms, self.clip)
         out = []
         for g in per_example:
             f = factor.reshape(*factor.shape, *([1] * (g.dim() - lead)))
             out.append((g * f).sum(0) / self.B)
         return out, norms
 
-    def __call__(self, per_example: list[torch.Tensor], scale: list[torch.Tensor] | None = None) -> StepContext:
-        self.step += 1
+    def __call__(
+        self, per_example: list[torch.Tensor], scale: list[torch.Tensor] | None = None
+    ) -> StepContext:
+        """Per-example gradients in (vectorised toy tasks), privatized step context out."""
         mean, _ = self.clipped_mean(per_example, scale)
+        return self.privatize_mean(mean, scale)
+
+    def privatize_sum(
+        self, summed: list[torch.Tensor], scale: list[torch.Tensor] | None = None
+    ) -> StepContext:
+        """The sum of clipped per-example gradients of a whole logical batch in, privatized step context out."""
+        return self.privatize_mean([s / self.B for s in summed], scale)
+
+    def privatize_mean(
+        self, mean: list[torch.Tensor], scale: list[torch.Tensor] | None = None
+    ) -> StepContext:
+        """Add the step's noise to (1/B) sum_i clip(s g_i); undo the scale s for scale-then-privatize."""
+        self.step += 1
         unit = None
         if self.sigma > 0:
             unit = self.mechanisms[0].next()
@@ -87,7 +104,9 @@ class Privatizer:
             variance = self.noise_std**2 * self.mechanisms[0].variance(self.step - 1)
         else:
             noisy, variance = mean, 0.0
-        if scale is not None:  # scale-then-privatize: undo the scaling after the noise (Ganesh Alg. 8, line 6)
+        if (
+            scale is not None
+        ):  # scale-then-privatize: undo the scaling after the noise (Ganesh Alg. 8, line 6)
             noisy = [g / s for g, s in zip(noisy, scale, strict=True)]
             mean = [m / s for m, s in zip(mean, scale, strict=True)]
         return StepContext(
@@ -105,11 +124,16 @@ class Privatizer:
 
     def _extra_noise(self, stream: int) -> list[torch.Tensor]:
         if stream < 1 or stream >= len(self.mechanisms):
-            raise ValueError(f"noise stream {stream} requested, but only {len(self.mechanisms)} streams exist")
+            raise ValueError(
+                f"noise stream {stream} requested, but only {len(self.mechanisms)} streams exist"
+            )
         return self.mechanisms[stream].next()
 
     def state_dict(self) -> dict:
-        return {"step": self.step, "mechanisms": [m.state_dict() for m in self.mechanisms if m._gen is not None]}
+        return {
+            "step": self.step,
+            "mechanisms": [m.state_dict() for m in self.mechanisms if m._gen is not None],
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.step = int(state["step"])

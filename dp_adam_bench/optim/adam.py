@@ -9,8 +9,10 @@ them and in the denominator:
 | adambc (Tang Eq. 3) | g~ | g~^2 | m^ / sqrt(max(v^ - Phi_t, gamma')) — no eps outside the root |
 | bc (Ganesh Alg. 7) | g~ | g~^2 | m^ / sqrt(max(v^ - Phi_t, eps_s^2)) |
 | ime (Ganesh Alg. 6) | g + sqrt2 (C/B) sigma w1 | g^2 + sqrt2 S2 sigma w2 | m^ / (sqrt(max(v^, 0)) + eps_s) |
-| stp (Ganesh Alg. 8) | (clip(s g_i) summed + noise) / s | same, squared | m^ / (sqrt(v^) + eps_s2), s = 1/(sqrt(v^_{t-1}) + eps_s1) |
+| stp (Ganesh Alg. 8) | (sum clip(s g_i) + noise) / s | same, squared | m^ / (sqrt(v^) + eps_s2) |
 | noiseless_precond (Alg. 9 variant, non-private) | g~ | clean g^2 | m^ / (sqrt(v^) + eps) |
+
+For stp the scale is s_t = 1 / (sqrt(v^_{t-1}) + eps_s1).
 
 Phi_t is the exact bias of v^_t from the noise: for independent noise Phi = (sigma C / B)^2 (Tang); for DP-MF it
 follows the recursion Phi_t = (beta2 - beta2^t)/(1 - beta2^t) Phi_{t-1} + (1 - beta2)/(1 - beta2^t) Var[noise_t],
@@ -140,13 +142,20 @@ class AdamIME(Adam):
     def first_moment_input(self, ctx):
         if ctx.sigma == 0:
             return ctx.clean
-        return [c + (self.split_factor * ctx.noise_std) * w for c, w in zip(ctx.clean, ctx.unit_noise, strict=True)]
+        return [
+            c + (self.split_factor * ctx.noise_std) * w
+            for c, w in zip(ctx.clean, ctx.unit_noise, strict=True)
+        ]
 
     def second_moment_input(self, ctx, first):
         sq = [c * c for c in ctx.clean]
         if ctx.sigma == 0:
             return sq
-        scale = self.split_factor * ctx.sigma * square_sensitivity(ctx.clip, ctx.expected_batch_size, self.sq_form)
+        scale = (
+            self.split_factor
+            * ctx.sigma
+            * square_sensitivity(ctx.clip, ctx.expected_batch_size, self.sq_form)
+        )
         return [q + scale * w for q, w in zip(sq, ctx.noise(1), strict=True)]
 
     def denominator(self, v, bc2_sqrt, state):

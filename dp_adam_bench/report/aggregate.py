@@ -35,7 +35,9 @@ class Cell:
     n: int
     chosen: dict
     values: list[float] = field(default_factory=list)
-    candidates: list[tuple[dict, float]] = field(default_factory=list)  # (tuned hparams, mean) for every setting
+    candidates: list[tuple[dict, float]] = field(
+        default_factory=list
+    )  # (tuned hparams, mean) for every setting
 
 
 def split_complete(records: list[RunRecord]) -> tuple[list[RunRecord], list[RunRecord]]:
@@ -78,7 +80,8 @@ def select_best(
             n=len(vals),
             chosen=dict(zip(tuned, best, strict=True)),
             values=vals,
-            candidates=sorted(((dict(zip(tuned, s, strict=True)), m) for s, m in scored),
-                              key=lambda c: tuple(c[0].values())),
+            candidates=sorted(
+                ((dict(zip(tuned, s, strict=True)), m) for s, m in scored), key=lambda c: tuple(c[0].values())
+            ),
         )
     return cells

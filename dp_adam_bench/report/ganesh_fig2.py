@@ -47,20 +47,31 @@ def build(profile: str = "cpu") -> list:
 
     rows = []
     for col in COLUMNS:
-        rows.append({"row": "ground_truth", "column": col, "paper": paper["test_loss"]["ground_truth"]
-                     if col == "dpmf" else None, "ours": gt_sample, "ours_std": 0.0, "n": 1, "lr": None})
+        rows.append(
+            {
+                "row": "ground_truth",
+                "column": col,
+                "paper": paper["test_loss"]["ground_truth"] if col == "dpmf" else None,
+                "ours": gt_sample,
+                "ours_std": 0.0,
+                "n": 1,
+                "lr": None,
+            }
+        )
     for row, (opt, noises) in ROWS.items():
         for col in COLUMNS:
             cell = cells.get((opt, noises[col]))
-            rows.append({
-                "row": row,
-                "column": col,
-                "paper": paper["test_loss"][row] if col == "dpmf" else None,
-                "ours": cell.mean if cell else None,
-                "ours_std": cell.std if cell else None,
-                "n": cell.n if cell else 0,
-                "lr": cell.chosen["optimizer.lr"] if cell else None,
-            })
+            rows.append(
+                {
+                    "row": row,
+                    "column": col,
+                    "paper": paper["test_loss"][row] if col == "dpmf" else None,
+                    "ours": cell.mean if cell else None,
+                    "ours_std": cell.std if cell else None,
+                    "n": cell.n if cell else 0,
+                    "lr": cell.chosen["optimizer.lr"] if cell else None,
+                }
+            )
     df = pd.DataFrame(rows)
     df["ours_minus_paper"] = df["ours"] - df["paper"]
     # excess loss over each side's own ground truth: removes the test-sample offset between paper and us
@@ -75,9 +86,13 @@ def build(profile: str = "cpu") -> list:
     gt, _, _ = val("ground_truth")
     npv, _, _ = val("nonprivate")
     if gt is not None and npv is not None:
-        claims.append(Claim("non-private AdaGrad reaches the ground-truth loss (within 0.001)",
-                            abs(npv - gt) <= 1e-3, f"non-private {npv:.4f} vs ground truth {gt:.4f}, "
-                            f"gap {npv - gt:+.4f}"))
+        claims.append(
+            Claim(
+                "non-private AdaGrad reaches the ground-truth loss (within 0.001)",
+                abs(npv - gt) <= 1e-3,
+                f"non-private {npv:.4f} vs ground truth {gt:.4f}, gap {npv - gt:+.4f}",
+            )
+        )
     for col in COLUMNS:
         pp, pps, ppn = val("postprocessing", col)
         for row, label in (("ime", "IME"), ("ime_free", "IME for free")):
@@ -87,9 +102,14 @@ def build(profile: str = "cpu") -> list:
             margin = pp - v
             se = math.hypot(_sem(s, n), _sem(pps, ppn))
             scope = "" if col == "dpmf" else ", our extra column: the paper ran DP-MF only"
-            claims.append(Claim(f"{label} beats post-processing ({col} noise{scope})", bool(margin > 0),
-                                f"{v:.4f} vs {pp:.4f}, margin {margin:+.4f}, "
-                                f"{margin / se if se > 0 else float('inf'):.1f} standard errors"))
+            claims.append(
+                Claim(
+                    f"{label} beats post-processing ({col} noise{scope})",
+                    bool(margin > 0),
+                    f"{v:.4f} vs {pp:.4f}, margin {margin:+.4f}, "
+                    f"{margin / se if se > 0 else float('inf'):.1f} standard errors",
+                )
+            )
     pop = population_ground_truth_loss()
     notes = [
         f"Ground truth on our 10,000-point test sample: {gt:.4f}; population value E_x[H(sigmoid(x))] = {pop:.4f}; "
@@ -103,26 +123,38 @@ def build(profile: str = "cpu") -> list:
     ]
     eps = next((r.summary.get("epsilon") for r in complete if r.summary.get("epsilon")), None)
     if eps:
-        notes.append("Privacy of every private run (one pass, batch 1, each example once, no amplification, "
-                     f"delta = {complete[0].config['privacy']['delta']:g}): "
-                     + ", ".join(f"{k} eps = {v:.2f}" for k, v in eps.items()))
+        notes.append(
+            "Privacy of every private run (one pass, batch 1, each example once, no amplification, "
+            f"delta = {complete[0].config['privacy']['delta']:g}): "
+            + ", ".join(f"{k} eps = {v:.2f}" for k, v in eps.items())
+        )
     if incomplete:
         notes.append("Incomplete runs left out: " + ", ".join(r.path.name for r in incomplete))
 
     sweep_lines = []
     for key, cell in sorted(cells.items()):
-        sweep_lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(
-            f"{m:.4f}" for _, m in cell.candidates) + " |")
+        sweep_lines.append(
+            f"| {key[0]} | {key[1]} | " + " | ".join(f"{m:.4f}" for _, m in cell.candidates) + " |"
+        )
     lrs = [c[0]["optimizer.lr"] for c in next(iter(cells.values())).candidates]
-    sweep_md = "\n".join(["| optimizer | noise | " + " | ".join(f"lr={lr:g}" for lr in lrs) + " |",
-                          "|---|---|" + "---|" * len(lrs)] + sweep_lines)
+    sweep_md = "\n".join(
+        [
+            "| optimizer | noise | " + " | ".join(f"lr={lr:g}" for lr in lrs) + " |",
+            "|---|---|" + "---|" * len(lrs),
+        ]
+        + sweep_lines
+    )
 
     fig = _figure(df)
     return write_table(
-        EXPERIMENT, df, title="Ganesh et al. Fig. 2 — private AdaGrad, 1-D sparse logistic regression (test loss)",
+        EXPERIMENT,
+        df,
+        title="Ganesh et al. Fig. 2 — private AdaGrad, 1-D sparse logistic regression (test loss)",
         command=COMMAND,
         setting=paper["setting"] + f" (ours: {complete[0].summary.get('n_trials')} trials per run)",
-        claims=claims, notes=notes, figure=fig,
+        claims=claims,
+        notes=notes,
+        figure=fig,
         extra_sections=[("Learning-rate sweep (mean final test loss)", sweep_md)],
     )
 
@@ -138,14 +170,26 @@ def _figure(df: pd.DataFrame):
     x = np.arange(len(rows))
     for off, col, color in ((-0.12, "dpmf", "C0"), (0.12, "independent", "C1")):
         sub = df[df.column == col].set_index("row").loc[rows]
-        ax.errorbar(x + off, sub.ours.astype(float), yerr=sub.ours_std.astype(float), fmt="o", color=color,
-                    capsize=4, label=f"ours, {col} noise (mean ± std over trials)")
+        ax.errorbar(
+            x + off,
+            sub.ours.astype(float),
+            yerr=sub.ours_std.astype(float),
+            fmt="o",
+            color=color,
+            capsize=4,
+            label=f"ours, {col} noise (mean ± std over trials)",
+        )
     paper = df[df.column == "dpmf"].set_index("row").loc[rows].paper.astype(float)
     ax.scatter(x - 0.12, paper, marker="x", s=80, color="k", zorder=5, label="paper (DP-MF)")
     gt = df[(df.row == "ground_truth") & (df.column == "dpmf")].ours.iloc[0]
     ax.axhline(gt, color="gray", ls="--", lw=1, label="ground truth θ = 1 (our test set)")
-    ax.axhline(float(df[(df.row == "ground_truth") & (df.column == "dpmf")].paper.iloc[0]), color="k", ls=":",
-               lw=1, label="ground truth θ = 1 (paper's test set)")
+    ax.axhline(
+        float(df[(df.row == "ground_truth") & (df.column == "dpmf")].paper.iloc[0]),
+        color="k",
+        ls=":",
+        lw=1,
+        label="ground truth θ = 1 (paper's test set)",
+    )
     ax.set_xticks(x, ["non-private", "post-processing", "IME", "IME for free"])
     ax.set_ylabel("final test loss")
     ax.set_title("Private AdaGrad on 1-D logistic regression (Ganesh et al. Fig. 2)")

@@ -13,26 +13,37 @@ class ReportSpec:
     paper: str
     shows: str
     runtime_cpu: str
-    experiment: str | None = None  # sweep preset to run before the report (None: the table is computed exactly)
+    experiment: str | None = (
+        None  # sweep preset to run before the report (None: the table is computed exactly)
+    )
     runtime_paper: str = "same"
 
 
 REPORTS: dict[str, ReportSpec] = {
     "ganesh_fig2": ReportSpec(
-        "ganesh_fig2", "Ganesh et al. Fig. 2", "1-D logistic regression, private AdaGrad variants", "~2 min",
+        "ganesh_fig2",
+        "Ganesh et al. Fig. 2",
+        "1-D logistic regression, private AdaGrad variants",
+        "~2 min",
         experiment="ganesh_fig2",
     ),
     "ganesh_mechanisms": ReportSpec(
         "ganesh_mechanisms", "Ganesh et al. §5.2", "RMSE and epsilon of DP-SGD vs DP-BandMF", "~30 s"
     ),
     "li_e2e_accounting": ReportSpec(
-        "li_e2e_accounting", "Li et al. (E2E)", "sigma calibrated under RDP, epsilon under GDP-CLT / PRV", "~10 s"
+        "li_e2e_accounting",
+        "Li et al. (E2E)",
+        "sigma calibrated under RDP, epsilon under GDP-CLT / PRV",
+        "~10 s",
     ),
     "tang_budget": ReportSpec(
         "tang_budget", "Tang & Lecuyer", "steps to epsilon=7, Phi = (sigma C / B)^2", "~20 s"
     ),
     "lecture_mechanisms": ReportSpec(
-        "lecture_mechanisms", "Lecture notes (seed 001)", "classic vs analytic Gaussian, composition theorems", "~10 s"
+        "lecture_mechanisms",
+        "Lecture notes (seed 001)",
+        "classic vs analytic Gaussian, composition theorems",
+        "~10 s",
     ),
 }
 

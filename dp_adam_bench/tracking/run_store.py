@@ -28,18 +28,59 @@ import yaml
 
 from dp_adam_bench.paths import REPO_ROOT
 
-IDENTITY_KEYS = ("task", "optimizer", "noise", "privacy", "train", "seed", "experiment", "profile")
+IDENTITY_KEYS = (
+    "task",
+    "optimizer",
+    "noise",
+    "privacy",
+    "train",
+    "diagnostics",
+    "seed",
+    "experiment_name",
+    "profile",
+)
+# train.* keys that change how a run is operated, not what it computes: relaunching with other values must find
+# (and resume or skip) the same run folder
+OPERATIONAL_TRAIN_KEYS = (
+    "force",
+    "threads",
+    "stop_after",
+    "resume",
+    "checkpoint_every",
+    "log_every",
+    "eval_every",
+)
+
+
+def run_identity(cfg: dict) -> dict:
+    """The part of a config that determines a run's result."""
+    ident = {k: cfg.get(k) for k in IDENTITY_KEYS}
+    ident["train"] = {k: v for k, v in (cfg.get("train") or {}).items() if k not in OPERATIONAL_TRAIN_KEYS}
+    return ident
+
+
+def identity_hash(cfg: dict) -> str:
+    return hashlib.sha1(json.dumps(run_identity(cfg), sort_keys=True, default=str).encode()).hexdigest()
 
 
 def git_commit() -> str:
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=5, check=False
+            ["git", "rev-parse", "HEAD"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
         )
         commit = out.stdout.strip() or "unknown"
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=REPO_ROOT, capture_output=True, text=True, timeout=5, check=False,
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
         ).stdout.strip()
         return commit + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
@@ -48,11 +89,12 @@ def git_commit() -> str:
 
 def run_id(cfg: dict) -> str:
     """Readable, deterministic id: ``<optimizer>-<noise>-lr<lr>-s<seed>-<hash of the identity keys>``."""
-    ident = {k: cfg.get(k) for k in IDENTITY_KEYS}
-    digest = hashlib.sha1(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    digest = identity_hash(cfg)[:8]
     opt = cfg.get("optimizer", {}) or {}
     noise = cfg.get("noise", {}) or {}
-    return f"{opt.get('name', 'opt')}-{noise.get('kind', 'noise')}-lr{opt.get('lr', 'na'):g}-s{cfg.get('seed', 0)}-{digest}"
+    lr = opt.get("lr")
+    lr_part = f"lr{lr:g}" if isinstance(lr, (int, float)) else "lrna"
+    return f"{opt.get('name', 'opt')}-{noise.get('kind', 'noise')}-{lr_part}-s{cfg.get('seed', 0)}-{digest}"
 
 
 def _clean(obj):
@@ -80,9 +122,8 @@ class RunFolder:
         path = Path(root) / experiment / run_id(cfg)
         path.mkdir(parents=True, exist_ok=True)
         folder = cls(path)
-        # a rerun of an incomplete run starts its files afresh (resume from checkpoints is the loop's business)
-        for name in ("metrics.jsonl", "summary.json"):
-            (path / name).unlink(missing_ok=True)
+        # metrics.jsonl is kept: a resumed run truncates it to its checkpoint; a fresh start removes it
+        (path / "summary.json").unlink(missing_ok=True)
         with open(path / "config.yaml", "w") as fh:
             yaml.safe_dump(cfg, fh, sort_keys=False)
         return folder

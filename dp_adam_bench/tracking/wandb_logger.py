@@ -21,8 +21,18 @@ def resolve_mode(mode: str | None) -> str:
 
 
 class WandbLogger:
-    def __init__(self, *, run_dir: Path, name: str, group: str, config: dict, tags: list[str], mode: str | None,
-                 project: str = "dp-adam-bench", entity: str | None = None):
+    def __init__(
+        self,
+        *,
+        run_dir: Path,
+        name: str,
+        group: str,
+        config: dict,
+        tags: list[str],
+        mode: str | None,
+        project: str = "dp-adam-bench",
+        entity: str | None = None,
+    ):
         self.mode = resolve_mode(mode)
         self.run = None
         if self.mode == "disabled":

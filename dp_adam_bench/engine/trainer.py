@@ -1,0 +1,273 @@
+"""The DP training loop for ``nn.Module`` tasks (DESIGN.md, "the one pipeline").
+
+sampler -> logical batch -> physical micro-batches -> clipped sums (grads engine) -> privatizer (noise, divide
+by the *expected* batch size) -> optimizer variant -> ledger; with evaluation, diagnostics, checkpoints and an
+optional epsilon budget.
+
+Resuming: with ``train.checkpoint_every > 0`` a checkpoint is written every that many steps; a run whose folder
+holds a checkpoint continues from it, with the same sampler, noise stream and ledger it would have had, and ends
+bit-identical (same seed, CPU) to the uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from dp_adam_bench.engine import checkpoint as ckpt
+from dp_adam_bench.engine.diagnostics import Diagnostics
+from dp_adam_bench.engine.grads import build_engine
+from dp_adam_bench.engine.privatizer import Privatizer
+from dp_adam_bench.engine.sampling import PoissonSampler, ShuffleSampler, SinglePassSampler
+from dp_adam_bench.optim.registry import build_variant
+from dp_adam_bench.privacy.noise_factory import build_strategy
+
+log = logging.getLogger(__name__)
+_NOISE_SEED_OFFSET = 1_000_003
+
+
+class BudgetExhausted(RuntimeError):
+    pass
+
+
+def build_sampler(cfg, n: int, seed: int):
+    t = cfg.train
+    if t.sampler == "poisson":
+        return PoissonSampler(n, float(t.batch_size), steps=int(t.steps), seed=seed)
+    if int(t.batch_size) > n:
+        raise ValueError(f"train.batch_size={t.batch_size} is larger than the training set ({n} examples)")
+    cls = ShuffleSampler if t.sampler == "shuffle" else SinglePassSampler
+    return cls(n, int(t.batch_size), epochs=int(t.epochs), seed=seed)
+
+
+def _truncate_metrics(folder: Path, step: int) -> None:
+    f = folder / "metrics.jsonl"
+    if f.exists():
+        lines = [ln for ln in f.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
+        f.write_text("".join(ln + "\n" for ln in lines))
+
+
+def run(cfg, folder: Path, log_metrics: Callable[[int, dict], None], task=None) -> dict:
+    from dp_adam_bench.privacy.accounting import PrivacyLedger, mf_epsilon, steps_to_epsilon
+    from dp_adam_bench.tasks.registry import build_task
+
+    t0 = time.time()
+    seed = int(cfg.seed)
+    if cfg.train.get("threads"):
+        torch.set_num_threads(int(cfg.train.threads))
+    torch.manual_seed(seed)
+    task = task or build_task(cfg.task, trials=1, seed=seed)
+    model = task.build_model()
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    private = cfg.noise.kind != "none"
+    sigma = float(cfg.privacy.sigma) if private else 0.0
+    clip = float(cfg.privacy.clip) if private else None
+    delta = float(cfg.privacy.delta)
+    sampler = build_sampler(cfg, task.dataset_size, seed)
+    variant = build_variant(cfg.optimizer.name, **{k: v for k, v in cfg.optimizer.items() if k != "name"})
+    engine_name = cfg.train.get("clipping") or "ghost"
+    probe_state = variant.init(params)
+    if variant.scale(probe_state) is not None and engine_name == "ghost":
+        raise ValueError(
+            f"optimizer {variant.name!r} clips per-coordinate scaled per-example gradients (scale-then-privatize), "
+            "which ghost clipping cannot compute; set train.clipping=hooks or train.clipping=functorch"
+        )
+    engine = build_engine(engine_name, model, task.loss_per_example)
+
+    diag_cfg = cfg.get("diagnostics") or {}
+    diagnostics = Diagnostics(
+        every=int(diag_cfg.get("every", 0) or 0),
+        beta1=float(cfg.optimizer.get("beta1", 0.9)),
+        beta2=float(cfg.optimizer.get("beta2", 0.999)),
+        reference_sigma=diag_cfg.get("reference_sigma"),
+        hist_dir=folder / "diagnostics" if diag_cfg.get("histograms", True) else None,
+        seed=seed,
+    )
+
+    strategy = build_strategy(cfg.noise, sampler.steps) if private else None
+    mechanisms = []
+    if private and sigma > 0:
+        for stream in range(1 + variant.extra_noise_streams):
+            mech = strategy.mechanism()
+            mech.reset(
+                [p.shape for p in params],
+                seed=seed * _NOISE_SEED_OFFSET + 7919 * (stream + 1),
+                dtype=params[0].dtype,
+            )
+            mechanisms.append(mech)
+    privatizer = Privatizer(
+        clip=clip,
+        sigma=sigma,
+        expected_batch_size=sampler.expected_batch_size,
+        mechanisms=mechanisms,
+        provide_clean=variant.needs_clean or diagnostics.enabled,
+    )
+
+    # --- accounting: what the sampler allows the accountant to assume ---------------------------------------------
+    ledger = PrivacyLedger()
+    notes: list[str] = []
+    max_steps = sampler.steps
+    budget = cfg.privacy.get("epsilon_budget")
+    accountant = cfg.privacy.get("accountant", "rdp")
+    if private and sigma > 0:
+        if sampler.kind == "shuffle":
+            notes.append(
+                "fixed-size shuffled batches: accounted as Poisson sampling with q = B/N, which the "
+                "sampler does NOT implement (not DP-faithful)"
+            )
+        if not sampler.amplification:
+            participations = int(cfg.train.epochs)
+            sens = strategy.sensitivity(
+                participations=participations,
+                min_separation=sampler.min_separation if participations > 1 else None,
+            )
+            notes.append(
+                f"single-pass fixed-size batches ({participations} participation(s), min separation "
+                f"{sampler.min_separation}): a Gaussian mechanism with sensitivity {sens:.4g}, no "
+                "amplification by sampling"
+            )
+            if budget is not None and mf_epsilon(sigma, sens, delta) > float(budget):
+                raise BudgetExhausted(
+                    f"the whole run costs epsilon = {mf_epsilon(sigma, sens, delta):.3f} > "
+                    f"privacy.epsilon_budget = {budget}; nothing was trained"
+                )
+        else:
+            if budget is not None:
+                max_steps = min(
+                    sampler.steps, steps_to_epsilon(float(budget), sigma, sampler.q, delta, accountant)
+                )
+    if variant.needs_clean and not variant.private:
+        notes.append(f"{variant.name} uses clean (un-noised) statistics: a non-private baseline")
+
+    # --- resume ------------------------------------------------------------------------------------------------------
+    fp = ckpt.fingerprint(cfg if isinstance(cfg, dict) else _to_dict(cfg))
+    state = variant.init(params)
+    start = 0
+    payload = ckpt.load(folder, fp) if cfg.train.get("resume", True) else None
+    if payload is not None:
+        start = int(payload["step"])
+        with torch.no_grad():
+            for p, saved in zip(params, payload["params"], strict=True):
+                p.copy_(saved)
+        state = payload["variant"]
+        privatizer.load_state_dict(payload["privatizer"])
+        sampler.load_state_dict(payload["sampler"])
+        ledger = PrivacyLedger.from_dict(payload["ledger"])
+        diagnostics.load_state_dict(payload["diagnostics"])
+        torch.set_rng_state(payload["torch_rng"])
+        _truncate_metrics(folder, start)
+        log.info("resumed %s from step %d", folder.name, start)
+    elif (folder / "metrics.jsonl").exists():
+        (folder / "metrics.jsonl").unlink()
+
+    if private and sigma > 0 and not sampler.amplification and start == 0:
+        ledger.record_gaussian(sens / sigma)
+
+    phys = int(cfg.train.get("physical_batch_size") or 256)
+    every_ckpt = int(cfg.train.get("checkpoint_every") or 0)
+    every_log = int(cfg.train.get("log_every") or 100)
+    every_eval = int(cfg.train.get("eval_every") or 0)
+    stop_after = cfg.train.get("stop_after")  # test hook: simulate a kill after this many steps
+    stopped_by_budget = False
+    last_metrics: dict = {}
+    step = start
+    for step, idx in enumerate(sampler.iter_from(start), start=start + 1):
+        if step > max_steps:
+            stopped_by_budget = True
+            step -= 1
+            notes.append(
+                f"stopped before step {step + 1}: it would exceed privacy.epsilon_budget = {budget} "
+                f"under {accountant}"
+            )
+            break
+        summed = [torch.zeros_like(p) for p in params]
+        norms = []
+        model.train()
+        for chunk in idx.split(phys):
+            cs = engine.clipped_sum(task.get_batch(chunk), clip, variant.scale(state))
+            for acc, s in zip(summed, cs.summed, strict=True):
+                acc.add_(s)
+            norms.append(cs.norms)
+        ctx = privatizer.privatize_sum(summed, variant.scale(state))
+        with torch.no_grad():
+            variant.update(params, state, ctx)
+        if private and sigma > 0 and sampler.amplification:
+            ledger.record_poisson_step(sigma, sampler.q)
+        metrics = {}
+        diag = diagnostics.observe(ctx, state)
+        if diag:
+            metrics |= diag
+        if step % every_log == 0 or step == sampler.steps:
+            n = torch.cat(norms) if norms else torch.zeros(0)
+            metrics |= {
+                "batch_size": int(idx.numel()),
+                "diag/frac_clipped": float((n > clip).double().mean()) if clip and n.numel() else 0.0,
+            }
+        if (every_eval and step % every_eval == 0) or step == sampler.steps:
+            model.eval()
+            with torch.no_grad():
+                last_metrics = task.evaluate(model)
+            metrics |= last_metrics
+            if private and sigma > 0 and sampler.amplification:
+                metrics["epsilon"] = ledger.epsilon(delta, accountant)
+        if metrics:
+            log_metrics(step, metrics)
+        if every_ckpt and step % every_ckpt == 0:
+            ckpt.save(
+                folder,
+                {
+                    "step": step,
+                    "fingerprint": fp,
+                    "params": [p.detach().clone() for p in params],
+                    "variant": state,
+                    "privatizer": privatizer.state_dict(),
+                    "sampler": sampler.state_dict(),
+                    "ledger": ledger.to_dict(),
+                    "diagnostics": diagnostics.state_dict(),
+                    "torch_rng": torch.get_rng_state(),
+                },
+            )
+        if stop_after is not None and step >= int(stop_after):
+            raise KeyboardInterrupt(f"train.stop_after={stop_after} reached (simulated kill)")
+    engine.close()
+    if not last_metrics or stopped_by_budget:
+        model.eval()
+        with torch.no_grad():
+            last_metrics = task.evaluate(model)
+    eps = ledger.epsilons(delta) if (private and sigma > 0) else {}
+    return {
+        "metrics": last_metrics,
+        "steps": step,
+        "planned_steps": sampler.steps,
+        "private": private and variant.private,
+        "sampler": sampler.kind,
+        "clipping": engine_name,
+        "epsilon": eps,
+        "delta": delta if private else None,
+        "ledger": ledger.to_dict(),
+        "privacy_notes": notes,
+        "stopped_by_budget": stopped_by_budget,
+        "train_time_s": time.time() - t0,
+        "final_params_sha1": _params_digest(params),
+    }
+
+
+def _params_digest(params) -> str:
+    import hashlib
+
+    h = hashlib.sha1()
+    for p in params:
+        h.update(p.detach().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _to_dict(cfg) -> dict:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(cfg, resolve=True)

@@ -1,0 +1,47 @@
+"""The interface of a model task (CIFAR-10 CNN, language tasks): what the DP engine needs and nothing more.
+
+A task knows data loading, the model builder, the per-example loss and the metrics; it knows nothing of privacy
+(DESIGN.md). The engine asks it for:
+
+* ``dataset_size`` — N, the number of training examples (the sampler's population);
+* ``build_model()`` — a fresh ``nn.Module`` (deterministic given ``torch.manual_seed``);
+* ``get_batch(indices)`` — a dict of tensors for those training examples (CPU), leading dim = len(indices);
+* ``loss_per_example(forward, batch)`` — a tensor of shape (len(batch),), one loss per example, where
+  ``forward(**inputs)`` runs the model (the engine passes the module itself, an Opacus wrapper, or a
+  ``torch.func.functional_call`` closure for vmap — so the task must call the model only through ``forward``);
+* ``evaluate(model)`` — a dict of float metrics on the held-out set (e.g. ``test_accuracy``, ``test_loss``).
+
+A per-example loss must depend on that example only (no batch statistics such as BatchNorm): otherwise
+per-example gradients and the privacy analysis are wrong.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+
+class ModelTask(ABC):
+    name: str = "task"
+    trial_dims: int = 0
+
+    @property
+    @abstractmethod
+    def dataset_size(self) -> int: ...
+
+    @abstractmethod
+    def build_model(self) -> nn.Module: ...
+
+    @abstractmethod
+    def get_batch(self, indices: torch.Tensor) -> dict[str, torch.Tensor]: ...
+
+    @abstractmethod
+    def loss_per_example(
+        self, forward: Callable[..., torch.Tensor], batch: dict[str, torch.Tensor]
+    ) -> torch.Tensor: ...
+
+    @abstractmethod
+    def evaluate(self, model: nn.Module) -> dict[str, float]: ...

@@ -1,0 +1,139 @@
+"""The model-task training loop: Poisson accounting, resume bit-identical after a kill, refusals, budget,
+diagnostics."""
+
+import json
+
+import pytest
+import torch
+
+from dp_adam_bench.engine.checkpoint import FILENAME, CheckpointError
+from dp_adam_bench.tasks import registry
+from dp_adam_bench.train import train
+
+from helpers import compose_cfg
+
+
+@pytest.fixture(autouse=True)
+def tiny_task(monkeypatch):
+    monkeypatch.setitem(registry.TASKS, "tiny", "tiny_task:TinyTask")
+
+
+BASE = [
+    "task.name=tiny",
+    "experiment_name=eng",
+    "optimizer=adam",
+    "optimizer.lr=0.01",
+    "noise=independent",
+    "privacy.sigma=1.0",
+    "privacy.clip=0.5",
+    "train.sampler=poisson",
+    "train.batch_size=16",
+    "train.steps=8",
+    "train.log_every=1",
+    "train.physical_batch_size=5",
+    "logger.wandb.mode=disabled",
+]
+
+
+def folder_of(root):
+    (f,) = [p for p in (root / "runs" / "eng").iterdir() if p.is_dir()]
+    return f
+
+
+def test_poisson_run_is_accounted_per_step(isolated_dirs):
+    s = train(compose_cfg(BASE))
+    assert s["steps"] == 8 and s["sampler"] == "poisson" and s["clipping"] == "ghost"
+    ledger = s["ledger"]
+    assert ledger["events"][0]["count"] == 8 and ledger["events"][0]["kind"] == "poisson_gaussian"
+    assert s["epsilon"]["rdp"] > s["epsilon"]["pld"] > 0
+    assert s["privacy_notes"] == []
+
+
+@pytest.mark.parametrize("variant", ["adam", "bc", "stp"])
+def test_resume_after_kill_is_bit_identical(isolated_dirs, variant):
+    extra = [f"optimizer={variant}", "train.checkpoint_every=2"]
+    if variant == "stp":
+        extra.append("train.clipping=functorch")
+    full = train(compose_cfg([*BASE, *extra, "experiment_name=full"]))
+    with pytest.raises(KeyboardInterrupt):
+        train(compose_cfg([*BASE, *extra, "train.stop_after=5"]))
+    folder = folder_of(isolated_dirs)
+    assert not (folder / "summary.json").exists() and (folder / FILENAME).exists()
+    resumed = train(compose_cfg([*BASE, *extra]))  # relaunch: resumes from the step-4 checkpoint
+    assert resumed["final_params_sha1"] == full["final_params_sha1"]
+    assert resumed["ledger"] == full["ledger"]
+    steps = [json.loads(line)["step"] for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 9))
+
+
+def test_corrupt_checkpoint_is_refused_not_restarted(isolated_dirs):
+    with pytest.raises(KeyboardInterrupt):
+        train(compose_cfg([*BASE, "train.checkpoint_every=2", "train.stop_after=3"]))
+    folder = folder_of(isolated_dirs)
+    (folder / FILENAME).write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="corrupt or unreadable.*delete it"):
+        train(compose_cfg([*BASE, "train.checkpoint_every=2"]))
+
+
+def test_checkpoint_of_another_config_is_refused(isolated_dirs):
+    with pytest.raises(KeyboardInterrupt):
+        train(compose_cfg([*BASE, "train.checkpoint_every=2", "train.stop_after=3"]))
+    folder = folder_of(isolated_dirs)
+    payload = torch.load(folder / FILENAME, weights_only=False)
+    payload["fingerprint"] = "0" * 40
+    torch.save(payload, folder / FILENAME)
+    with pytest.raises(CheckpointError, match="different configuration"):
+        train(compose_cfg([*BASE, "train.checkpoint_every=2"]))
+
+
+def test_stp_with_ghost_clipping_fails_clearly(isolated_dirs):
+    with pytest.raises(ValueError, match="ghost clipping cannot compute; set train.clipping=hooks"):
+        train(compose_cfg([*BASE, "optimizer=stp"]))
+
+
+def test_epsilon_budget_stops_before_the_step_that_would_exceed_it(isolated_dirs):
+    from dp_adam_bench.privacy.accounting import epsilon
+
+    budget = epsilon(1.0, 16 / 64, 5, 1e-5, "rdp") + 1e-6
+    s = train(compose_cfg([*BASE, f"privacy.epsilon_budget={budget}"]))
+    assert s["steps"] == 5 and s["stopped_by_budget"]
+    assert s["epsilon"]["rdp"] <= budget
+    assert any("privacy.epsilon_budget" in n for n in s["privacy_notes"])
+
+
+def test_diagnostics_are_logged_under_diag_and_saved(isolated_dirs):
+    train(compose_cfg([*BASE, "diagnostics.every=4", "optimizer=adambc"]))
+    folder = folder_of(isolated_dirs)
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    diag = [r for r in rows if "diag/frac_negative_after_bc" in r]
+    assert [r["step"] for r in diag] == [4, 8]
+    r = diag[-1]
+    assert r["diag/phi"] == pytest.approx((1.0 * 0.5 / 16) ** 2)
+    assert r["diag/v_clean_min"] <= r["diag/v_clean_median"] <= r["diag/v_clean_max"]
+    assert 0 <= r["diag/frac_negative_after_bc"] <= 1
+    assert all(not k.startswith(("v_", "m_")) for k in r)  # nothing clean outside the diag/ namespace
+    hist = __import__("numpy").load(folder / "diagnostics" / "step_8.npz")
+    assert {"m_clean", "v_private_minus_phi", "update_corrected_v"} <= set(hist.files)
+
+
+def test_nonprivate_model_run_matches_plain_torch_adam(isolated_dirs):
+    # sigma = 0 and no clipping through the whole trainer = torch.optim.Adam on the mean loss of the same batches
+    from dp_adam_bench.engine.sampling import SinglePassSampler
+
+    from tiny_task import TinyTask
+
+    s = train(
+        compose_cfg(
+            [*BASE, "noise=none", "train.sampler=single_pass", "train.epochs=2", "train.clipping=hooks"]
+        )
+    )
+    task = TinyTask({"n": 64}, trials=1, seed=0)
+    torch.manual_seed(0)
+    model = task.build_model()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01, foreach=False)
+    for idx in SinglePassSampler(64, 16, epochs=2, seed=0):
+        opt.zero_grad()
+        task.loss_per_example(model, task.get_batch(idx)).mean().backward()
+        opt.step()
+    ref = task.evaluate(model)
+    assert s["metrics"]["test_loss"] == pytest.approx(ref["test_loss"], rel=1e-5)
