@@ -107,6 +107,8 @@ def run(cfg, folder, log: Callable[[int, dict], None], task=None) -> dict:
             )
 
     final = task.evaluate(params)
+    if hasattr(task, "final_diagnostics"):  # optional: per-trial quantities of the final optimizer state
+        final = final | task.final_diagnostics(params, variant, state)
     eps = ledger.epsilons(float(cfg.privacy.delta)) if (private and sigma > 0) else {}
     return {
         "metrics": {k: float(v.mean()) for k, v in final.items()}

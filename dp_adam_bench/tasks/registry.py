@@ -7,6 +7,7 @@ import importlib
 TASKS: dict[str, str] = {
     "logistic_1d": "dp_adam_bench.tasks.logistic_1d:Logistic1D",
     "cifar10_cnn": "dp_adam_bench.tasks.cifar10_cnn:Cifar10CNN",
+    "quadratic_2d": "dp_adam_bench.tasks.quadratic_2d:Quadratic2D",
 }
 
 
