@@ -80,8 +80,19 @@ def validate(cfg: Mapping) -> None:
             raise ConfigError(f"train.epochs={epochs!r} must be an integer >= 1")
     else:
         steps = _num(cfg, "train.steps")
-        if not isinstance(steps, int) or steps < 1:
-            raise ConfigError(f"train.steps={steps!r} must be an integer >= 1 with train.sampler=poisson")
+        target = cfg.get("privacy", {}).get("target_epsilon")
+        if steps is None and target is not None:
+            if not isinstance(target, (int, float)) or target <= 0:
+                raise ConfigError(f"privacy.target_epsilon={target!r} must be > 0")
+            if kind == "none" or not cfg["privacy"].get("sigma"):
+                raise ConfigError(
+                    "privacy.target_epsilon sets the number of steps only for a private run (sigma > 0)"
+                )
+        elif not isinstance(steps, int) or steps < 1:
+            raise ConfigError(
+                f"train.steps={steps!r} must be an integer >= 1 with train.sampler=poisson "
+                "(or null with privacy.target_epsilon set)"
+            )
     if kind == "bandmf":
         bands = _num(cfg, "noise.bands")
         if not isinstance(bands, int) or bands < 1:

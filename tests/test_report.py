@@ -80,3 +80,47 @@ def test_ganesh_fig2_report_writes_table_claims_and_figure(store):
 def test_report_without_runs_says_what_to_run(isolated_dirs):
     with pytest.raises(FileNotFoundError, match="dp-adam-bench sweep ganesh_fig2"):
         ganesh_fig2.build()
+
+
+def fake_cifar_run(root, name, opt, seed, final, complete=True):
+    folder = root / "tang_fig1_cifar10_cpu" / name
+    folder.mkdir(parents=True)
+    cfg = {
+        "optimizer": {"name": opt, "lr": 0.001},
+        "noise": {"kind": "independent"},
+        "seed": seed,
+        "privacy": {"clip": 1.0, "sigma": 1.0, "delta": 1e-5},
+        "train": {"batch_size": 1024, "clipping": "ghost"},
+    }
+    (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
+    rows = [{"step": s, "test_accuracy": final * s / 20, "epsilon": 0.1 * s} for s in (10, 20)]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if complete:
+        summary = {
+            "status": "complete",
+            "metrics": {"test_accuracy": final},
+            "steps": 20,
+            "epsilon": {"rdp": 2.0},
+        }
+        (folder / "summary.json").write_text(json.dumps(summary))
+
+
+def test_tang_fig1_report_means_over_seeds_and_checks_claims(isolated_dirs):
+    from dp_adam_bench.report import tang_fig1_cifar10
+
+    root = isolated_dirs / "runs"
+    for seed, (s, a, bc) in enumerate([(40.0, 30.0, 35.0), (42.0, 32.0, 37.0), (41.0, 31.0, 36.0)]):
+        fake_cifar_run(root, f"sgd{seed}", "sgd", seed, s)
+        fake_cifar_run(root, f"adam{seed}", "adam", seed, a)
+        fake_cifar_run(root, f"bc{seed}", "adambc", seed, bc)
+    fake_cifar_run(root, "killed", "adam", 9, 99.0, complete=False)
+    tang_fig1_cifar10.build("cpu")
+    df = pd.read_csv(isolated_dirs / "results" / "tang_fig1_cifar10.csv")
+    sgd = df[df.row == "sgd"].iloc[0]
+    assert sgd.ours == pytest.approx(41.0) and sgd.ours_std == pytest.approx(1.0) and sgd.n == 3
+    assert sgd.paper == pytest.approx(61.94)
+    md = (isolated_dirs / "results" / "tang_fig1_cifar10.md").read_text()
+    assert "DP-AdamBC > DP-Adam-Biased: **holds**" in md
+    assert "DP-SGD >= DP-AdamBC: **holds**" in md
+    assert "Incomplete runs left out: killed" in md
+    assert (isolated_dirs / "results" / "tang_fig1_cifar10.png").exists()

@@ -137,3 +137,39 @@ def test_nonprivate_model_run_matches_plain_torch_adam(isolated_dirs):
         opt.step()
     ref = task.evaluate(model)
     assert s["metrics"]["test_loss"] == pytest.approx(ref["test_loss"], rel=1e-5)
+
+
+def test_side_information_uses_only_held_out_public_examples(isolated_dirs, monkeypatch):
+    from dp_adam_bench.engine.trainer import split_public
+
+    from helpers import compose_cfg as cc
+    from tiny_task import TinyTask
+
+    seen = []
+    original = TinyTask.get_batch
+
+    def recording(self, indices):
+        seen.append(indices.clone())
+        return original(self, indices)
+
+    monkeypatch.setattr(TinyTask, "get_batch", recording)
+    overrides = [
+        *BASE,
+        "optimizer=side_info",
+        "train.side_info.public_examples=10",
+        "train.side_info.batch_size=4",
+    ]
+    s = train(cc(overrides))
+    private, public = split_public(cc(overrides), 64, 0, True)
+    assert len(public) == 10 and len(private) == 54
+    batches = [set(b.tolist()) for b in seen]
+    public_batches = [b for b in batches if len(b) <= 4 and b <= set(public.tolist())]
+    assert len(public_batches) >= 8  # one public batch per step
+    private_batches = [b for b in batches if b not in public_batches]
+    assert all(not (b & set(public.tolist())) for b in private_batches)
+    assert any("held out as public" in n for n in s["privacy_notes"])
+
+
+def test_bad_public_split_is_refused(isolated_dirs):
+    with pytest.raises(ValueError, match=r"public_examples=64 must be in \(0, 64\)"):
+        train(compose_cfg([*BASE, "optimizer=side_info", "train.side_info.public_examples=64"]))

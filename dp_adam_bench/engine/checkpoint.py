@@ -38,13 +38,13 @@ def save(folder: Path, payload: dict) -> Path:
     return path
 
 
-def load(folder: Path, expected_fingerprint: str) -> dict | None:
-    """The checkpoint in ``folder``, None if there is none; raises CheckpointError if unusable."""
+def load(folder: Path, expected_fingerprint: str, device: str | torch.device = "cpu") -> dict | None:
+    """The checkpoint in ``folder`` (tensors on ``device``), None if there is none; CheckpointError if unusable."""
     path = Path(folder) / FILENAME
     if not path.exists():
         return None
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=False)
+        payload = torch.load(path, map_location=device, weights_only=False)
     except Exception as err:  # noqa: BLE001 - any unpickling failure means the file is unusable
         raise CheckpointError(
             f"checkpoint {path} is corrupt or unreadable ({type(err).__name__}: {err}); "

@@ -21,6 +21,7 @@ parameters (``grad_sample``, ``_norm_sample``) is read and cleared inside this m
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -28,6 +29,9 @@ import torch
 from torch import nn
 
 ENGINES = ("loop", "hooks", "functorch", "ghost")
+
+# torch warns on every backward when the first layer's input needs no grad; Opacus' hooks still fire correctly
+warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
 
 
 def clip_factors(norms: torch.Tensor, clip: float | None) -> torch.Tensor:
@@ -84,6 +88,21 @@ class GradEngine:
 
     def close(self) -> None:
         """Remove hooks so the model is a plain module again."""
+
+    def _hooks(self, enabled: bool) -> None:
+        gsm = getattr(self, "gsm", None)
+        if gsm is not None:
+            (gsm.enable_hooks if enabled else gsm.disable_hooks)()
+
+    def mean_grad(self, batch: dict) -> list[torch.Tensor]:
+        """Plain gradient of the mean loss (no per-example work, hooks off): for public side information."""
+        self._hooks(False)
+        try:
+            loss = self.loss_per_example(self.model, batch).mean()
+            grads = torch.autograd.grad(loss, self.params, allow_unused=True)
+        finally:
+            self._hooks(True)
+        return [g if g is not None else torch.zeros_like(p) for g, p in zip(grads, self.params, strict=True)]
 
 
 def _slice(batch: dict, i: int) -> dict:

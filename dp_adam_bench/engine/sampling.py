@@ -97,7 +97,7 @@ class PoissonSampler:
         return {"kind": self.kind, "generator": self.generator.get_state()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.generator.set_state(state["generator"])
+        self.generator.set_state(state["generator"].cpu())
 
 
 class ShuffleSampler(SinglePassSampler):

@@ -35,10 +35,48 @@ class BudgetExhausted(RuntimeError):
     pass
 
 
+def resolve_device(name: str | None) -> torch.device:
+    """``auto``: CUDA when available, else CPU. Bit-identical resume is promised on CPU only."""
+    if name in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(
+            f"train.device={name!r} but no CUDA device is available; use train.device=cpu or auto"
+        )
+    return torch.device(name)
+
+
+def split_public(cfg, n: int, seed: int, needed: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(private indices, public indices). Side-information variants hold ``train.side_info.public_examples``
+    examples out of the private set (a seeded choice); the sampler and the accountant only ever see the rest."""
+    if not needed:
+        return torch.arange(n), None
+    side = cfg.train.get("side_info") or {}
+    k = int(side.get("public_examples", 1000))
+    if not 0 < k < n:
+        raise ValueError(f"train.side_info.public_examples={k} must be in (0, {n}) (the training set size)")
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(int(side.get("split_seed", 0))))
+    return perm[k:].sort().values, perm[:k].sort().values
+
+
+def poisson_steps(cfg, n: int) -> int:
+    """train.steps, or — when it is null and privacy.target_epsilon is set — the number of steps that reaches
+    that epsilon under privacy.accountant (Tang et al. train "until eps ~ 7")."""
+    if cfg.train.steps is not None:
+        return int(cfg.train.steps)
+    from dp_adam_bench.privacy.accounting import steps_to_epsilon
+
+    p = cfg.privacy
+    q = float(cfg.train.batch_size) / n
+    return steps_to_epsilon(
+        float(p.target_epsilon), float(p.sigma), q, float(p.delta), p.get("accountant", "rdp")
+    )
+
+
 def build_sampler(cfg, n: int, seed: int):
     t = cfg.train
     if t.sampler == "poisson":
-        return PoissonSampler(n, float(t.batch_size), steps=int(t.steps), seed=seed)
+        return PoissonSampler(n, float(t.batch_size), steps=poisson_steps(cfg, n), seed=seed)
     if int(t.batch_size) > n:
         raise ValueError(f"train.batch_size={t.batch_size} is larger than the training set ({n} examples)")
     cls = ShuffleSampler if t.sampler == "shuffle" else SinglePassSampler
@@ -62,15 +100,18 @@ def run(cfg, folder: Path, log_metrics: Callable[[int, dict], None], task=None) 
         torch.set_num_threads(int(cfg.train.threads))
     torch.manual_seed(seed)
     task = task or build_task(cfg.task, trials=1, seed=seed)
-    model = task.build_model()
+    device = resolve_device(cfg.train.get("device", "auto"))
+    model = task.build_model().to(device)
     params = [p for p in model.parameters() if p.requires_grad]
 
     private = cfg.noise.kind != "none"
     sigma = float(cfg.privacy.sigma) if private else 0.0
     clip = float(cfg.privacy.clip) if private else None
     delta = float(cfg.privacy.delta)
-    sampler = build_sampler(cfg, task.dataset_size, seed)
     variant = build_variant(cfg.optimizer.name, **{k: v for k, v in cfg.optimizer.items() if k != "name"})
+    population, public = split_public(cfg, task.dataset_size, seed, variant.needs_side_info)
+    sampler = build_sampler(cfg, len(population), seed)
+    side_gen = torch.Generator().manual_seed(seed + 17)
     engine_name = cfg.train.get("clipping") or "ghost"
     probe_state = variant.init(params)
     if variant.scale(probe_state) is not None and engine_name == "ghost":
@@ -99,6 +140,7 @@ def run(cfg, folder: Path, log_metrics: Callable[[int, dict], None], task=None) 
                 [p.shape for p in params],
                 seed=seed * _NOISE_SEED_OFFSET + 7919 * (stream + 1),
                 dtype=params[0].dtype,
+                device=device,
             )
             mechanisms.append(mech)
     privatizer = Privatizer(
@@ -142,6 +184,11 @@ def run(cfg, folder: Path, log_metrics: Callable[[int, dict], None], task=None) 
                 max_steps = min(
                     sampler.steps, steps_to_epsilon(float(budget), sigma, sampler.q, delta, accountant)
                 )
+    if public is not None:
+        notes.append(
+            f"side information: {len(public)} training examples held out as public; the private set "
+            f"has N = {len(population)}"
+        )
     if variant.needs_clean and not variant.private:
         notes.append(f"{variant.name} uses clean (un-noised) statistics: a non-private baseline")
 
@@ -149,18 +196,19 @@ def run(cfg, folder: Path, log_metrics: Callable[[int, dict], None], task=None) 
     fp = ckpt.fingerprint(cfg if isinstance(cfg, dict) else _to_dict(cfg))
     state = variant.init(params)
     start = 0
-    payload = ckpt.load(folder, fp) if cfg.train.get("resume", True) else None
+    payload = ckpt.load(folder, fp, device) if cfg.train.get("resume", True) else None
     if payload is not None:
         start = int(payload["step"])
         with torch.no_grad():
             for p, saved in zip(params, payload["params"], strict=True):
-                p.copy_(saved)
+                p.copy_(saved.to(device))
         state = payload["variant"]
         privatizer.load_state_dict(payload["privatizer"])
         sampler.load_state_dict(payload["sampler"])
         ledger = PrivacyLedger.from_dict(payload["ledger"])
         diagnostics.load_state_dict(payload["diagnostics"])
-        torch.set_rng_state(payload["torch_rng"])
+        torch.set_rng_state(payload["torch_rng"].cpu())
+        side_gen.set_state(payload["side_rng"].cpu())
         _truncate_metrics(folder, start)
         log.info("resumed %s from step %d", folder.name, start)
     elif (folder / "metrics.jsonl").exists():
@@ -189,12 +237,23 @@ def run(cfg, folder: Path, log_metrics: Callable[[int, dict], None], task=None) 
         summed = [torch.zeros_like(p) for p in params]
         norms = []
         model.train()
+        idx = population[idx]
         for chunk in idx.split(phys):
-            cs = engine.clipped_sum(task.get_batch(chunk), clip, variant.scale(state))
+            batch = {k: v.to(device) for k, v in task.get_batch(chunk).items()}
+            cs = engine.clipped_sum(batch, clip, variant.scale(state))
             for acc, s in zip(summed, cs.summed, strict=True):
                 acc.add_(s)
             norms.append(cs.norms)
         ctx = privatizer.privatize_sum(summed, variant.scale(state))
+        if public is not None:  # public side information: no clipping, no noise, no privacy cost
+            pick = public[
+                torch.randint(
+                    len(public),
+                    (int((cfg.train.get("side_info") or {}).get("batch_size", 256)),),
+                    generator=side_gen,
+                )
+            ]
+            ctx.side = engine.mean_grad({k: v.to(device) for k, v in task.get_batch(pick).items()})
         with torch.no_grad():
             variant.update(params, state, ctx)
         if private and sigma > 0 and sampler.amplification:
@@ -231,6 +290,7 @@ def run(cfg, folder: Path, log_metrics: Callable[[int, dict], None], task=None) 
                     "ledger": ledger.to_dict(),
                     "diagnostics": diagnostics.state_dict(),
                     "torch_rng": torch.get_rng_state(),
+                    "side_rng": side_gen.get_state(),
                 },
             )
         if stop_after is not None and step >= int(stop_after):

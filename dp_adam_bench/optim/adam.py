@@ -91,14 +91,17 @@ class _SubtractBias(Adam):
 
     floor = 1e-8
 
-    def __init__(self, lr: float, phi: float | None = None, **kw):
+    def __init__(self, lr: float, phi: float | None = None, phi_scale: float = 1.0, **kw):
         super().__init__(lr, **kw)
         if phi is not None and phi < 0:
             raise ValueError(f"optimizer.phi must be >= 0 or null (exact bias), got {phi}")
-        self.phi_override = phi  # Tang Fig. 3 ablation: subtract a fixed Phi' instead of the exact bias
+        if phi_scale < 0:
+            raise ValueError(f"optimizer.phi_scale must be >= 0, got {phi_scale}")
+        # Tang Fig. 3 ablation: subtract a fixed Phi' (phi), or phi_scale times the exact bias, instead of it
+        self.phi_override, self.phi_scale = phi, float(phi_scale)
 
     def denominator(self, v, bc2_sqrt, state):
-        phi = state["phi"] if self.phi_override is None else self.phi_override
+        phi = self.phi_scale * state["phi"] if self.phi_override is None else self.phi_override
         return (v / bc2_sqrt**2 - phi).clamp_(min=self.floor).sqrt_()
 
 
@@ -197,6 +200,20 @@ class NoiselessPreconditioner(Adam):
 
     def second_moment_input(self, ctx, first):
         return [c * c for c in ctx.clean]
+
+
+class SideInformation(Adam):
+    """Preconditioner from side information (Ganesh Alg. 9): the first moment from the privatized gradient, the
+    second moment from the gradient of a *public* batch (data held out of the private training set), so it costs
+    no privacy. Alg. 9 divides by sqrt(v^) alone; eps keeps the step finite where the public gradient is zero."""
+
+    name = "side_info"
+    needs_side_info = True
+
+    def second_moment_input(self, ctx, first):
+        if ctx.side is None:
+            raise RuntimeError("side_info needs a public-batch gradient from the trainer (ctx.side)")
+        return [g * g for g in ctx.side]
 
 
 class STPNoiselessPreconditioner(ScaleThenPrivatize):

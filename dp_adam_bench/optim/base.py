@@ -12,6 +12,7 @@ What a variant may read from :class:`StepContext`:
   estimation noises g_t^2 with its own stream) or because they are *non-private baselines* (noiseless
   preconditioner). Anything derived from it and logged must be labelled diagnostic.
 * ``unit_noise`` — w_t of the gradient's own stream, given together with ``clean``.
+* ``side`` — the mean gradient of a public batch (data held out of the private set), for ``needs_side_info``.
 * ``noise(stream)`` — unit noise for this step from an extra, independent stream (IME's second stream).
 * ``noise_std`` = sigma * C / B and ``noise_variance`` = noise_std^2 * Var[w_t] (the Phi_t of bias correction:
   (sigma C / B)^2 for independent noise, times the row norm^2 of C^{-1} for DP-MF).
@@ -37,6 +38,7 @@ class StepContext:
     expected_batch_size: float
     clean: list[torch.Tensor] | None = None
     unit_noise: list[torch.Tensor] | None = None  # w_t of the gradient's own stream (with clean, for IME)
+    side: list[torch.Tensor] | None = None  # mean gradient of a public batch (side-information variants)
     noise: Callable[[int], list[torch.Tensor]] = field(default=lambda stream: [])
 
 
@@ -47,6 +49,7 @@ class Variant(ABC):
     needs_clean: bool = False  # see StepContext.clean
     extra_noise_streams: int = 0  # independent noise streams beyond the gradient's own
     private: bool = True  # False for baselines that use clean statistics (never report them as private)
+    needs_side_info: bool = False  # True: the trainer supplies ctx.side from a public batch
 
     def __init__(self, lr: float, **hparams):
         if not lr > 0:

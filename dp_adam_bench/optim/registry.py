@@ -11,6 +11,7 @@ from dp_adam_bench.optim.adam import (
     BiasCorrection,
     NoiselessPreconditioner,
     ScaleThenPrivatize,
+    SideInformation,
     STPNoiselessPreconditioner,
 )
 from dp_adam_bench.optim.base import Variant
@@ -28,6 +29,7 @@ VARIANTS: dict[str, type[Variant]] = {
         ScaleThenPrivatize,
         NoiselessPreconditioner,
         STPNoiselessPreconditioner,
+        SideInformation,
         AdaGradPP,
         AdaGradIME,
         AdaGradIMEFree,

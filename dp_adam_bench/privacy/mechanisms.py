@@ -95,7 +95,7 @@ class NoiseMechanism(ABC):
         shapes = [torch.Size(s) for s in state["shapes"]]
         dtype = getattr(torch, state["dtype"].replace("torch.", ""))
         self.reset(shapes, seed=0, dtype=dtype, device=self._device)
-        self._gen.set_state(state["generator"])
+        self._gen.set_state(state["generator"].cpu())  # generator states are CPU byte tensors
         self.step = int(state["step"])
         self._load_buffers(state["buffers"])
 

@@ -30,6 +30,13 @@ REPORTS: dict[str, ReportSpec] = {
     "ganesh_mechanisms": ReportSpec(
         "ganesh_mechanisms", "Ganesh et al. §5.2", "RMSE and epsilon of DP-SGD vs DP-BandMF", "~30 s"
     ),
+    "ganesh_quadratic": ReportSpec(
+        "ganesh_quadratic",
+        "Ganesh et al. §4.1-4.3",
+        "per-coordinate learning rates vs non-private 1/c on a 2-D quadratic",
+        "~1 min",
+        experiment="ganesh_quadratic",
+    ),
     "li_e2e_accounting": ReportSpec(
         "li_e2e_accounting",
         "Li et al. (E2E)",
@@ -38,6 +45,14 @@ REPORTS: dict[str, ReportSpec] = {
     ),
     "tang_budget": ReportSpec(
         "tang_budget", "Tang & Lecuyer", "steps to epsilon=7, Phi = (sigma C / B)^2", "~20 s"
+    ),
+    "tang_fig1_cifar10": ReportSpec(
+        "tang_fig1_cifar10",
+        "Tang & Lecuyer Fig. 1 (left)",
+        "DP-SGD vs DP-Adam-Biased vs DP-AdamBC, CIFAR-10 CNN5",
+        "~35 min (9 runs)",
+        experiment="tang_fig1_cifar10",
+        runtime_paper="9 GPU runs of 549 steps",
     ),
     "lecture_mechanisms": ReportSpec(
         "lecture_mechanisms",

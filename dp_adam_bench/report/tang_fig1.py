@@ -1,0 +1,166 @@
+"""Tang & Lecuyer Fig. 1: final test accuracy of DP-SGD, DP-Adam-Biased (post-processing) and DP-AdamBC.
+
+Shared by the CIFAR-10 and (later) SNLI tables: reads ``runs/tang_fig1_<dataset>_<profile>``, averages the final
+test accuracy over seeds per optimizer, draws accuracy against steps and against epsilon, and checks the paper's
+two claims with the seeds' spread.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from dp_adam_bench.paths import results_dir, runs_dir
+from dp_adam_bench.report.aggregate import split_complete
+from dp_adam_bench.report.common import Claim, load_paper, write_table
+from dp_adam_bench.tracking.run_store import load_runs
+
+LABELS = {"sgd": "DP-SGD", "adam": "DP-Adam-Biased", "adambc": "DP-AdamBC"}
+
+
+def _curves(records) -> dict[str, pd.DataFrame]:
+    """Per optimizer: mean and std over seeds of test accuracy (and epsilon) at each evaluated step."""
+    out = {}
+    for opt in LABELS:
+        frames = []
+        for r in records:
+            if r.config["optimizer"]["name"] != opt:
+                continue
+            rows = [m for m in r.metrics() if "test_accuracy" in m]
+            if rows:
+                frames.append(
+                    pd.DataFrame(rows)[
+                        ["step", "test_accuracy"] + (["epsilon"] if "epsilon" in rows[0] else [])
+                    ]
+                )
+        if frames:
+            df = pd.concat(frames).groupby("step").agg(["mean", "std"])
+            out[opt] = df
+    return out
+
+
+def build_for(dataset: str, profile: str) -> list:
+    paper = load_paper("tang")
+    table_id = f"tang_fig1_{dataset}"
+    experiment = f"{table_id}_{profile}"
+    command = f"make reproduce-table TABLE={table_id} PROFILE={profile}"
+    complete, incomplete = split_complete(load_runs(runs_dir(), experiment))
+    if not complete:
+        raise FileNotFoundError(
+            f"no complete runs in {runs_dir() / experiment}; run `{command}` (or `dp-adam-bench sweep {table_id} "
+            f"--profile {profile}`)"
+        )
+    published = paper["fig1_test_accuracy_percent"][dataset]
+    rows, finals = [], {}
+    for opt, label in LABELS.items():
+        runs = [r for r in complete if r.config["optimizer"]["name"] == opt]
+        acc = [float(r.summary["metrics"]["test_accuracy"]) for r in runs]
+        finals[opt] = acc
+        eps = [r.summary.get("epsilon", {}).get("rdp") for r in runs]
+        rows.append(
+            {
+                "row": opt,
+                "column": "test_accuracy",
+                "label": label,
+                "paper": published[opt],
+                "ours": float(np.mean(acc)) if acc else None,
+                "ours_std": float(np.std(acc, ddof=1)) if len(acc) > 1 else 0.0 if acc else None,
+                "n": len(acc),
+                "steps": runs[0].summary.get("steps") if runs else None,
+                "epsilon_rdp": float(np.mean([e for e in eps if e is not None])) if any(eps) else None,
+                "lr": runs[0].config["optimizer"]["lr"] if runs else None,
+            }
+        )
+    df = pd.DataFrame(rows)
+    df["ours_minus_paper"] = df["ours"] - df["paper"]
+
+    def stat(opt):
+        a = finals.get(opt) or []
+        return (
+            (float(np.mean(a)), float(np.std(a, ddof=1)) / math.sqrt(len(a)) if len(a) > 1 else 0.0)
+            if a
+            else (None, None)
+        )
+
+    claims = []
+    for better, worse, text, strict in (
+        ("adambc", "adam", "DP-AdamBC > DP-Adam-Biased", True),
+        ("sgd", "adambc", "DP-SGD >= DP-AdamBC", False),
+    ):
+        (mb, sb), (mw, sw) = stat(better), stat(worse)
+        if mb is None or mw is None:
+            continue
+        margin = mb - mw
+        se = math.hypot(sb, sw)
+        holds = margin > 0 if strict else margin >= 0
+        claims.append(
+            Claim(
+                text,
+                holds,
+                f"{mb:.2f} vs {mw:.2f} %, margin {margin:+.2f} points, {margin / se if se else float('inf'):+.1f} "
+                f"standard errors over {len(finals[better])} / {len(finals[worse])} seeds; paper margin "
+                f"{published[better] - published[worse]:+.2f}",
+            )
+        )
+    s = paper["settings"]["cifar10" if dataset == "cifar10" else "snli"]
+    cfg0 = complete[0].config
+    setting = (
+        f"{dataset}, profile {profile}: C = {cfg0['privacy']['clip']}, sigma = {cfg0['privacy']['sigma']}, "
+        f"expected B = {cfg0['train']['batch_size']}, {complete[0].summary.get('steps')} steps, "
+        f"Poisson sampling, {cfg0['train']['clipping']} clipping. Paper: C = {s['clip']}, sigma = {s['sigma']}, "
+        f"B = {s['batch_size']}, trained to eps ~ {paper['settings']['target_epsilon']}."
+    )
+    notes = []
+    if profile == "cpu":
+        notes.append(
+            "CPU profile: fewer steps (and a smaller expected batch) than the paper, evaluated on a fixed "
+            "test subset; the accuracies are not comparable with the paper's, only the ordering claims are."
+        )
+    if dataset == "cifar10":
+        notes.append("CIFAR-10 here is the offline JPEG (q75) copy, not the lossless original.")
+    if incomplete:
+        notes.append("Incomplete runs left out: " + ", ".join(r.path.name for r in incomplete))
+    fig = _figure(_curves(complete), table_id, published)
+    return write_table(
+        table_id,
+        df,
+        title=f"Tang & Lecuyer Fig. 1 — {dataset}: final test accuracy (%)",
+        command=command,
+        setting=setting,
+        claims=claims,
+        notes=notes,
+        figure=fig,
+        digits=2,
+    )
+
+
+def _figure(curves: dict, table_id: str, published: dict):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for i, (opt, df) in enumerate(curves.items()):
+        color = f"C{i}"
+        mean, std = df[("test_accuracy", "mean")], df[("test_accuracy", "std")].fillna(0)
+        axes[0].plot(df.index, mean, color=color, label=f"{LABELS[opt]} (ours)")
+        axes[0].fill_between(df.index, mean - std, mean + std, color=color, alpha=0.2)
+        axes[0].axhline(published[opt], color=color, ls=":", lw=1)
+        if ("epsilon", "mean") in df.columns:
+            axes[1].plot(df[("epsilon", "mean")], mean, color=color, label=LABELS[opt])
+    axes[0].set_xlabel("step")
+    axes[0].set_ylabel("test accuracy (%)")
+    axes[0].set_title("accuracy over steps (mean ± std over seeds; dotted: paper final)")
+    axes[0].legend(fontsize=8)
+    axes[1].set_xlabel("epsilon (RDP, delta = 1e-5)")
+    axes[1].set_ylabel("test accuracy (%)")
+    axes[1].set_title("accuracy against privacy spent")
+    fig.tight_layout()
+    path = results_dir() / f"{table_id}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
