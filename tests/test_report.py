@@ -124,3 +124,19 @@ def test_tang_fig1_report_means_over_seeds_and_checks_claims(isolated_dirs):
     assert "DP-SGD >= DP-AdamBC: **holds**" in md
     assert "Incomplete runs left out: killed" in md
     assert (isolated_dirs / "results" / "tang_fig1_cifar10.png").exists()
+
+
+def test_tang_fig1_report_repeats_the_runs_privacy_notes(isolated_dirs):
+    from dp_adam_bench.report import tang_fig1_cifar10
+
+    root = isolated_dirs / "runs"
+    fake_cifar_run(root, "sgd0", "sgd", 0, 40.0)
+    summary_file = root / "tang_fig1_cifar10_cpu" / "sgd0" / "summary.json"
+    summary = json.loads(summary_file.read_text())
+    summary["privacy_notes"] = [
+        "fixed-size shuffled batches: accounted as Poisson sampling (not DP-faithful)"
+    ]
+    summary_file.write_text(json.dumps(summary))
+    tang_fig1_cifar10.build("cpu")
+    md = (isolated_dirs / "results" / "tang_fig1_cifar10.md").read_text()
+    assert "From the run folders: fixed-size shuffled batches" in md

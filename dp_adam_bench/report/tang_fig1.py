@@ -120,6 +120,10 @@ def build_for(dataset: str, profile: str) -> list:
         )
     if dataset == "cifar10":
         notes.append("CIFAR-10 here is the offline JPEG (q75) copy, not the lossless original.")
+    run_notes = sorted({n for r in complete for n in r.summary.get("privacy_notes", [])})
+    notes += [f"From the run folders: {n}" for n in run_notes]
+    if any(not r.summary.get("private", True) for r in complete):
+        notes.append("Some runs are NOT private (they use clean statistics): see their summary.json.")
     if incomplete:
         notes.append("Incomplete runs left out: " + ", ".join(r.path.name for r in incomplete))
     fig = _figure(_curves(complete), table_id, published)
