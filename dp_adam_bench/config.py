@@ -66,9 +66,9 @@ def validate(cfg: Mapping) -> None:
     clipping = cfg.get("train", {}).get("clipping", "ghost")
     if clipping not in ENGINES:
         raise ConfigError(f"train.clipping={clipping!r}; valid: {', '.join(ENGINES)}")
-    if sampler == "poisson" and kind not in ("none", "independent"):
+    if sampler in ("poisson", "shuffle") and kind not in ("none", "independent"):
         raise ConfigError(
-            f"noise.kind={kind!r} with train.sampler=poisson: correlated noise is accounted here only without "
+            f"noise.kind={kind!r} with train.sampler={sampler}: correlated noise is accounted here only without "
             "amplification; use train.sampler=single_pass (cyclic batches, min-separation = steps per epoch)"
         )
     budget = cfg.get("privacy", {}).get("epsilon_budget")

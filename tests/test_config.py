@@ -75,6 +75,8 @@ def test_experiment_preset_overrides_root_values():
     assert cfg.privacy.sigma == 0.1 and cfg.task.trials == 30
 
 
-def test_correlated_noise_with_poisson_sampling_is_refused():
+def test_correlated_noise_with_amplified_samplers_is_refused():
     with pytest.raises(ConfigError, match=r"noise.kind='bandmf' with train.sampler=poisson.*single_pass"):
         check(["noise=bandmf", "train.sampler=poisson", "train.steps=10"])
+    with pytest.raises(ConfigError, match=r"noise.kind='dpmf_sqrt' with train.sampler=shuffle"):
+        check(["noise=dpmf_sqrt", "train.sampler=shuffle"])

@@ -72,3 +72,42 @@ def test_nonprivate_run_records_no_noise_and_no_clipping(isolated_dirs):
     assert cfg["privacy"]["sigma"] == 0.0 and cfg["privacy"]["clip"] is None
     assert summary["private"] is False and summary["epsilon"] == {}
     assert summary["metrics"]["test_loss_std"] == 0.0  # deterministic without noise
+
+
+@pytest.mark.parametrize("variant,factor", [("adagrad_ime", 1.0), ("adagrad_ime_free", 2**0.5)])
+def test_ime_for_free_is_accounted_at_its_real_cost(isolated_dirs, variant, factor):
+    # IME noises g and g^2 with sqrt(2) sigma each: joint mu = 1/sigma. "For free" uses sigma each: mu = sqrt(2)/sigma.
+    s = train(
+        compose_cfg(
+            [
+                f"optimizer={variant}",
+                "noise=independent",
+                "privacy.sigma=0.5",
+                "experiment_name=e2e",
+                "logger.wandb.mode=disabled",
+                *TINY_1D,
+            ]
+        )
+    )
+    (event,) = s["ledger"]["events"]
+    assert event["kind"] == "gaussian"
+    assert event["mu"] == pytest.approx(factor / 0.5)
+    assert any("accounted with noise multiplier" in n for n in s["privacy_notes"]) == (factor != 1.0)
+
+
+def test_ime_with_poisson_batches_is_refused(isolated_dirs):
+    with pytest.raises(ValueError, match="needs fixed-size batches"):
+        train(
+            compose_cfg(
+                [
+                    "optimizer=adagrad_ime",
+                    "noise=independent",
+                    "privacy.sigma=0.5",
+                    "train.sampler=poisson",
+                    "train.steps=5",
+                    "experiment_name=e2e",
+                    "logger.wandb.mode=disabled",
+                    *TINY_1D,
+                ]
+            )
+        )

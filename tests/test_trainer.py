@@ -173,3 +173,9 @@ def test_side_information_uses_only_held_out_public_examples(isolated_dirs, monk
 def test_bad_public_split_is_refused(isolated_dirs):
     with pytest.raises(ValueError, match=r"public_examples=64 must be in \(0, 64\)"):
         train(compose_cfg([*BASE, "optimizer=side_info", "train.side_info.public_examples=64"]))
+
+
+def test_ime_free_model_run_accounts_sigma_over_sqrt2(isolated_dirs):
+    s = train(compose_cfg([*BASE, "optimizer=ime_free", "train.sampler=single_pass", "train.epochs=1"]))
+    (event,) = s["ledger"]["events"]
+    assert event["mu"] == pytest.approx(2**0.5 / 1.0)

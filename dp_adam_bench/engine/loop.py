@@ -77,7 +77,7 @@ def run(cfg, folder, log: Callable[[int, dict], None], task=None) -> dict:
         if sampler.amplification:
             q = sampler.q
             for _ in range(sampler.steps):
-                ledger.record_poisson_step(sigma, q)
+                ledger.record_poisson_step(sigma * variant.sigma_factor, q)
         else:
             # Each example is in one batch per epoch: a Gaussian mechanism on the whole stream with
             # sensitivity = that of the strategy under `epochs` participations (no amplification).
@@ -86,10 +86,19 @@ def run(cfg, folder, log: Callable[[int, dict], None], task=None) -> dict:
                 participations=participations,
                 min_separation=sampler.min_separation if participations > 1 else None,
             )
-            ledger.record_gaussian(sens / sigma)
+            ledger.record_gaussian(sens / (sigma * variant.sigma_factor))
             privacy_notes.append(
                 "single-pass fixed-size batches: accounted without amplification by sampling"
             )
+    if variant.sigma_factor != 1.0:
+        privacy_notes.append(
+            f"{variant.name} noises g and g^2 each with sigma = {sigma:g}: accounted with noise multiplier "
+            f"{sigma * variant.sigma_factor:.4g}"
+        )
+    if variant.needs_fixed_batch and sampler.kind == "poisson":
+        raise ValueError(
+            f"optimizer {variant.name!r} needs fixed-size batches: use train.sampler=single_pass"
+        )
     if variant.needs_clean and not variant.private:
         privacy_notes.append(f"{variant.name} uses clean (un-noised) statistics: a non-private baseline")
 

@@ -113,13 +113,19 @@ def run(cfg, folder: Path, log_metrics: Callable[[int, dict], None], task=None) 
     sampler = build_sampler(cfg, len(population), seed)
     side_gen = torch.Generator().manual_seed(seed + 17)
     engine_name = cfg.train.get("clipping") or "ghost"
-    probe_state = variant.init(params)
-    if variant.scale(probe_state) is not None and engine_name == "ghost":
+    engine = build_engine(engine_name, model, task.loss_per_example)
+    if variant.scale(variant.init(params)) is not None and not engine.supports_scale:
+        engine.close()
         raise ValueError(
             f"optimizer {variant.name!r} clips per-coordinate scaled per-example gradients (scale-then-privatize), "
-            "which ghost clipping cannot compute; set train.clipping=hooks or train.clipping=functorch"
+            f"which {engine_name} clipping cannot compute; set train.clipping=hooks or train.clipping=functorch"
         )
-    engine = build_engine(engine_name, model, task.loss_per_example)
+    if variant.needs_fixed_batch and sampler.kind == "poisson":
+        raise ValueError(
+            f"optimizer {variant.name!r} bounds the sensitivity of g^2 assuming at most B examples per batch; "
+            "Poisson batches are unbounded: use train.sampler=single_pass"
+        )
+    account_sigma = sigma * variant.sigma_factor  # the noise multiplier the accountant sees
 
     diag_cfg = cfg.get("diagnostics") or {}
     diagnostics = Diagnostics(
@@ -174,20 +180,26 @@ def run(cfg, folder: Path, log_metrics: Callable[[int, dict], None], task=None) 
                 f"{sampler.min_separation}): a Gaussian mechanism with sensitivity {sens:.4g}, no "
                 "amplification by sampling"
             )
-            if budget is not None and mf_epsilon(sigma, sens, delta) > float(budget):
+            if budget is not None and mf_epsilon(account_sigma, sens, delta) > float(budget):
                 raise BudgetExhausted(
-                    f"the whole run costs epsilon = {mf_epsilon(sigma, sens, delta):.3f} > "
+                    f"the whole run costs epsilon = {mf_epsilon(account_sigma, sens, delta):.3f} > "
                     f"privacy.epsilon_budget = {budget}; nothing was trained"
                 )
         else:
             if budget is not None:
                 max_steps = min(
-                    sampler.steps, steps_to_epsilon(float(budget), sigma, sampler.q, delta, accountant)
+                    sampler.steps,
+                    steps_to_epsilon(float(budget), account_sigma, sampler.q, delta, accountant),
                 )
     if public is not None:
         notes.append(
             f"side information: {len(public)} training examples held out as public; the private set "
             f"has N = {len(population)}"
+        )
+    if variant.sigma_factor != 1.0:
+        notes.append(
+            f"{variant.name} releases {1 + variant.extra_noise_streams} noisy quantities per step with sigma = "
+            f"{sigma:g} each: accounted with noise multiplier {account_sigma:.4g}"
         )
     if variant.needs_clean and not variant.private:
         notes.append(f"{variant.name} uses clean (un-noised) statistics: a non-private baseline")
@@ -215,7 +227,7 @@ def run(cfg, folder: Path, log_metrics: Callable[[int, dict], None], task=None) 
         (folder / "metrics.jsonl").unlink()
 
     if private and sigma > 0 and not sampler.amplification and start == 0:
-        ledger.record_gaussian(sens / sigma)
+        ledger.record_gaussian(sens / account_sigma)
 
     phys = int(cfg.train.get("physical_batch_size") or 256)
     every_ckpt = int(cfg.train.get("checkpoint_every") or 0)
@@ -257,7 +269,7 @@ def run(cfg, folder: Path, log_metrics: Callable[[int, dict], None], task=None) 
         with torch.no_grad():
             variant.update(params, state, ctx)
         if private and sigma > 0 and sampler.amplification:
-            ledger.record_poisson_step(sigma, sampler.q)
+            ledger.record_poisson_step(account_sigma, sampler.q)
         metrics = {}
         diag = diagnostics.observe(ctx, state)
         if diag:

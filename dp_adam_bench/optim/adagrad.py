@@ -56,6 +56,7 @@ class AdaGradIME(Variant):
     name = "adagrad_ime"
     needs_clean = True  # g_t^2 is privatized here, with its own noise stream
     extra_noise_streams = 1
+    needs_fixed_batch = True
     split_factor = math.sqrt(2.0)
 
     def __init__(self, lr: float, floor: float = 1.0, eps: float = 0.0, sq_sensitivity: str = "derived", **_):
@@ -90,5 +91,9 @@ class AdaGradIME(Variant):
 
 
 class AdaGradIMEFree(AdaGradIME):
+    """IME "for free" (Ganesh §5.1): each half gets the full sigma, so the pair costs what a single release with
+    sigma / sqrt(2) costs; the run is accounted that way (it is not free, the paper uses it as a comparison)."""
+
     name = "adagrad_ime_free"
     split_factor = 1.0
+    sigma_factor = 1 / math.sqrt(2.0)

@@ -135,6 +135,7 @@ class AdamIME(Adam):
     name = "ime"
     needs_clean = True
     extra_noise_streams = 1
+    needs_fixed_batch = True  # the sensitivity of g^2, (2B - 1) C^2 / B^2, assumes at most B examples
     split_factor = math.sqrt(2.0)
 
     def __init__(self, lr: float, eps_s: float = 1e-4, sq_sensitivity: str = "derived", **kw):
@@ -166,8 +167,11 @@ class AdamIME(Adam):
 
 
 class AdamIMEFree(AdamIME):
+    """IME without the sqrt(2) factors: accounted with noise multiplier sigma / sqrt(2) (see base.Variant)."""
+
     name = "ime_free"
     split_factor = 1.0
+    sigma_factor = 1 / math.sqrt(2.0)
 
 
 class ScaleThenPrivatize(Adam):

@@ -50,6 +50,11 @@ class Variant(ABC):
     extra_noise_streams: int = 0  # independent noise streams beyond the gradient's own
     private: bool = True  # False for baselines that use clean statistics (never report them as private)
     needs_side_info: bool = False  # True: the trainer supplies ctx.side from a public batch
+    # The noise multiplier the accountant must use is sigma * sigma_factor: IME "for free" releases two
+    # quantities each with the full sigma, i.e. a joint mechanism with noise multiplier sigma / sqrt(2).
+    sigma_factor: float = 1.0
+    # True: the variant's sensitivity argument needs every batch to have at most B examples (fixed-size batches)
+    needs_fixed_batch: bool = False
 
     def __init__(self, lr: float, **hparams):
         if not lr > 0:

@@ -121,12 +121,20 @@ def build(profile: str = "cpu") -> list:
         "IME's noise on g^2 uses the derived sensitivity (2B-1)C^2/B^2; Algorithm 6 prints (2B+1), which triples "
         "that noise at B = 1 (select with optimizer.sq_sensitivity=printed).",
     ]
-    eps = next((r.summary.get("epsilon") for r in complete if r.summary.get("epsilon")), None)
-    if eps:
+    eps_by_variant = {}
+    for r in complete:
+        if r.summary.get("epsilon"):
+            eps_by_variant[r.config["optimizer"]["name"]] = r.summary["epsilon"]
+    if eps_by_variant:
+        delta = complete[0].config["privacy"]["delta"]
         notes.append(
-            "Privacy of every private run (one pass, batch 1, each example once, no amplification, "
-            f"delta = {complete[0].config['privacy']['delta']:g}): "
-            + ", ".join(f"{k} eps = {v:.2f}" for k, v in eps.items())
+            f"Privacy (one pass, batch 1, each example once, no amplification, delta = {delta:g}; the same for "
+            "both noise kinds): "
+            + "; ".join(
+                f"{name}: " + ", ".join(f"{k} eps = {v:.2f}" for k, v in eps.items())
+                for name, eps in sorted(eps_by_variant.items())
+            )
+            + ". IME for free spends sqrt(2) times the noise budget of the others and is accounted so."
         )
     if incomplete:
         notes.append("Incomplete runs left out: " + ", ".join(r.path.name for r in incomplete))
