@@ -196,7 +196,7 @@ def build(profile: str = "cpu") -> list[Path]:
             + "; see 'RMSE definition' below",
         ),
         Claim(
-            f"BLT with {BLT_BUFFERS} buffers has lower RMSE than BandMF b={sigmas['bandmf_bands']} "
+            f"(ours, not a paper claim) BLT with {BLT_BUFFERS} buffers has lower RMSE than BandMF b={sigmas['bandmf_bands']} "
             "at the same epsilon",
             blt["rmse"] < band["rmse"],
             f"equivalent DP-SGD sigma {blt['equivalent_dpsgd_sigma']:.4f} vs {eq_sigma:.4f}; "
