@@ -196,8 +196,8 @@ def build(profile: str = "cpu") -> list[Path]:
             + "; see 'RMSE definition' below",
         ),
         Claim(
-            f"(ours, not a paper claim) BLT with {BLT_BUFFERS} buffers has lower RMSE than BandMF b={sigmas['bandmf_bands']} "
-            "at the same epsilon",
+            "(ours, not a paper claim) "
+            f"BLT with {BLT_BUFFERS} buffers has lower RMSE than BandMF b={sigmas['bandmf_bands']} at the same epsilon",
             blt["rmse"] < band["rmse"],
             f"equivalent DP-SGD sigma {blt['equivalent_dpsgd_sigma']:.4f} vs {eq_sigma:.4f}; "
             f"{BLT_BUFFERS} vs {sigmas['bandmf_bands'] - 1} model-sized noise buffers",
