@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 NOISE_KINDS = ("none", "independent", "dpmf_sqrt", "bandmf", "blt")
 SAMPLERS = ("single_pass", "poisson", "shuffle")
-ENGINES = ("ghost", "hooks", "functorch", "loop")
+ENGINES = ("ghost", "hooks", "functorch", "loop", "bk")
 PROFILES = ("cpu", "paper")
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-ENGINES = ("loop", "hooks", "functorch", "ghost")
+ENGINES = ("loop", "hooks", "functorch", "ghost", "bk")
 
 # torch warns on every backward when the first layer's input needs no grad; Opacus' hooks still fire correctly
 warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
@@ -222,7 +222,15 @@ class GhostEngine(GradEngine):
 
 
 def build_engine(name: str, model: nn.Module, loss_per_example: Callable) -> GradEngine:
-    engines = {"loop": LoopEngine, "hooks": HooksEngine, "functorch": FunctorchEngine, "ghost": GhostEngine}
+    from dp_adam_bench.engine.bk import BKEngine  # lazy: bk imports this module
+
+    engines = {
+        "loop": LoopEngine,
+        "hooks": HooksEngine,
+        "functorch": FunctorchEngine,
+        "ghost": GhostEngine,
+        "bk": BKEngine,
+    }
     if name not in engines:
         raise ValueError(f"unknown clipping engine {name!r}; valid: {', '.join(ENGINES)}")
     return engines[name](model, loss_per_example)

@@ -1,0 +1,391 @@
+"""The book-keeping (bk) engine: norms and clipped sums against the loop oracle and Opacus ghost, on both per-layer
+paths (Gram / instantiated), through the trainer, and its refusals."""
+
+import pytest
+import torch
+from torch import nn
+
+from dp_adam_bench.engine.bk import BKEngine, use_gram
+from dp_adam_bench.engine.grads import build_engine, clip_factors
+from dp_adam_bench.tasks import registry
+from dp_adam_bench.tasks.cifar10_cnn import CNN5
+from dp_adam_bench.train import train
+
+from helpers import compose_cfg
+
+MODES = ["auto", "gram", "instantiate"]
+
+
+class SmallNet(nn.Module):  # as in test_grads.py: Conv2d, Embedding, Linear, LayerNorm
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 3)
+        self.emb = nn.Embedding(11, 4)
+        self.fc1 = nn.Linear(3 * 4 * 4 + 4, 8)
+        self.ln = nn.LayerNorm(8)
+        self.fc2 = nn.Linear(8, 5)
+
+    def forward(self, x, tok):
+        h = torch.tanh(self.conv(x)).flatten(1)
+        e = self.emb(tok).mean(1)
+        return self.fc2(self.ln(torch.tanh(self.fc1(torch.cat([h, e], 1)))))
+
+
+def loss_per_example(forward, batch):
+    logits = forward(batch["x"], batch["tok"])
+    return nn.functional.cross_entropy(logits, batch["y"], reduction="none")
+
+
+def make_batch(b=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "x": torch.randn(b, 2, 6, 6, generator=g),
+        "tok": torch.randint(0, 11, (b, 3), generator=g),
+        "y": torch.randint(0, 5, (b,), generator=g),
+    }
+
+
+def fresh_model():
+    torch.manual_seed(0)
+    return SmallNet()
+
+
+def reference(make_model, loss, batch, clip):
+    """(norms, clipped sum) from the loop engine's materialised per-example gradients."""
+    per_ex = build_engine("loop", make_model(), loss).per_example_grads(batch)
+    b = per_ex[0].shape[0]
+    norms = torch.sqrt(sum(g.reshape(b, -1).pow(2).sum(1) for g in per_ex))
+    f = clip_factors(norms, clip)
+    return norms, [torch.einsum("b,b...->...", f, g) for g in per_ex]
+
+
+def assert_matches(out, norms, summed, atol=1e-5):
+    assert torch.allclose(out.norms, norms, rtol=1e-4)
+    assert len(out.summed) == len(summed)
+    for s, r in zip(out.summed, summed, strict=True):
+        assert s.shape == r.shape
+        assert torch.allclose(s, r, atol=atol, rtol=1e-4)
+
+
+def run_bk(make_model, loss, batch, clip, mode="auto"):
+    model = make_model()
+    eng = BKEngine(model, loss, mode=mode)
+    out = eng.clipped_sum(batch, clip)
+    eng.close()
+    assert all(p.grad is None for p in model.parameters())  # one backward, and no non-clipped .grad left
+    return out, eng
+
+
+# ------------------------------------------------------------------------------------------ SmallNet, CNN5
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("clip", [None, 0.5])
+def test_smallnet_matches_loop(mode, clip):
+    norms, summed = reference(fresh_model, loss_per_example, make_batch(), clip)
+    out, eng = run_bk(fresh_model, loss_per_example, make_batch(), clip, mode)
+    assert_matches(out, norms, summed)
+    if clip is not None:
+        assert bool((norms > clip).any())
+    if mode != "auto":
+        assert set(eng.choices.values()) == {mode}
+
+
+def cnn5():
+    torch.manual_seed(0)
+    return CNN5()
+
+
+def cnn5_loss(forward, batch):
+    return nn.functional.cross_entropy(forward(batch["x"]), batch["y"], reduction="none")
+
+
+@pytest.fixture(scope="module")
+def cnn5_case():
+    g = torch.Generator().manual_seed(1)
+    batch = {"x": torch.randn(4, 3, 32, 32, generator=g), "y": torch.randint(0, 10, (4,), generator=g)}
+    norms, _ = reference(cnn5, cnn5_loss, batch, None)
+    clip = float(norms.median())  # clips about half of the examples
+    return batch, clip, reference(cnn5, cnn5_loss, batch, clip)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_cnn5_matches_loop(mode, cnn5_case):
+    batch, clip, (norms, summed) = cnn5_case
+    out, eng = run_bk(cnn5, cnn5_loss, batch, clip, mode)
+    assert_matches(out, norms, summed)
+    if mode == "auto":  # the cost model: only conv4 (T = 9 pixels, 1152 -> 256) takes the Gram form
+        assert eng.choices == {
+            "conv1": "instantiate",
+            "conv2": "instantiate",
+            "conv3": "instantiate",
+            "conv4": "gram",
+            "conv5": "instantiate",
+        }
+
+
+@pytest.mark.parametrize(
+    "make_model, loss, batch",
+    [
+        (fresh_model, loss_per_example, make_batch()),
+        (cnn5, cnn5_loss, {"x": torch.randn(4, 3, 32, 32), "y": torch.tensor([0, 3, 3, 9])}),
+    ],
+    ids=["smallnet", "cnn5"],
+)
+def test_matches_opacus_ghost(make_model, loss, batch):
+    ghost = build_engine("ghost", make_model(), loss)
+    ref = ghost.clipped_sum(batch, 0.5)
+    ghost.close()
+    out, _ = run_bk(make_model, loss, batch, 0.5)
+    assert_matches(out, ref.norms, ref.summed)
+
+
+def test_use_gram_cost_model():
+    assert use_gram(1, 100, 100)  # a Linear on (B, d): ||a||^2 ||g||^2
+    assert use_gram(9, 1152, 256)  # CNN5 conv4
+    assert not use_gram(900, 27, 32)  # CNN5 conv1: many pixels, small weight
+    assert not use_gram(49, 576, 128)  # CNN5 conv3
+    assert use_gram(16, 768, 3072) and not use_gram(
+        512, 768, 768
+    )  # a transformer MLP: short vs long sequences
+    assert use_gram(1, 1, 64) and not use_gram(2, 1, 64)  # embeddings (d = 1): scatter rows unless T = 1
+
+
+# ------------------------------------------------------------------------------------------ sequence models
+
+
+class TinySeqClassifier(nn.Module):
+    """A 1-layer BERT (Embedding, LayerNorm, Linear on (B, T, d)) or GPT-2 (+ Conv1D) with a linear head."""
+
+    def __init__(self, kind):
+        super().__init__()
+        import transformers as tf
+
+        self.kind = kind
+        if kind == "bert":
+            cfg = tf.BertConfig(
+                vocab_size=30,
+                hidden_size=16,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                intermediate_size=24,
+                max_position_embeddings=16,
+                hidden_dropout_prob=0.0,
+                attention_probs_dropout_prob=0.0,
+            )
+            self.body = tf.BertModel(cfg, add_pooling_layer=False)
+        else:
+            cfg = tf.GPT2Config(
+                vocab_size=30,
+                n_embd=16,
+                n_layer=1,
+                n_head=2,
+                n_positions=16,
+                resid_pdrop=0.0,
+                embd_pdrop=0.0,
+                attn_pdrop=0.0,
+                bos_token_id=0,
+                eos_token_id=0,
+            )
+            self.body = tf.GPT2Model(cfg)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, ids):
+        b, t = ids.shape
+        kw = {"position_ids": torch.arange(t).repeat(b, 1)}  # (B, T), see PITFALLS.md
+        if self.kind == "bert":
+            kw["token_type_ids"] = torch.zeros_like(ids)
+        return self.head(self.body(input_ids=ids, **kw).last_hidden_state[:, -1])
+
+
+def seq_loss(forward, batch):
+    return nn.functional.cross_entropy(forward(batch["ids"]), batch["y"], reduction="none")
+
+
+@pytest.mark.parametrize("kind", ["bert", "gpt2"])
+def test_tiny_transformers_match_loop_and_ghost(kind):
+    pytest.importorskip("transformers")
+
+    def make():
+        torch.manual_seed(0)
+        return TinySeqClassifier(kind)
+
+    g = torch.Generator().manual_seed(2)
+    batch = {"ids": torch.randint(0, 30, (3, 7), generator=g), "y": torch.randint(0, 3, (3,), generator=g)}
+    batch["ids"][1, 2] = batch["ids"][1, 5]  # a repeated token: the embedding rows must be summed per example
+    norms, summed = reference(make, seq_loss, batch, 1.0)
+    assert bool((norms > 1.0).any())
+    for mode in MODES:
+        out, eng = run_bk(make, seq_loss, batch, 1.0, mode)
+        assert_matches(out, norms, summed)
+    kinds = {layer.kind for layer in eng.layers}
+    assert kinds == ({"embedding", "layernorm", "linear"} | ({"conv1d_hf"} if kind == "gpt2" else set()))
+    ghost = build_engine("ghost", make(), seq_loss)
+    ref = ghost.clipped_sum(batch, 1.0)
+    ghost.close()
+    assert torch.allclose(out.norms, ref.norms, rtol=1e-4)
+
+
+# ------------------------------------------------------------------------------------------ layer variants
+
+
+class Zoo(nn.Module):
+    """Strided / dilated / reflect-padded / 'same' convolutions, Opacus fallbacks (GroupNorm, grouped conv), an
+    embedding with padding_idx, and a Linear module applied twice (module reuse)."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(2, 3, 3, stride=2, padding=1)
+        self.c2 = nn.Conv2d(3, 4, (2, 3), dilation=(1, 2), padding="same", padding_mode="reflect")
+        self.gn = nn.GroupNorm(2, 4)
+        self.c3 = nn.Conv2d(4, 4, 3, groups=2, padding=1, bias=False)
+        self.emb = nn.Embedding(9, 5, padding_idx=0)
+        self.shared = nn.Linear(5, 5)
+        self.out = nn.Linear(4 * 4 * 4 + 5, 3)
+
+    def forward(self, x, tok):
+        h = self.c3(torch.tanh(self.gn(self.c2(torch.tanh(self.c1(x)))))).flatten(1)
+        e = self.shared(torch.tanh(self.shared(self.emb(tok)))).mean(1)
+        return self.out(torch.cat([h, e], 1))
+
+
+def zoo_loss(forward, batch):
+    return nn.functional.cross_entropy(forward(batch["x"], batch["tok"]), batch["y"], reduction="none")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_layer_variants_fallbacks_and_module_reuse_match_loop(mode):
+    def make():
+        torch.manual_seed(0)
+        return Zoo()
+
+    g = torch.Generator().manual_seed(3)
+    batch = {
+        "x": torch.randn(5, 2, 8, 8, generator=g),
+        "tok": torch.randint(0, 9, (5, 4), generator=g),
+        "y": torch.randint(0, 3, (5,), generator=g),
+    }
+    batch["tok"][0, :2] = 0  # padding tokens get no gradient
+    norms, summed = reference(make, zoo_loss, batch, 1.0)
+    assert bool((norms > 1.0).any())
+    out, eng = run_bk(make, zoo_loss, batch, 1.0, mode)
+    assert_matches(out, norms, summed)
+    assert {layer.name: layer.kind for layer in eng.layers} == {
+        "c1": "conv2d",
+        "c2": "conv2d",
+        "gn": "opacus",
+        "c3": "opacus",
+        "emb": "embedding",
+        "shared": "linear",
+        "out": "linear",
+    }
+
+
+def test_mean_grad_and_close_leave_a_plain_model():
+    model = fresh_model()
+    eng = BKEngine(model, loss_per_example)
+    got = eng.mean_grad(make_batch())
+    ref = torch.autograd.grad(loss_per_example(model, make_batch()).mean(), list(model.parameters()))
+    for a, b in zip(got, ref, strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
+    assert all(not layer.calls for layer in eng.layers)  # hooks record only inside clipped_sum
+    eng.close()
+    assert all(not m._forward_hooks for m in model.modules())
+
+
+# ------------------------------------------------------------------------------------------ refusals
+
+
+def test_tied_parameters_are_refused():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4))
+    model[2].weight = model[0].weight
+    with pytest.raises(ValueError, match=r"parameter tying is not supported.*'0.weight' and '2.weight'"):
+        BKEngine(model, lambda forward, batch: forward(batch["x"]).sum(1))
+
+
+class Scale(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.s = nn.Parameter(torch.ones(4))
+
+    def forward(self, x):
+        return x * self.s
+
+
+def test_unsupported_layers_are_listed():
+    model = nn.Sequential(nn.Linear(4, 4), Scale(), nn.Embedding(5, 4, scale_grad_by_freq=True))
+    with pytest.raises(
+        ValueError,
+        match=r"no per-example gradient rule for: Embedding\(scale_grad_by_freq=True\) \(2\); Scale \(1\)",
+    ):
+        BKEngine(model, None)
+
+
+def test_batch_must_lead_every_layer_input():
+    class PosEmb(nn.Module):  # positions of shape (1, T): the Hugging Face position_ids pitfall
+        def __init__(self):
+            super().__init__()
+            self.pos = nn.Embedding(8, 3)
+            self.fc = nn.Linear(3, 2)
+
+        def forward(self, x):
+            return self.fc(x + self.pos(torch.arange(x.shape[1])[None]))
+
+    eng = BKEngine(PosEmb(), lambda forward, batch: forward(batch["x"]).sum((1, 2)))
+    with pytest.raises(ValueError, match=r"'pos' \(Embedding\) got an input of shape \(1, 5\).*batch size 2"):
+        eng.clipped_sum({"x": torch.randn(2, 5, 3)}, 1.0)
+
+
+def test_in_place_op_on_a_hooked_output_is_refused_clearly():
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(inplace=True), nn.Linear(4, 2))
+    eng = BKEngine(model, lambda forward, batch: forward(batch["x"]).sum(1))
+    with pytest.raises(ValueError, match="modified in place"):
+        eng.clipped_sum({"x": torch.randn(2, 3)}, 1.0)
+
+
+def test_scale_then_privatize_is_refused():
+    eng = build_engine("bk", fresh_model(), loss_per_example)
+    scale = [torch.ones_like(p) for p in eng.params]
+    with pytest.raises(
+        ValueError, match="'bk' cannot clip.*scale-then-privatize.*engine=hooks or engine=functorch"
+    ):
+        eng.clipped_sum(make_batch(), 1.0, scale)
+    eng.close()
+
+
+# ------------------------------------------------------------------------------------------ through the trainer
+
+BASE = [
+    "task.name=tiny",
+    "experiment_name=bk",
+    "optimizer=adam",
+    "optimizer.lr=0.01",
+    "noise=independent",
+    "privacy.sigma=1.0",
+    "privacy.clip=0.5",
+    "train.sampler=poisson",
+    "train.batch_size=16",
+    "train.steps=3",
+    "train.physical_batch_size=5",
+    "logger.wandb.mode=disabled",
+]
+
+
+@pytest.fixture
+def tiny_task(monkeypatch):
+    monkeypatch.setitem(registry.TASKS, "tiny", "tiny_task:TinyTask")
+
+
+def test_training_with_bk_equals_ghost(isolated_dirs, tiny_task):
+    ghost = train(compose_cfg([*BASE, "train.clipping=ghost"]))
+    bk = train(compose_cfg([*BASE, "train.clipping=bk", "experiment_name=bk2"]))
+    assert bk["clipping"] == "bk" and bk["steps"] == ghost["steps"] == 3
+    assert bk["metrics"]["test_loss"] == pytest.approx(ghost["metrics"]["test_loss"], rel=1e-5)
+    assert bk["metrics"]["test_accuracy"] == ghost["metrics"]["test_accuracy"]
+
+
+def test_stp_with_bk_through_the_trainer_fails_clearly(isolated_dirs, tiny_task):
+    with pytest.raises(
+        ValueError, match="scale-then-privatize.*bk clipping cannot compute; set train.clipping=hooks"
+    ):
+        train(compose_cfg([*BASE, "optimizer=stp", "train.clipping=bk"]))
