@@ -17,6 +17,11 @@ def _train(argv: list[str]) -> int:
 def _report(args) -> int:
     from dp_adam_bench.report import registry
 
+    if args.document:
+        from dp_adam_bench.report.document import build_document
+
+        print(f"wrote {build_document()}")
+        return 0
     if args.list or not args.tables:
         print(f"{'id':22} {'paper':28} {'cpu runtime':12} {'paper runtime':14} shows")
         for tid, spec in registry.REPORTS.items():
@@ -48,6 +53,9 @@ def _reproduce(args) -> int:
                 return rc
         for path in registry.build(tid, profile=args.profile):
             print(f"wrote {path}")
+    from dp_adam_bench.report.document import build_document
+
+    print(f"wrote {build_document()}")
     return 0
 
 
@@ -62,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("report", help="write results/<id>.{csv,md,png} from the run store")
     p.add_argument("tables", nargs="*", help="table ids or groups (see --list)")
     p.add_argument("--list", action="store_true", help="list table ids with their paper and runtime")
+    p.add_argument("--document", action="store_true", help="assemble results/REPORT.md from the tables")
     p.add_argument("--profile", default="cpu", choices=["cpu", "paper"])
     p.set_defaults(func=_report)
 

@@ -140,3 +140,20 @@ def test_tang_fig1_report_repeats_the_runs_privacy_notes(isolated_dirs):
     tang_fig1_cifar10.build("cpu")
     md = (isolated_dirs / "results" / "tang_fig1_cifar10.md").read_text()
     assert "From the run folders: fixed-size shuffled batches" in md
+
+
+def test_report_document_collects_every_claim(isolated_dirs):
+    from dp_adam_bench.report.document import build_document, claims_of
+
+    md = (
+        "# T\n\nRegenerate: `make x`\n\n## Paper claims checked here\n\n- a > b: **holds** (1 vs 0)\n"
+        "- c: **does not hold**\n\n## Notes\n\n- not a claim: **holds**\n"
+    )
+    assert claims_of(md) == [("a > b", "holds", "1 vs 0"), ("c", "does not hold", "")]
+    res = isolated_dirs / "results"
+    res.mkdir()
+    (res / "ganesh_fig2.md").write_text(md)
+    text = build_document().read_text()
+    assert "| [ganesh_fig2](#ganesh_fig2) | a > b | **holds** | 1 vs 0 |" in text
+    assert "1 claims hold, 1 do not." in text
+    assert "Not generated yet:" in text and "`tang_budget`" in text

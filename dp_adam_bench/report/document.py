@@ -1,0 +1,77 @@
+"""``results/REPORT.md``: every table's markdown in one document, opening with a summary of all claim checks.
+
+Built only from the ``results/<id>.md`` files the reports wrote (never from runs), so it is regenerated in a
+second by ``dp-adam-bench report --document`` and at the end of ``make reproduce-table``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from dp_adam_bench.paths import results_dir
+from dp_adam_bench.report.registry import REPORTS
+
+CLAIM = re.compile(
+    r"^- (?P<text>.+?): \*\*(?P<verdict>holds|does not hold|not checked)\*\*(?: \((?P<detail>.*)\))?$"
+)
+
+
+def claims_of(markdown: str) -> list[tuple[str, str, str]]:
+    """(claim, verdict, detail) for each line of the 'Paper claims checked here' section."""
+    out, inside = [], False
+    for line in markdown.splitlines():
+        if line.startswith("## "):
+            inside = line.strip() == "## Paper claims checked here"
+            continue
+        m = CLAIM.match(line) if inside else None
+        if m:
+            out.append((m["text"], m["verdict"], m["detail"] or ""))
+    return out
+
+
+def _command(markdown: str) -> str:
+    m = re.search(r"^Regenerate: `(.+)`$", markdown, flags=re.M)
+    return m.group(1) if m else ""
+
+
+def build_document(out: Path | None = None) -> Path:
+    res = results_dir()
+    out = out or res / "REPORT.md"
+    tables = [(tid, spec, res / f"{tid}.md") for tid, spec in REPORTS.items()]
+    present = [(tid, spec, p.read_text()) for tid, spec, p in tables if p.exists()]
+    missing = [tid for tid, _, p in tables if not p.exists()]
+    lines = [
+        "# dp-adam-bench — results",
+        "",
+        "Assembled from `results/<id>.md` by `dp-adam-bench report --document`; each section below says the command "
+        "that regenerates it. Numbers come from runs of this repository; paper numbers are printed beside them.",
+        "",
+        "## Summary of paper claims",
+        "",
+        "| table | claim | verdict | detail |",
+        "|---|---|---|---|",
+    ]
+    n_hold = n_fail = 0
+    for tid, _, md in present:
+        for text, verdict, detail in claims_of(md):
+            n_hold += verdict == "holds"
+            n_fail += verdict == "does not hold"
+            lines.append(f"| [{tid}](#{tid}) | {text} | **{verdict}** | {detail.replace('|', '/')} |")
+    lines += ["", f"{n_hold} claims hold, {n_fail} do not.", ""]
+    if missing:
+        lines += [
+            "Not generated yet: " + ", ".join(f"`{t}` (`make reproduce-table TABLE={t}`)" for t in missing),
+            "",
+        ]
+    lines += ["## Tables", ""]
+    for tid, spec, md in present:
+        body = md.split("\n", 1)[1] if md.startswith("# ") else md
+        title = md.splitlines()[0].lstrip("# ") if md.startswith("# ") else tid
+        lines += [f'<a id="{tid}"></a>', f"### {title}", "", f"*{spec.paper}* — `{_command(md)}`", ""]
+        lines += [
+            ln.replace("## ", "#### ", 1) if ln.startswith("## ") else ln for ln in body.splitlines()[1:]
+        ]
+        lines.append("")
+    out.write_text("\n".join(lines))
+    return out
