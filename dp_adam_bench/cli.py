@@ -95,7 +95,12 @@ def main(argv: list[str] | None = None) -> int:
     if add_privacy is not None:
         add_privacy(sub)
 
-    args = parser.parse_args(argv)
+    # Hydra overrides may come before or after options: leftovers are overrides for `sweep`, errors otherwise
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if args.cmd != "sweep" or any(e.startswith("-") for e in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = [*args.overrides, *extra]
     try:
         return int(args.func(args) or 0)
     except (ValueError, FileNotFoundError) as err:

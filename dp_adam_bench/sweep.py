@@ -44,15 +44,18 @@ def sweep_commands(
     """The ``python -m dp_adam_bench.train -m ...`` command lines that make up the sweep."""
     if launcher not in LAUNCHERS:
         raise ValueError(f"unknown launcher {launcher!r}; valid: {', '.join(LAUNCHERS)}")
-    preset = load_preset(experiment, profile, overrides)
+    preset = load_preset(experiment, profile)
     sweeps = preset.get("sweeps") or {"all": {}}
     grid = preset.get("grid") or {}
     seeds = preset.get("seeds")
+    given = {
+        o.split("=", 1)[0].lstrip("+") for o in overrides if "=" in o
+    }  # the user's keys replace swept ones
     commands = []
     for entry in sweeps.values():
         args = [f"experiment={experiment}", f"profile={profile}"]
-        args += [f"{k}={_values(v)}" for k, v in {**entry, **grid}.items()]
-        if seeds is not None:
+        args += [f"{k}={_values(v)}" for k, v in {**entry, **grid}.items() if k not in given]
+        if seeds is not None and "seed" not in given:
             args.append(f"seed={_values(seeds)}")
         if launcher == "joblib":
             args += ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "train.threads=1"]

@@ -80,3 +80,32 @@ def test_correlated_noise_with_amplified_samplers_is_refused():
         check(["noise=bandmf", "train.sampler=poisson", "train.steps=10"])
     with pytest.raises(ConfigError, match=r"noise.kind='dpmf_sqrt' with train.sampler=shuffle"):
         check(["noise=dpmf_sqrt", "train.sampler=shuffle"])
+
+
+def _presets():
+    from dp_adam_bench.paths import CONFIG_DIR
+
+    return sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("profile", ["cpu", "paper"])
+@pytest.mark.parametrize("preset", _presets())
+def test_every_experiment_preset_composes_and_every_sweep_point_validates(preset, profile):
+    from dp_adam_bench.sweep import load_preset
+
+    data = load_preset(preset, profile)
+    sweeps = data.get("sweeps") or {"all": {}}
+    grid = data.get("grid") or {}
+    for entry in sweeps.values():
+        # the first value of every swept key must give a valid run config
+        overrides = [f"experiment={preset}", f"profile={profile}"]
+        overrides += [f"{k}={(v if isinstance(v, list) else [v])[0]}" for k, v in {**entry, **grid}.items()]
+        validate(run_config(compose_cfg(overrides)))
+
+
+def test_sweep_dry_run_lists_one_multirun_per_entry():
+    from dp_adam_bench.sweep import sweep_commands
+
+    cmds = sweep_commands("tang_fig1_cifar10", "cpu", "joblib")
+    assert len(cmds) == 3
+    assert all("-m" in c and "seed=0,1,2" in c and "hydra/launcher=joblib" in c for c in cmds)
