@@ -12,28 +12,9 @@ from dp_adam_bench.tasks.cifar10_cnn import CNN5
 from dp_adam_bench.train import train
 
 from helpers import compose_cfg
+from small_models import SmallNet, loss_per_example
 
 MODES = ["auto", "gram", "instantiate"]
-
-
-class SmallNet(nn.Module):  # as in test_grads.py: Conv2d, Embedding, Linear, LayerNorm
-    def __init__(self):
-        super().__init__()
-        self.conv = nn.Conv2d(2, 3, 3)
-        self.emb = nn.Embedding(11, 4)
-        self.fc1 = nn.Linear(3 * 4 * 4 + 4, 8)
-        self.ln = nn.LayerNorm(8)
-        self.fc2 = nn.Linear(8, 5)
-
-    def forward(self, x, tok):
-        h = torch.tanh(self.conv(x)).flatten(1)
-        e = self.emb(tok).mean(1)
-        return self.fc2(self.ln(torch.tanh(self.fc1(torch.cat([h, e], 1)))))
-
-
-def loss_per_example(forward, batch):
-    logits = forward(batch["x"], batch["tok"])
-    return nn.functional.cross_entropy(logits, batch["y"], reduction="none")
 
 
 def make_batch(b=6, seed=0):

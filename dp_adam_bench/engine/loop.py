@@ -14,11 +14,8 @@ import torch
 from dp_adam_bench.engine.privatizer import Privatizer
 from dp_adam_bench.engine.sampling import PoissonSampler, SinglePassSampler
 from dp_adam_bench.optim.registry import build_variant
-from dp_adam_bench.privacy.noise_factory import build_strategy
+from dp_adam_bench.privacy.noise_factory import build_mechanisms, build_strategy
 from dp_adam_bench.tasks.registry import build_task
-
-# Noise streams get seeds derived from the run seed, far apart from the sampler's.
-_NOISE_SEED_OFFSET = 1_000_003
 
 
 def build_sampler(cfg, dataset_size: int, seed: int):
@@ -54,14 +51,10 @@ def run(cfg, folder, log: Callable[[int, dict], None], task=None) -> dict:
     strategy = build_strategy(cfg.noise, sampler.steps) if private else None
     mechanisms = []
     if private and sigma > 0:
-        for stream in range(1 + variant.extra_noise_streams):
-            mech = strategy.mechanism()
-            mech.reset(
-                [p.shape for p in params],
-                seed=seed * _NOISE_SEED_OFFSET + 7919 * (stream + 1),
-                dtype=params[0].dtype,
-            )
-            mechanisms.append(mech)
+        shapes = [p.shape for p in params]
+        mechanisms = build_mechanisms(
+            strategy, shapes, 1 + variant.extra_noise_streams, seed, params[0].dtype
+        )
     privatizer = Privatizer(
         clip=clip,
         sigma=sigma,

@@ -25,10 +25,9 @@ from dp_adam_bench.engine.grads import build_engine
 from dp_adam_bench.engine.privatizer import Privatizer
 from dp_adam_bench.engine.sampling import PoissonSampler, ShuffleSampler, SinglePassSampler
 from dp_adam_bench.optim.registry import build_variant
-from dp_adam_bench.privacy.noise_factory import build_strategy
+from dp_adam_bench.privacy.noise_factory import build_mechanisms, build_strategy
 
 log = logging.getLogger(__name__)
-_NOISE_SEED_OFFSET = 1_000_003
 
 
 class BudgetExhausted(RuntimeError):
@@ -140,15 +139,9 @@ def run(cfg, folder: Path, log_metrics: Callable[[int, dict], None], task=None) 
     strategy = build_strategy(cfg.noise, sampler.steps) if private else None
     mechanisms = []
     if private and sigma > 0:
-        for stream in range(1 + variant.extra_noise_streams):
-            mech = strategy.mechanism()
-            mech.reset(
-                [p.shape for p in params],
-                seed=seed * _NOISE_SEED_OFFSET + 7919 * (stream + 1),
-                dtype=params[0].dtype,
-                device=device,
-            )
-            mechanisms.append(mech)
+        shapes = [p.shape for p in params]
+        streams = 1 + variant.extra_noise_streams
+        mechanisms = build_mechanisms(strategy, shapes, streams, seed, params[0].dtype, device)
     privatizer = Privatizer(
         clip=clip,
         sigma=sigma,

@@ -25,7 +25,11 @@ from scipy.optimize import minimize
 from scipy.signal import fftconvolve, lfilter
 
 from dp_adam_bench.privacy.mechanisms import NoiseMechanism
-from dp_adam_bench.privacy.strategies import Strategy, _check_n, sqrt_prefix_coefficients, toeplitz_lower
+from dp_adam_bench.privacy.strategies import (
+    ToeplitzStrategy,
+    _check_n,
+    sqrt_prefix_coefficients,
+)
 
 
 def inverse_series(coefs: np.ndarray, n: int) -> np.ndarray:
@@ -99,7 +103,7 @@ def optimize_bandmf(n: int, bands: int, *, maxiter: int = 2000, tol: float = 1e-
     return np.array(_optimize_cached(n, min(bands, n), int(maxiter), float(tol)))
 
 
-class BandedToeplitzStrategy(Strategy):
+class BandedToeplitzStrategy(ToeplitzStrategy):
     """C = banded lower-triangular Toeplitz(c_0..c_{b-1}), rescaled to unit max column norm.
 
     ``coefs=None`` optimises them for the prefix-sum workload (:func:`optimize_bandmf`).
@@ -135,22 +139,6 @@ class BandedToeplitzStrategy(Strategy):
     @functools.cached_property
     def _inv_coefs(self) -> np.ndarray:
         return inverse_series(self.coefs, self.n)
-
-    def matrix(self) -> np.ndarray:
-        return toeplitz_lower(self.coefs, self.n)
-
-    def inverse_matrix(self) -> np.ndarray:
-        return toeplitz_lower(self._inv_coefs, self.n)
-
-    def row_variance(self) -> np.ndarray:
-        return np.cumsum(self._inv_coefs**2)
-
-    def max_column_norm(self) -> float:
-        return float(np.linalg.norm(self.coefs))
-
-    def prefix_rmse(self) -> float:
-        f = np.cumsum(self._inv_coefs)
-        return float(np.sqrt(np.mean(np.cumsum(f**2))))
 
     def mechanism(self) -> BandedMechanism:
         return BandedMechanism(self.coefs, n=self.n, name=self.name)

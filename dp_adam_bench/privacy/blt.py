@@ -29,7 +29,7 @@ from scipy.optimize import minimize
 from scipy.signal import fftconvolve
 
 from dp_adam_bench.privacy.mechanisms import NoiseMechanism
-from dp_adam_bench.privacy.strategies import Strategy, _check_n, toeplitz_lower
+from dp_adam_bench.privacy.strategies import ToeplitzStrategy, _check_n
 
 
 def blt_inverse_coefficients(theta: np.ndarray, omega: np.ndarray, n: int) -> np.ndarray:
@@ -258,7 +258,7 @@ def optimize_blt(
     return BLTStrategy(n, theta, omega)
 
 
-class BLTStrategy(Strategy):
+class BLTStrategy(ToeplitzStrategy):
     """C = inverse of the BLT C^{-1}(theta, omega), rescaled to unit max column norm (so C^{-1} is multiplied
     by the raw max column norm). ``theta=None`` optimises the parameters (:func:`optimize_blt_parameters`)."""
 
@@ -294,22 +294,6 @@ class BLTStrategy(Strategy):
 
     def inverse_coefficients(self) -> np.ndarray:
         return self._inv_coefs
-
-    def matrix(self) -> np.ndarray:
-        return toeplitz_lower(self.coefs, self.n)
-
-    def inverse_matrix(self) -> np.ndarray:
-        return toeplitz_lower(self._inv_coefs, self.n)
-
-    def row_variance(self) -> np.ndarray:
-        return np.cumsum(self._inv_coefs**2)
-
-    def max_column_norm(self) -> float:
-        return float(np.linalg.norm(self.coefs))
-
-    def prefix_rmse(self) -> float:
-        f = np.cumsum(self._inv_coefs)
-        return float(np.sqrt(np.mean(np.cumsum(f**2))))
 
     def mechanism(self) -> BLTMechanism:
         return BLTMechanism(self.theta, self.omega, scale=self.scale, n=self.n, name=self.name)

@@ -21,3 +21,20 @@ def build_strategy(noise_cfg, steps: int) -> Strategy:
 
         return optimize_blt(steps, buffers=int(noise_cfg.buffers))
     raise ValueError(f"noise.kind={kind!r} has no strategy; valid: independent, dpmf_sqrt, bandmf, blt")
+
+
+# Noise streams get seeds derived from the run seed, far apart from the sampler's and from each other.
+_NOISE_SEED_OFFSET = 1_000_003
+_STREAM_STRIDE = 7919
+
+
+def build_mechanisms(strategy: Strategy, shapes, streams: int, seed: int, dtype, device="cpu") -> list:
+    """``streams`` independent streaming mechanisms of ``strategy`` for tensors of ``shapes`` (IME uses two)."""
+    mechanisms = []
+    for stream in range(streams):
+        mech = strategy.mechanism()
+        mech.reset(
+            shapes, seed=seed * _NOISE_SEED_OFFSET + _STREAM_STRIDE * (stream + 1), dtype=dtype, device=device
+        )
+        mechanisms.append(mech)
+    return mechanisms

@@ -109,6 +109,32 @@ class Strategy(ABC):
         return {"name": self.name, "n": self.n}
 
 
+class ToeplitzStrategy(Strategy):
+    """A lower-triangular Toeplitz C, given by its first column ``coefs`` (C^{-1} is Toeplitz too, first column
+    ``inverse_coefficients()``): every quantity has an O(n) formula instead of an n x n matrix."""
+
+    coefs: np.ndarray
+
+    def inverse_coefficients(self) -> np.ndarray:
+        raise NotImplementedError
+
+    def matrix(self) -> np.ndarray:
+        return toeplitz_lower(self.coefs, self.n)
+
+    def inverse_matrix(self) -> np.ndarray:
+        return toeplitz_lower(self.inverse_coefficients(), self.n)
+
+    def row_variance(self) -> np.ndarray:
+        return np.cumsum(self.inverse_coefficients() ** 2)
+
+    def max_column_norm(self) -> float:
+        return float(np.linalg.norm(self.coefs[: self.n]))  # column 0 is the longest
+
+    def prefix_rmse(self) -> float:
+        f = np.cumsum(self.inverse_coefficients())  # first column of A C^{-1}
+        return float(np.sqrt(np.mean(np.cumsum(f**2))))
+
+
 class IdentityStrategy(Strategy):
     """C = I: independent noise, i.e. DP-SGD."""
 
