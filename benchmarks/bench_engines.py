@@ -48,8 +48,8 @@ if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout without in
     sys.path.insert(0, str(REPO_ROOT))
 
 OUT = Path(__file__).resolve().parent / "results_engines.csv"
-MODES = ("nonprivate", "ghost", "hooks", "functorch", "stp")
-FLAT_ENGINES = ("ghost", "hooks", "functorch")
+MODES = ("nonprivate", "ghost", "bk", "hooks", "functorch", "stp")
+FLAT_ENGINES = ("ghost", "bk", "hooks", "functorch")
 STP_ENGINES = ("hooks", "functorch")
 DEFAULT_BATCH_SIZES = (256, 2048)
 CLIP, SIGMA, LR = 1.0, 1.0, 1e-3

@@ -85,7 +85,7 @@ PITFALLS_CNN = {
     ("hooks", "time"): (3.4, 4.2),
     ("hooks", "memory"): (None, 3.0),
 }
-FLAT = ("ghost", "hooks", "functorch")
+FLAT = ("ghost", "bk", "hooks", "functorch")
 CNN_MODEL = "cnn5"
 D44_MODEL = "bert_tiny"  # the d = 4.4M model of the noise targets
 D44_NOISE_MODEL = "tinybert_4.4M"
