@@ -54,6 +54,14 @@ REPORTS: dict[str, ReportSpec] = {
         experiment="tang_fig1_cifar10",
         runtime_paper="9 GPU runs of 549 steps",
     ),
+    "tang_fig1_snli": ReportSpec(
+        "tang_fig1_snli",
+        "Tang & Lecuyer Fig. 1 (right)",
+        "DP-SGD vs DP-Adam-Biased vs DP-AdamBC, SNLI (MiniLM-L6 on CPU, BERT-base on GPU)",
+        "~75 min (9 runs), not yet run here",
+        experiment="tang_fig1_snli",
+        runtime_paper="9 GPU runs of 5,474 steps",
+    ),
     "lecture_mechanisms": ReportSpec(
         "lecture_mechanisms",
         "Lecture notes (seed 001)",

@@ -120,6 +120,11 @@ def build_for(dataset: str, profile: str) -> list:
         )
     if dataset == "cifar10":
         notes.append("CIFAR-10 here is the offline JPEG (q75) copy, not the lossless original.")
+    if dataset == "snli" and profile == "cpu":
+        notes.append(
+            "SNLI on CPU: MiniLM-L6 (whose pre-training saw SNLI/MultiNLI pairs) trained on SNLI dev, "
+            "evaluated on a subset of SNLI test; the train split is not available offline."
+        )
     run_notes = sorted({n for r in complete for n in r.summary.get("privacy_notes", [])})
     notes += [f"From the run folders: {n}" for n in run_notes]
     if any(not r.summary.get("private", True) for r in complete):
