@@ -70,7 +70,7 @@ def build_for(dataset: str, profile: str) -> list:
                 "n": len(acc),
                 "steps": runs[0].summary.get("steps") if runs else None,
                 "epsilon_rdp": float(np.mean([e for e in eps if e is not None])) if any(eps) else None,
-                "lr": runs[0].config["optimizer"]["lr"] if runs else None,
+                "lr": f"{runs[0].config['optimizer']['lr']:g}" if runs else None,
             }
         )
     df = pd.DataFrame(rows)
