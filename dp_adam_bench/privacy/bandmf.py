@@ -185,12 +185,7 @@ class BandedMechanism(NoiseMechanism):
         return torch.as_tensor(slot_coef / self.coefs[0], dtype=self._dtype, device=self._device)
 
     def next(self) -> list[torch.Tensor]:
-        t = self.step
-        if self.n is not None and t >= self.n:
-            raise RuntimeError(
-                f"{self.name}: the strategy covers {self.n} steps but step {t + 1} was requested; "
-                "build the strategy for the run's number of steps"
-            )
+        t = self._check_step()
         z = self._draw_z()
         m = self.bands - 1
         out = []

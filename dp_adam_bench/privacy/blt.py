@@ -342,12 +342,7 @@ class BLTMechanism(NoiseMechanism):
         return self._state
 
     def next(self) -> list[torch.Tensor]:
-        t = self.step
-        if self.n is not None and t >= self.n:
-            raise RuntimeError(
-                f"{self.name}: the strategy covers {self.n} steps but step {t + 1} was requested; "
-                "build the strategy for the run's number of steps"
-            )
+        self._check_step()
         z = self._draw_z()
         out = []
         for zi, state in zip(z, self._state, strict=True):

@@ -60,6 +60,16 @@ class NoiseMechanism(ABC):
             torch.randn(s, generator=self._gen, dtype=self._dtype, device=self._device) for s in self._shapes
         ]
 
+    def _check_step(self) -> int:
+        """The current step, after checking it lies within the strategy's ``n`` steps (when it has one)."""
+        n = getattr(self, "n", None)
+        if n is not None and self.step >= n:
+            raise RuntimeError(
+                f"{self.name}: the strategy covers {n} steps but step {self.step + 1} was requested; "
+                "build the strategy for the run's number of steps"
+            )
+        return self.step
+
     @abstractmethod
     def next(self) -> list[torch.Tensor]:
         """Noise for the current step (unit noise multiplier); advances the stream."""
@@ -141,12 +151,7 @@ class DenseMechanism(NoiseMechanism):
         self._c_inv_t = torch.as_tensor(self.c_inverse, dtype=self._dtype, device=self._device)
 
     def next(self) -> list[torch.Tensor]:
-        t = self.step
-        if t >= self.n:
-            raise RuntimeError(
-                f"{self.name}: the strategy covers {self.n} steps but step {t + 1} was requested; "
-                "build the strategy for the run's number of steps"
-            )
+        t = self._check_step()
         row = self._c_inv_t[t, : t + 1]
         out = []
         for hist, z in zip(self._history, self._draw_z(), strict=True):

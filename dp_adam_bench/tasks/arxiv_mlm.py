@@ -45,7 +45,7 @@ from torch.nn import functional as F
 
 from dp_adam_bench.paths import shared_data_dir
 from dp_adam_bench.tasks import text
-from dp_adam_bench.tasks.base import ModelTask
+from dp_adam_bench.tasks.base import ModelTask, subset_indices
 
 log = logging.getLogger(__name__)
 
@@ -251,8 +251,8 @@ class ArxivMLM(ModelTask):
             raise ValueError(
                 f"the hash split left {self.split_sizes}: too few abstracts for train / {eval_split}"
             )
-        tr = text.subset_indices(len(tr_rows), cfg.get("train_subset"), rng, "train_subset")
-        te = text.subset_indices(len(te_rows), cfg.get("test_subset"), rng, "test_subset")
+        tr = subset_indices(len(tr_rows), cfg.get("train_subset"), rng, "train_subset")
+        te = subset_indices(len(te_rows), cfg.get("test_subset"), rng, "test_subset")
         self.train_rows = tr_rows if tr is None else tr_rows[tr]  # rows of the data file: the masking key
         self.test_rows = te_rows if te is None else te_rows[te]
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -45,3 +46,13 @@ class ModelTask(ABC):
 
     @abstractmethod
     def evaluate(self, model: nn.Module) -> dict[str, float]: ...
+
+
+def subset_indices(n: int, k, rng: np.random.Generator, what: str) -> np.ndarray | None:
+    """``k`` of ``n`` indices without replacement (sorted), or None for ``k`` null."""
+    if k is None:
+        return None
+    k = int(k)
+    if not 1 <= k <= n:
+        raise ValueError(f"task.{what} must be in [1, {n}] or null, got {k}")
+    return np.sort(rng.choice(n, size=k, replace=False))

@@ -43,7 +43,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from dp_adam_bench.paths import shared_data_dir
-from dp_adam_bench.tasks.base import ModelTask
+from dp_adam_bench.tasks.base import ModelTask, subset_indices
 
 log = logging.getLogger(__name__)
 
@@ -399,15 +399,6 @@ def load_cifar10(
 # --------------------------------------------------------------------------------------------- task
 
 
-def _subset(n: int, k, rng: np.random.Generator, what: str) -> np.ndarray | None:
-    if k is None:
-        return None
-    k = int(k)
-    if not 1 <= k <= n:
-        raise ValueError(f"task.{what} must be in [1, {n}] or null, got {k}")
-    return np.sort(rng.choice(n, size=k, replace=False))
-
-
 class Cifar10CNN(ModelTask):
     """CIFAR-10 with Tang & Lécuyer's ``CNN5`` (DP-AdamBC, AAAI 2024, Fig. 1): data, model, loss and metrics.
 
@@ -429,8 +420,8 @@ class Cifar10CNN(ModelTask):
             hf_name=str(cfg.get("hf_name", HF_NAME)),
         )
         rng = np.random.default_rng(int(cfg.get("data_seed", 0)))
-        tr = _subset(len(y_tr), cfg.get("train_subset"), rng, "train_subset")
-        te = _subset(len(y_te), cfg.get("test_subset"), rng, "test_subset")
+        tr = subset_indices(len(y_tr), cfg.get("train_subset"), rng, "train_subset")
+        te = subset_indices(len(y_te), cfg.get("test_subset"), rng, "test_subset")
         if tr is not None:
             x_tr, y_tr = x_tr[tr], y_tr[tr]
         if te is not None:

@@ -47,7 +47,7 @@ from torch.nn import functional as F
 
 from dp_adam_bench.paths import shared_data_dir
 from dp_adam_bench.tasks import text
-from dp_adam_bench.tasks.base import ModelTask
+from dp_adam_bench.tasks.base import ModelTask, subset_indices
 
 log = logging.getLogger(__name__)
 
@@ -237,8 +237,8 @@ class SnliBert(ModelTask):
         train, self.train_source = load_snli_split(train_split, source, cfg.get("data_dir"), hf_name)
         test, self.test_source = load_snli_split(eval_split, source, cfg.get("data_dir"), hf_name)
         rng = np.random.default_rng(int(cfg.get("data_seed", 0)))
-        tr = text.subset_indices(len(train.labels), cfg.get("train_subset"), rng, "train_subset")
-        te = text.subset_indices(len(test.labels), cfg.get("test_subset"), rng, "test_subset")
+        tr = subset_indices(len(train.labels), cfg.get("train_subset"), rng, "train_subset")
+        te = subset_indices(len(test.labels), cfg.get("test_subset"), rng, "test_subset")
 
         self.tokenizer = text.load_tokenizer(self.model_name, hint=MODEL_HINT)
         self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)

@@ -383,16 +383,6 @@ def pad_batch(
     return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types, "position_ids": pos}
 
 
-def subset_indices(n: int, k, rng: np.random.Generator, what: str) -> np.ndarray | None:
-    """``k`` of ``n`` indices without replacement (sorted), or None for ``k`` null."""
-    if k is None:
-        return None
-    k = int(k)
-    if not 1 <= k <= n:
-        raise ValueError(f"task.{what} must be in [1, {n}] or null, got {k}")
-    return np.sort(rng.choice(n, size=k, replace=False))
-
-
 def stable_unit_hash(key: str, seed: int) -> float:
     """A uniform number in [0, 1) from sha256(seed | key): the same on every machine and Python version."""
     h = hashlib.sha256(f"{int(seed)}|{key}".encode()).digest()
