@@ -8,6 +8,7 @@ import pytest
 from dp_adam_bench.optim.registry import VARIANTS
 from dp_adam_bench.tasks import registry
 from dp_adam_bench.train import train
+
 from helpers import compose_cfg
 
 MODEL_VARIANTS = sorted(v for v in VARIANTS if not v.startswith("adagrad"))
