@@ -109,3 +109,19 @@ def test_sweep_dry_run_lists_one_multirun_per_entry():
     cmds = sweep_commands("tang_fig1_cifar10", "cpu", "joblib")
     assert len(cmds) == 3
     assert all("-m" in c and "seed=0,1,2" in c and "hydra/launcher=joblib" in c for c in cmds)
+
+
+def test_slurm_launcher_config_composes():
+    from hydra import compose, initialize_config_dir
+
+    from dp_adam_bench.paths import CONFIG_DIR
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(
+            "config",
+            overrides=["experiment=tang_fig1_cifar10", "hydra/launcher=slurm"],
+            return_hydra_config=True,
+        )
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("SlurmLauncher")
+    assert launcher.gpus_per_node == 1 and launcher.timeout_min == 240 and launcher.mem_gb == 64
