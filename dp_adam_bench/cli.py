@@ -43,11 +43,13 @@ def _sweep(args) -> int:
 
 def _reproduce(args) -> int:
     from dp_adam_bench.report import registry
-    from dp_adam_bench.sweep import run_sweep
+    from dp_adam_bench.sweep import run_sweep, set_aside_stale_runs
 
     for tid in registry.resolve(args.table):
         spec = registry.REPORTS[tid]
         if spec.experiment:
+            for moved in set_aside_stale_runs(spec.experiment, args.profile):
+                print(f"set aside (not part of the current preset): {moved}")
             rc = run_sweep(spec.experiment, args.profile, args.launcher)
             if rc:
                 return rc

@@ -12,9 +12,12 @@ the training entry point, so an interrupted sweep is finished by launching it ag
 
 from __future__ import annotations
 
+import itertools
+import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
@@ -81,3 +84,48 @@ def run_sweep(
             print(f"sweep command failed with exit code {rc}", file=sys.stderr)
             return rc
     return 0
+
+
+def expected_runs(experiment: str, profile: str = "cpu") -> tuple[str, set[str]]:
+    """(experiment_name, run ids) of every run the preset's sweep consists of, as the training entry point names
+    them (the same compose + run_config + run_id path)."""
+    from dp_adam_bench.tracking.run_store import run_id
+    from dp_adam_bench.train import run_config
+
+    preset = load_preset(experiment, profile)
+    sweeps = preset.get("sweeps") or {"all": {}}
+    grid = preset.get("grid") or {}
+    seeds = preset.get("seeds")
+    ids, name = set(), None
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        for entry in sweeps.values():
+            keys = {**entry, **grid} | ({"seed": seeds} if seeds is not None else {})
+            values = [v if isinstance(v, list) else [v] for v in keys.values()]
+            for combo in itertools.product(*values):
+                overrides = [f"experiment={experiment}", f"profile={profile}"]
+                overrides += [f"{k}={v}" for k, v in zip(keys, combo, strict=True)]
+                data = run_config(compose("config", overrides=overrides))
+                ids.add(run_id(data))
+                name = data["experiment_name"]
+    return name, ids
+
+
+def set_aside_stale_runs(experiment: str, profile: str = "cpu", root: Path | None = None) -> list[Path]:
+    """Move run folders of the experiment that the current preset no longer produces (an older grid, an older
+    config) to ``<experiment_name>/_stale/``, so that reports aggregate exactly the preset's runs. Nothing is
+    deleted."""
+    from dp_adam_bench.paths import runs_dir
+
+    name, ids = expected_runs(experiment, profile)
+    base = Path(root or runs_dir()) / name
+    moved = []
+    for cfg_file in sorted(base.glob("*/config.yaml")):
+        folder = cfg_file.parent
+        if folder.name not in ids:
+            target = base / "_stale" / folder.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if target.exists():
+                shutil.rmtree(target)
+            shutil.move(str(folder), str(target))
+            moved.append(target)
+    return moved

@@ -157,3 +157,18 @@ def test_report_document_collects_every_claim(isolated_dirs):
     assert "| [ganesh_fig2](#ganesh_fig2) | a > b | **holds** | 1 vs 0 |" in text
     assert "1 claims hold, 1 do not." in text
     assert "Not generated yet:" in text and "`tang_budget`" in text
+
+
+def test_runs_outside_the_current_preset_are_set_aside_not_deleted(isolated_dirs):
+    from dp_adam_bench.sweep import expected_runs, set_aside_stale_runs
+
+    name, ids = expected_runs("ganesh_fig2", "cpu")
+    assert name == "ganesh_fig2" and len(ids) == 7 * 13  # 7 (optimizer, noise) pairs x 13 learning rates
+    root = isolated_dirs / "runs"
+    keep = sorted(ids)[0]
+    fake_run(root, keep, "adagrad_pp", "none", 1.0, [0.6])
+    fake_run(root, "adagrad_pp-none-lr0.01-s0-oldgrid0", "adagrad_pp", "none", 0.01, [0.7])
+    moved = set_aside_stale_runs("ganesh_fig2", "cpu")
+    assert [m.name for m in moved] == ["adagrad_pp-none-lr0.01-s0-oldgrid0"]
+    assert (root / "ganesh_fig2" / "_stale" / "adagrad_pp-none-lr0.01-s0-oldgrid0" / "summary.json").exists()
+    assert [r.path.name for r in load_runs(root, "ganesh_fig2")] == [keep]
