@@ -22,3 +22,17 @@ class SmallNet(nn.Module):
 def loss_per_example(forward, batch):
     logits = forward(batch["x"], batch["tok"])
     return nn.functional.cross_entropy(logits, batch["y"], reduction="none")
+
+
+def make_batch(b=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "x": torch.randn(b, 2, 6, 6, generator=g),
+        "tok": torch.randint(0, 11, (b, 3), generator=g),
+        "y": torch.randint(0, 5, (b,), generator=g),
+    }
+
+
+def fresh_model():
+    torch.manual_seed(0)
+    return SmallNet()

@@ -12,23 +12,9 @@ from dp_adam_bench.tasks.cifar10_cnn import CNN5
 from dp_adam_bench.train import train
 
 from helpers import compose_cfg
-from small_models import SmallNet, loss_per_example
+from small_models import fresh_model, loss_per_example, make_batch
 
 MODES = ["auto", "gram", "instantiate"]
-
-
-def make_batch(b=6, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return {
-        "x": torch.randn(b, 2, 6, 6, generator=g),
-        "tok": torch.randint(0, 11, (b, 3), generator=g),
-        "y": torch.randint(0, 5, (b,), generator=g),
-    }
-
-
-def fresh_model():
-    torch.manual_seed(0)
-    return SmallNet()
 
 
 def reference(make_model, loss, batch, clip):

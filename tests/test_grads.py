@@ -5,21 +5,7 @@ import torch
 
 from dp_adam_bench.engine.grads import build_engine, clip_factors
 
-from small_models import SmallNet, loss_per_example
-
-
-def make_batch(b=6, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return {
-        "x": torch.randn(b, 2, 6, 6, generator=g),
-        "tok": torch.randint(0, 11, (b, 3), generator=g),
-        "y": torch.randint(0, 5, (b,), generator=g),
-    }
-
-
-def fresh_model():
-    torch.manual_seed(0)
-    return SmallNet()
+from small_models import fresh_model, loss_per_example, make_batch
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from dp_adam_bench.engine.grads import clip_factors
 from dp_adam_bench.optim.base import StepContext
 from dp_adam_bench.privacy.mechanisms import NoiseMechanism
 
@@ -66,8 +67,6 @@ class Privatizer:
         self, per_example: list[torch.Tensor], scale: list[torch.Tensor] | None = None
     ) -> tuple[list[torch.Tensor], torch.Tensor]:
         """(1/B) sum_i clip(s * g_i; C), and the per-example norms (before clipping) for diagnostics."""
-        from dp_adam_bench.engine.grads import clip_factors
-
         lead = 1 + self.trial_dims
         if scale is not None:
             per_example = [g * s for g, s in zip(per_example, scale, strict=True)]

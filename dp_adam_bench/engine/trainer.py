@@ -243,13 +243,14 @@ def run(cfg, folder: Path, log_metrics: Callable[[int, dict], None], task=None) 
         norms = []
         model.train()
         idx = population[idx]
+        scale = variant.scale(state)  # once per logical step (stp); None for every other variant
         for chunk in idx.split(phys):
             batch = {k: v.to(device) for k, v in task.get_batch(chunk).items()}
-            cs = engine.clipped_sum(batch, clip, variant.scale(state))
+            cs = engine.clipped_sum(batch, clip, scale)
             for acc, s in zip(summed, cs.summed, strict=True):
                 acc.add_(s)
             norms.append(cs.norms)
-        ctx = privatizer.privatize_sum(summed, variant.scale(state))
+        ctx = privatizer.privatize_sum(summed, scale)
         if public is not None:  # public side information: no clipping, no noise, no privacy cost
             pick = public[
                 torch.randint(
@@ -270,7 +271,7 @@ def run(cfg, folder: Path, log_metrics: Callable[[int, dict], None], task=None) 
         if step % every_log == 0 or step == sampler.steps:
             n = torch.cat(norms) if norms else torch.zeros(0)
             metrics |= {
-                "batch_size": int(idx.numel()),
+                "diag/batch_size": int(idx.numel()),  # realized size: depends on the sample
                 "diag/frac_clipped": float((n > clip).double().mean()) if clip and n.numel() else 0.0,
             }
         if (every_eval and step % every_eval == 0) or step == sampler.steps:
