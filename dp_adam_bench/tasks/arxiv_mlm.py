@@ -45,7 +45,7 @@ from torch.nn import functional as F
 
 from dp_adam_bench.paths import shared_data_dir
 from dp_adam_bench.tasks import text
-from dp_adam_bench.tasks.base import ModelTask, subset_indices
+from dp_adam_bench.tasks.base import ModelTask, missing_data, subset_indices, try_hub
 
 log = logging.getLogger(__name__)
 
@@ -143,18 +143,16 @@ def load_abstracts(source: str = "auto", data_dir=None, hf_name: str = HF_NAME, 
                 return keys, texts, f"local:{c}"
             tried.append(f"{c} does not exist")
     if source in ("auto", "hf"):
-        try:
-            keys, texts = load_abstracts_hf(hf_name, **hf_kw)
-            return keys, texts, f"hf:{hf_name}"
-        except Exception as e:
-            if source == "hf":
-                raise
-            tried.append(f"Hugging Face hub: load_dataset({hf_name!r}) failed ({type(e).__name__}: {e})")
-    raise FileNotFoundError(
-        f"no arXiv abstracts found (source={source!r}). Tried:\n  - " + "\n  - ".join(tried) + "\n"
+        data = try_hub(source, hf_name, lambda: load_abstracts_hf(hf_name, **hf_kw), tried)
+        if data is not None:
+            return (*data, f"hf:{hf_name}")
+    raise missing_data(
+        "arXiv abstracts",
+        source,
+        tried,
         f"Provide task.data_dir=/path/to/folder holding {DATA_FILE} (JSON lines with 'abstract' and optional "
         f"'arxiv_id'); the shared offline copy is {shared_data_dir() / FOLDER / DATA_FILE} (DP_ADAM_BENCH_DATA sets "
-        "the data folder); or hub access for task.source=hf."
+        "the data folder); or hub access for task.source=hf.",
     )
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -56,3 +57,22 @@ def subset_indices(n: int, k, rng: np.random.Generator, what: str) -> np.ndarray
     if not 1 <= k <= n:
         raise ValueError(f"task.{what} must be in [1, {n}] or null, got {k}")
     return np.sort(rng.choice(n, size=k, replace=False))
+
+
+def try_hub(source: str, hf_name: str, load: Callable[[], Any], tried: list[str]) -> Any | None:
+    """``load()`` from the Hugging Face hub. With ``source=hf`` a failure propagates; with ``auto`` (the last
+    resort after local folders) it is recorded in ``tried`` and None is returned."""
+    try:
+        return load()
+    except Exception as e:  # noqa: BLE001 - offline, missing package, unknown name: all mean "not from the hub"
+        if source == "hf":
+            raise
+        tried.append(f"Hugging Face hub: datasets.load_dataset({hf_name!r}) failed ({type(e).__name__}: {e})")
+        return None
+
+
+def missing_data(what: str, source: str, tried: list[str], how: str) -> FileNotFoundError:
+    """The error for data found nowhere: every place tried, then how to provide it."""
+    return FileNotFoundError(
+        f"no {what} found (source={source!r}). Tried:\n  - " + "\n  - ".join(tried) + "\n" + how
+    )

@@ -43,7 +43,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from dp_adam_bench.paths import shared_data_dir
-from dp_adam_bench.tasks.base import ModelTask, subset_indices
+from dp_adam_bench.tasks.base import ModelTask, missing_data, subset_indices, try_hub
 
 log = logging.getLogger(__name__)
 
@@ -360,20 +360,17 @@ def load_cifar10_described(
             tried.append(f"JPEG archive: {archive} does not exist")
 
     if source in ("auto", "hf"):
-        try:
-            return load_hf(hf_name), f"hf:{hf_name}"
-        except Exception as e:
-            if source == "hf":
-                raise
-            tried.append(
-                f"Hugging Face hub: datasets.load_dataset({hf_name!r}) failed ({type(e).__name__}: {e})"
-            )
+        data = try_hub(source, hf_name, lambda: load_hf(hf_name), tried)
+        if data is not None:
+            return data, f"hf:{hf_name}"
 
-    raise FileNotFoundError(
-        f"no CIFAR-10 data found (source={source!r}). Tried:\n  - " + "\n  - ".join(tried) + "\n"
+    raise missing_data(
+        "CIFAR-10 data",
+        source,
+        tried,
         "Provide one of: task.data_dir=/path/to/cifar-10-batches-py (unpacked from cifar-10-python.tar.gz); "
         f"the JPEG archive at {shared_data_dir() / 'cifar10' / JPEG_ARCHIVE} (DP_ADAM_BENCH_DATA sets the "
-        f"data folder) or task.data_dir=/path/to/{JPEG_ARCHIVE}; or hub access for task.source=hf."
+        f"data folder) or task.data_dir=/path/to/{JPEG_ARCHIVE}; or hub access for task.source=hf.",
     )
 
 

@@ -47,7 +47,7 @@ from torch.nn import functional as F
 
 from dp_adam_bench.paths import shared_data_dir
 from dp_adam_bench.tasks import text
-from dp_adam_bench.tasks.base import ModelTask, subset_indices
+from dp_adam_bench.tasks.base import ModelTask, missing_data, subset_indices, try_hub
 
 log = logging.getLogger(__name__)
 
@@ -164,18 +164,17 @@ def load_snli_split(
                     return read_snli_file(folder / name), f"local:{folder / name}"
             tried.append(f"{folder}: none of {', '.join(split_files(split))}")
     if source in ("auto", "hf"):
-        try:
-            return load_snli_hf(split, hf_name), f"hf:{hf_name}[{HF_SPLITS[split]}]"
-        except Exception as e:
-            if source == "hf":
-                raise
-            tried.append(f"Hugging Face hub: load_dataset({hf_name!r}) failed ({type(e).__name__}: {e})")
-    raise FileNotFoundError(
-        f"no SNLI {split!r} split found (source={source!r}). Tried:\n  - " + "\n  - ".join(tried) + "\n"
+        data = try_hub(source, hf_name, lambda: load_snli_hf(split, hf_name), tried)
+        if data is not None:
+            return data, f"hf:{hf_name}[{HF_SPLITS[split]}]"
+    raise missing_data(
+        f"SNLI {split!r} split",
+        source,
+        tried,
         f"Provide task.data_dir=/path/to/folder holding snli_1.0_{split}.tok.tsv.gz (premise, hypothesis, "
         f"gold_label TSV) or the original snli_1.0_{split}.txt / .jsonl; the shared offline copy lives in "
         f"{shared_data_dir() / FOLDER} (dev and test only; DP_ADAM_BENCH_DATA sets the data folder); or hub access "
-        f"for task.source=hf."
+        f"for task.source=hf.",
     )
 
 
