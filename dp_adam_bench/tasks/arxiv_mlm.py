@@ -359,10 +359,7 @@ class ArxivMLM(ModelTask):
     def token_losses(forward: Callable[..., torch.Tensor], batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Cross-entropy at each chosen position, (B, P); 0 where the label is -100 (no prediction)."""
         logits = forward(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            token_type_ids=batch["token_type_ids"],
-            position_ids=batch["position_ids"],
+            **text.bert_inputs(batch),
             mlm_positions=batch["mlm_positions"],
         )
         return F.cross_entropy(
@@ -388,13 +385,7 @@ class ArxivMLM(ModelTask):
             # the fixed test corruption of each example
             batch = self._batch(self.test_ids, self.test_rows, idx, "longest")
             batch = {k: v.to(device) for k, v in batch.items()}
-            logits = model(
-                input_ids=batch["input_ids"],
-                attention_mask=batch["attention_mask"],
-                token_type_ids=batch["token_type_ids"],
-                position_ids=batch["position_ids"],
-                mlm_positions=batch["mlm_positions"],
-            ).float()
+            logits = model(**text.bert_inputs(batch), mlm_positions=batch["mlm_positions"]).float()
             y = batch["mlm_labels"]
             valid = y != text.IGNORE_INDEX
             loss_sum += float(F.cross_entropy(logits[valid], y[valid], reduction="sum"))

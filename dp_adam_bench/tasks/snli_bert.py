@@ -341,10 +341,7 @@ class SnliBert(ModelTask):
     @staticmethod
     def logits(forward: Callable[..., torch.Tensor], batch: dict[str, torch.Tensor]) -> torch.Tensor:
         out = forward(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            token_type_ids=batch["token_type_ids"],
-            position_ids=batch["position_ids"],
+            **text.bert_inputs(batch),
         )
         return out.logits if hasattr(out, "logits") else out[0]
 

@@ -430,3 +430,9 @@ def mask_tokens(
     sel = (u >= mask_frac) & (u < mask_frac + random_frac)
     out[pos[sel]] = rand[sel]
     return out, pos.astype(np.int64), labels.astype(np.int64)
+
+
+def bert_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inputs every BERT forward gets. position_ids and token_type_ids are always passed explicitly with shape
+    (B, T): without them Opacus' per-example gradients of the position embedding are silently wrong (PITFALLS.md)."""
+    return {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids", "position_ids")}
