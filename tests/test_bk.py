@@ -310,13 +310,75 @@ def test_in_place_op_on_a_hooked_output_is_refused_clearly():
         eng.clipped_sum({"x": torch.randn(2, 3)}, 1.0)
 
 
-def test_scale_then_privatize_is_refused():
+def scales_for(model, seed=5):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.rand(p.shape, generator=g) * 2 + 0.1 for p in model.parameters() if p.requires_grad]
+
+
+def reference_scaled(make_model, loss, batch, clip, scale):
+    """Scale-then-privatize oracle: clip(s * g_i) summed, from the loop engine."""
+    per_ex = build_engine("loop", make_model(), loss).per_example_grads(batch)
+    per_ex = [g * s for g, s in zip(per_ex, scale, strict=True)]
+    b = per_ex[0].shape[0]
+    norms = torch.sqrt(sum(g.reshape(b, -1).pow(2).sum(1) for g in per_ex))
+    f = clip_factors(norms, clip)
+    return norms, [torch.einsum("b,b...->...", f, g) for g in per_ex]
+
+
+@pytest.mark.parametrize("case", ["smallnet", "cnn5", "zoo", "bert", "gpt2"])
+def test_scale_then_privatize_matches_loop(case, monkeypatch):
+    monkeypatch.setattr("dp_adam_bench.engine.bk._GRAM_CHUNK", 64)  # several chunks of examples per layer
+    g = torch.Generator().manual_seed(4)
+    if case == "smallnet":
+        make, loss, batch = fresh_model, loss_per_example, make_batch()
+    elif case == "cnn5":
+        make, loss = cnn5, cnn5_loss
+        batch = {"x": torch.randn(3, 3, 32, 32, generator=g), "y": torch.tensor([0, 3, 9])}
+    elif case == "zoo":
+
+        def make():
+            torch.manual_seed(0)
+            return Zoo()
+
+        loss = zoo_loss
+        batch = {
+            "x": torch.randn(4, 2, 8, 8, generator=g),
+            "tok": torch.randint(0, 9, (4, 4), generator=g),
+            "y": torch.randint(0, 3, (4,), generator=g),
+        }
+        batch["tok"][0, :2] = 0
+    else:
+        pytest.importorskip("transformers")
+
+        def make():
+            torch.manual_seed(0)
+            return TinySeqClassifier(case)
+
+        loss = seq_loss
+        batch = {
+            "ids": torch.randint(0, 30, (3, 7), generator=g),
+            "y": torch.randint(0, 3, (3,), generator=g),
+        }
+        batch["ids"][1, 2] = batch["ids"][1, 5]
+    scale = scales_for(make())
+    norms, _ = reference_scaled(make, loss, batch, None, scale)
+    clip = float(norms.median())
+    norms, summed = reference_scaled(make, loss, batch, clip, scale)
+    model = make()
+    eng = BKEngine(model, loss)
+    out = eng.clipped_sum(batch, clip, scale)
+    assert all(p.grad is None for p in model.parameters())
+    assert_matches(out, norms, summed)
+    plain = eng.clipped_sum(batch, clip)  # the scale does not stick to the engine
+    ref_norms, _ = reference(make, loss, batch, clip)
+    assert torch.allclose(plain.norms, ref_norms, rtol=1e-4)
+    eng.close()
+
+
+def test_scale_of_the_wrong_shape_is_refused():
     eng = build_engine("bk", fresh_model(), loss_per_example)
-    scale = [torch.ones_like(p) for p in eng.params]
-    with pytest.raises(
-        ValueError, match="'bk' cannot clip.*scale-then-privatize.*engine=hooks or engine=functorch"
-    ):
-        eng.clipped_sum(make_batch(), 1.0, scale)
+    with pytest.raises(ValueError, match="one tensor of each trainable parameter's shape"):
+        eng.clipped_sum(make_batch(), 1.0, [torch.ones(3)])
     eng.close()
 
 
@@ -351,8 +413,9 @@ def test_training_with_bk_equals_ghost(isolated_dirs, tiny_task):
     assert bk["metrics"]["test_accuracy"] == ghost["metrics"]["test_accuracy"]
 
 
-def test_stp_with_bk_through_the_trainer_fails_clearly(isolated_dirs, tiny_task):
-    with pytest.raises(
-        ValueError, match="scale-then-privatize.*bk clipping cannot compute; set train.clipping=hooks"
-    ):
-        train(compose_cfg([*BASE, "optimizer=stp", "train.clipping=bk"]))
+def test_stp_with_bk_through_the_trainer_equals_hooks(isolated_dirs, tiny_task):
+    stp = [*BASE, "optimizer=stp", "optimizer.lr=0.001"]
+    hooks = train(compose_cfg([*stp, "train.clipping=hooks"]))
+    bk = train(compose_cfg([*stp, "train.clipping=bk", "experiment_name=bk2"]))
+    assert bk["clipping"] == "bk" and bk["steps"] == hooks["steps"] == 3
+    assert bk["metrics"]["test_loss"] == pytest.approx(hooks["metrics"]["test_loss"], rel=1e-5)

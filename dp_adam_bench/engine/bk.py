@@ -40,7 +40,13 @@ is exact: its calls are concatenated along the position axis, since the per-exam
 all positions of all calls. The same ``nn.Parameter`` registered in two modules (tied embeddings) is refused,
 as Opacus ghost clipping does.
 
-Limitations: no scale-then-privatize (``scale``); the batch must be the first dimension of every hooked
+**Scale-then-privatize** (Ganesh et al. Alg. 8: clip ``s * g_i`` for a per-coordinate scale ``s``): the Gram form
+cannot see a per-coordinate scale, so with ``scale`` every dense layer computes its per-example weight gradients
+in chunks of examples (``||S * (G_i^T A_i)||_F^2``; memory ``_GRAM_CHUNK`` floats at a time, never the whole
+(B, p, d) tensor) and embeddings take the distinct-(example, token) path; the clipped sum stays one matmul,
+``S * ((c * G)^T A)``, since the scale is the same for every example. Still one forward and one backward.
+
+Limitations: the batch must be the first dimension of every hooked
 layer's input (a wrong leading size is refused, e.g. HF ``position_ids`` of shape (1, T) — pass (B, T) — but a
 sequence-first input whose length happens to equal B cannot be told apart, as in Opacus); a hooked layer's output
 must not be modified in place afterwards (refused with a ValueError, as torch refuses it with full backward
@@ -189,6 +195,19 @@ def _gram_sq(A: torch.Tensor, G: torch.Tensor, same_token: bool = False) -> torc
     return torch.cat(out).clamp(min=0)
 
 
+def _scaled_sq(A: torch.Tensor, G: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
+    """Per-example ``||S * (G_i^T A_i)||_F^2`` for a (p, d) scale ``S``, instantiating ``G_i^T A_i`` for a chunk of
+    examples at a time (at most ``_GRAM_CHUNK`` entries)."""
+    b, _, d = A.shape
+    p = G.shape[2]
+    step = max(1, _GRAM_CHUNK // (p * d))
+    out = []
+    for i in range(0, b, step):
+        W = torch.bmm(G[i : i + step].transpose(1, 2), A[i : i + step])
+        out.append((W * S).square().sum((1, 2)))
+    return torch.cat(out)
+
+
 def _weighted(c: torch.Tensor, per_ex: torch.Tensor) -> torch.Tensor:
     """sum_i c_i per_ex[i]."""
     return (c @ per_ex.reshape(per_ex.shape[0], -1)).reshape(per_ex.shape[1:])
@@ -203,7 +222,6 @@ class BKEngine(GradEngine):
     """
 
     name = "bk"
-    supports_scale = False
 
     def __init__(self, model: nn.Module, loss_per_example: Callable, mode: str = "auto"):
         super().__init__(model, loss_per_example)
@@ -243,6 +261,7 @@ class BKEngine(GradEngine):
         # set only inside clipped_sum: outside it (evaluation, mean_grad) the hooks record nothing
         self._anchor: torch.Tensor | None = None
         self._batch = 0
+        self._scale: dict[int, torch.Tensor] | None = None  # id(param) -> per-coordinate scale (stp only)
         self._handles = [
             layer.module.register_forward_hook(self._make_hook(layer), with_kwargs=True)
             for layer in self.layers
@@ -274,9 +293,15 @@ class BKEngine(GradEngine):
 
     # --- per-layer rules: (squared norms (B,), finish(c) -> {param: clipped sum}) -----------------------------------
     def _path(self, name: str, T: int, d: int, p: int) -> bool:
-        gram = use_gram(T, d, p) if self.mode == "auto" else self.mode == "gram"
+        if self._scale is not None:  # a per-coordinate scale: only instantiated per-example gradients see it
+            gram = False
+        else:
+            gram = use_gram(T, d, p) if self.mode == "auto" else self.mode == "gram"
         self.choices[name] = "gram" if gram else "instantiate"
         return gram
+
+    def _scale_of(self, param: nn.Parameter) -> torch.Tensor | None:
+        return None if self._scale is None else self._scale[id(param)]
 
     def _dense(self, layer: _Layer, calls: list[_Call], b: int):
         m = layer.module
@@ -298,15 +323,24 @@ class BKEngine(GradEngine):
         sq = torch.zeros(b, dtype=G.dtype, device=G.device)
         gb = G.sum(1) if bias is not None and bias.requires_grad else None
         if gb is not None:
+            sb = self._scale_of(bias)
+            if sb is not None:
+                gb = gb * sb
             sq = sq + gb.square().sum(1)
-        W = None
+        W = sw = None
         if weight.requires_grad:
-            if self._path(layer.name, T, d, p):
+            sw = self._scale_of(weight)
+            if sw is not None:  # (p, d), in the layout of G_i^T A_i
+                sw = sw.t() if layer.kind == "conv1d_hf" else sw.reshape(p, d)
+                sq = sq + _scaled_sq(A, G, sw)
+            elif self._path(layer.name, T, d, p):
                 sq = sq + _gram_sq(A, G)
             else:
                 W = torch.bmm(G.transpose(1, 2), A)  # (B, p, d)
                 sq = sq + W.square().sum((1, 2))
                 A = G = None  # the clipped sum needs only W: free the (unfolded) activations now
+            if sw is not None:
+                self.choices[layer.name] = "instantiate"
 
         def finish(c):
             out = {}
@@ -315,6 +349,8 @@ class BKEngine(GradEngine):
                     s = _weighted(c, W)
                 else:
                     s = torch.mm((G * c[:, None, None]).reshape(-1, p).t(), A.reshape(-1, d))
+                    if sw is not None:
+                        s = s * sw
                 out[weight] = s.t() if layer.kind == "conv1d_hf" else s.reshape(weight.shape)
             if gb is not None:
                 out[bias] = c @ gb
@@ -329,6 +365,7 @@ class BKEngine(GradEngine):
         if m.padding_idx is not None:  # that row gets no gradient
             G = G.masked_fill((ids == m.padding_idx)[..., None], 0)
         V, p = m.weight.shape
+        sw = self._scale_of(m.weight)
         if self._path(layer.name, ids.shape[1], 1, p):
             sq = _gram_sq(ids, G, same_token=True)
 
@@ -342,6 +379,8 @@ class BKEngine(GradEngine):
         uniq, inverse = torch.unique(key, return_inverse=True)
         S = G.new_zeros(uniq.numel(), p).index_add_(0, inverse, G.reshape(-1, p))
         example, row = uniq // V, uniq % V
+        if sw is not None:
+            S = S * sw[row]
         sq = G.new_zeros(b).index_add_(0, example, S.square().sum(1))
 
         def finish(c):
@@ -364,7 +403,12 @@ class BKEngine(GradEngine):
                 v = g.sum(dims) if dims else g
                 gb = v if gb is None else gb + v
         per_ex = {p: t for p, t in ((m.weight, gw), (m.bias, gb)) if t is not None}
-        return self._from_per_example(per_ex, b)
+        return self._from_per_example(self._scaled(per_ex), b)
+
+    def _scaled(self, per_ex: dict) -> dict:
+        if self._scale is None:
+            return per_ex
+        return {p: t * self._scale[id(p)] for p, t in per_ex.items()}
 
     def _opacus(self, layer: _Layer, calls: list[_Call], b: int):
         per_ex: dict = {}
@@ -372,7 +416,7 @@ class BKEngine(GradEngine):
             for p, gs in layer.sampler(layer.module, list(call.inputs), call.grad).items():
                 if p.requires_grad:
                     per_ex[p] = gs if p not in per_ex else per_ex[p] + gs
-        return self._from_per_example(per_ex, b)
+        return self._from_per_example(self._scaled(per_ex), b)
 
     @staticmethod
     def _from_per_example(per_ex: dict, b: int):
@@ -385,9 +429,16 @@ class BKEngine(GradEngine):
 
     # --- engine interface -------------------------------------------------------------------------------------------
     def clipped_sum(self, batch, clip, scale=None):
-        if scale is not None:
-            return super().clipped_sum(batch, clip, scale)  # raises the explanatory error
         b = _batch_len(batch)
+        if scale is not None:
+            scale = list(scale)
+            if len(scale) != len(self.params) or any(
+                s.shape != p.shape for s, p in zip(scale, self.params, strict=False)
+            ):
+                raise ValueError(
+                    "bk clipping: scale must hold one tensor of each trainable parameter's shape"
+                )
+            self._scale = {id(p): s.to(p.dtype) for p, s in zip(self.params, scale, strict=True)}
         ref = self.params[0]
         anchor = torch.zeros((), dtype=ref.dtype, device=ref.device, requires_grad=True)
         for layer in self.layers:
@@ -436,6 +487,7 @@ class BKEngine(GradEngine):
                 for p, s in finish(f.to(ref.dtype)).items():
                     found[id(p)] = s
         finally:
+            self._scale = None
             for layer in self.layers:
                 layer.calls = []
         summed = [found[id(p)].detach() if id(p) in found else torch.zeros_like(p) for p in self.params]

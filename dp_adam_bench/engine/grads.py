@@ -10,10 +10,12 @@ norms before clipping (diagnostics). The privatizer then adds noise and divides 
 | ``hooks`` | Opacus ``GradSampleModule`` hooks | yes | yes |
 | ``functorch`` | ``torch.func.vmap(grad(.))`` over examples | yes | yes |
 | ``ghost`` | Opacus ghost clipping (see below) | no | no |
+| ``bk`` | book-keeping, one backward (``engine/bk.py``) | per layer, by cost | yes (per-layer, chunked) |
 
 Ghost clipping gets the norms from activations and backprops, then runs a second backward of the loss re-weighted
 by the clip factors. A per-coordinate scale changes the norm in a way ghost norms cannot see, so scale-then-privatize
-needs a materialising engine.
+needs per-example gradients: the materialising engines, or bk (which instantiates them a chunk of examples at a
+time, layer by layer).
 
 Opacus is used for what it does well (grad samplers per layer type, ghost norms); the state it hangs on
 parameters (``grad_sample``, ``_norm_sample``) is read and cleared inside this module and never leaks out.
