@@ -47,8 +47,20 @@ def validate(cfg: Mapping) -> None:
         raise ConfigError(f"profile={profile!r}; valid: {', '.join(PROFILES)}")
     if kind != "none":
         sigma = _num(cfg, "privacy.sigma")
-        if not isinstance(sigma, (int, float)) or sigma < 0:
-            raise ConfigError(f"privacy.sigma={sigma!r} must be a number >= 0 (the noise multiplier)")
+        target = cfg.get("privacy", {}).get("target_epsilon")
+        if sigma is None:  # calibrated to privacy.target_epsilon over train.steps Poisson steps (Li et al.)
+            steps = cfg.get("train", {}).get("steps")
+            if target is None or _num(cfg, "train.sampler") != "poisson" or steps is None:
+                raise ConfigError(
+                    "privacy.sigma=null (calibrate sigma) needs privacy.target_epsilon, train.sampler=poisson "
+                    f"and a fixed train.steps; got target_epsilon={target!r}, sampler={_num(cfg, 'train.sampler')!r}, "
+                    f"steps={steps!r}"
+                )
+        elif not isinstance(sigma, (int, float)) or sigma < 0:
+            raise ConfigError(
+                f"privacy.sigma={sigma!r} must be a number >= 0 (the noise multiplier), or null to calibrate it "
+                "to privacy.target_epsilon"
+            )
         clip = _num(cfg, "privacy.clip")
         if clip is None or not isinstance(clip, (int, float)) or not clip > 0:
             raise ConfigError(
@@ -104,3 +116,17 @@ def validate(cfg: Mapping) -> None:
     trials = cfg.get("task", {}).get("trials", 1)
     if not isinstance(trials, int) or trials < 1:
         raise ConfigError(f"task.trials={trials!r} must be an integer >= 1")
+
+
+def resolve_sigma(cfg, n: int) -> float:
+    """privacy.sigma, or — when it is null — the sigma that reaches privacy.target_epsilon after train.steps
+    Poisson steps under privacy.accountant (Li et al. calibrate sigma to eps = 3 / 8 this way, under RDP)."""
+    p = cfg.privacy
+    if p.sigma is not None:
+        return float(p.sigma)
+    from dp_adam_bench.privacy.accounting import calibrate_sigma
+
+    q = float(cfg.train.batch_size) / n
+    return calibrate_sigma(
+        float(p.target_epsilon), float(p.delta), q, int(cfg.train.steps), p.get("accountant", "rdp")
+    )

@@ -179,3 +179,24 @@ def test_ime_free_model_run_accounts_sigma_over_sqrt2(isolated_dirs):
     s = train(compose_cfg([*BASE, "optimizer=ime_free", "train.sampler=single_pass", "train.epochs=1"]))
     (event,) = s["ledger"]["events"]
     assert event["mu"] == pytest.approx(2**0.5 / 1.0)
+
+
+def test_sigma_null_is_calibrated_to_the_target_epsilon(isolated_dirs):
+    from dp_adam_bench.privacy.accounting import calibrate_sigma
+
+    s = train(compose_cfg([*BASE, "privacy.sigma=null", "privacy.target_epsilon=3.0", "privacy.accountant=rdp"]))
+    n = 64  # TinyTask's training set
+    want = calibrate_sigma(3.0, 1e-5, 16 / n, 8, "rdp")
+    assert s["sigma"] == pytest.approx(want)
+    assert 2.97 <= s["epsilon"]["rdp"] <= 3.0
+
+
+def test_sigma_null_without_a_target_is_refused(isolated_dirs):
+    with pytest.raises(ValueError, match="privacy.sigma=null .* needs privacy.target_epsilon"):
+        train(compose_cfg([*BASE, "privacy.sigma=null"]))
+
+
+def test_eval_at_start_logs_the_untrained_model_as_step_0(isolated_dirs):
+    train(compose_cfg([*BASE, "train.eval_at_start=true"]))
+    rows = [json.loads(x) for x in (folder_of(isolated_dirs) / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["step"] == 0 and "test_loss" in rows[0]

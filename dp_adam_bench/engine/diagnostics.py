@@ -11,7 +11,8 @@ Logged every ``diagnostics.every`` steps:
   (bias-corrected EMA of the clean g_t^2, same beta2 — Tang's v_t^c), v^p (the optimizer's private v^), and
   v^p - Phi_t; the fraction of coordinates of v^p - Phi_t that are negative (Ganesh Fig. 4);
 * ``diag/frac_v_below_bias`` — the fraction of coordinates of v^ below the reference bias C^2 sigma_ref^2 / B^2
-  (Ganesh Fig. 6, meant for non-private runs; sigma_ref = ``diagnostics.reference_sigma``);
+  (Ganesh Fig. 6, meant for non-private runs; sigma_ref = ``diagnostics.reference_sigma``, C =
+  ``diagnostics.reference_clip``, default ``privacy.clip``, which a non-private run records but does not apply);
 * histograms (Tang Fig. 2): a seeded sample of coordinates of m^c, m^p, v^c, v^p, v^p - Phi and the three update
   ratios m^c/sqrt(v^c), m^c/sqrt(v^p), m^c/sqrt(v^p - Phi) saved to ``diagnostics/step_<t>.npz`` in the run folder.
 """
@@ -56,6 +57,7 @@ class Diagnostics:
         beta1: float = 0.9,
         beta2: float = 0.999,
         reference_sigma: float | None = None,
+        reference_clip: float | None = None,
         hist_dir: Path | None = None,
         hist_size: int = 100_000,
         seed: int = 0,
@@ -64,6 +66,7 @@ class Diagnostics:
             raise ValueError(f"diagnostics.every must be >= 0 (0 = off), got {every}")
         self.every, self.beta1, self.beta2 = int(every), float(beta1), float(beta2)
         self.reference_sigma = reference_sigma
+        self.reference_clip = reference_clip
         self.hist_dir = Path(hist_dir) if hist_dir is not None else None
         self.hist_size = hist_size
         self.seed = seed
@@ -120,8 +123,9 @@ class Diagnostics:
                 "update_private_v": m_c / v_p.sqrt(),
                 "update_corrected_v": m_c / corrected.clamp(min=1e-30).sqrt(),
             }
-            if self.reference_sigma is not None:
-                bias = (ctx.clip * self.reference_sigma / ctx.expected_batch_size) ** 2
+            clip = ctx.clip or self.reference_clip  # a non-private run does not clip: use the reference C
+            if self.reference_sigma is not None and clip:
+                bias = (clip * self.reference_sigma / ctx.expected_batch_size) ** 2
                 out["diag/reference_bias"] = bias
                 out["diag/frac_v_below_bias"] = float((v_p < bias).double().mean())
         if self.hist_dir is not None:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import torch
 
+from dp_adam_bench.config import resolve_sigma
 from dp_adam_bench.engine.privatizer import Privatizer
 from dp_adam_bench.engine.sampling import PoissonSampler, SinglePassSampler
 from dp_adam_bench.optim.registry import build_variant
@@ -38,11 +39,11 @@ def run(cfg, folder, log: Callable[[int, dict], None], task=None) -> dict:
         torch.set_num_threads(int(cfg.train.threads))
     torch.manual_seed(seed)
     private = cfg.noise.kind != "none"
-    sigma = float(cfg.privacy.sigma) if private else 0.0
     clip = float(cfg.privacy.clip) if private else None
     (folder / "metrics.jsonl").unlink(missing_ok=True)
     task = task or build_task(cfg.task, trials=int(cfg.task.get("trials", 1)), seed=seed)
     sampler = build_sampler(cfg, task.dataset_size, seed)
+    sigma = resolve_sigma(cfg, task.dataset_size) if private else 0.0
     opt_kwargs = {k: v for k, v in cfg.optimizer.items() if k != "name"}
     variant = build_variant(cfg.optimizer.name, **opt_kwargs)
     params = task.init_params()

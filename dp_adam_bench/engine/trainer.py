@@ -11,6 +11,7 @@ bit-identical (same seed, CPU) to the uninterrupted run.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import time
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from dp_adam_bench.config import resolve_sigma
 from dp_adam_bench.engine import checkpoint as ckpt
 from dp_adam_bench.engine.diagnostics import Diagnostics
 from dp_adam_bench.engine.grads import build_engine
@@ -104,12 +106,12 @@ def run(cfg, folder: Path, log_metrics: Callable[[int, dict], None], task=None) 
     params = [p for p in model.parameters() if p.requires_grad]
 
     private = cfg.noise.kind != "none"
-    sigma = float(cfg.privacy.sigma) if private else 0.0
     clip = float(cfg.privacy.clip) if private else None
     delta = float(cfg.privacy.delta)
     variant = build_variant(cfg.optimizer.name, **{k: v for k, v in cfg.optimizer.items() if k != "name"})
     population, public = split_public(cfg, task.dataset_size, seed, variant.needs_side_info)
     sampler = build_sampler(cfg, len(population), seed)
+    sigma = resolve_sigma(cfg, len(population)) if private else 0.0
     side_gen = torch.Generator().manual_seed(seed + 17)
     engine_name = cfg.train.get("clipping") or "ghost"
     engine = build_engine(engine_name, model, task.loss_per_example)
@@ -117,7 +119,7 @@ def run(cfg, folder: Path, log_metrics: Callable[[int, dict], None], task=None) 
         engine.close()
         raise ValueError(
             f"optimizer {variant.name!r} clips per-coordinate scaled per-example gradients (scale-then-privatize), "
-            f"which {engine_name} clipping cannot compute; set train.clipping=hooks or train.clipping=functorch"
+            f"which {engine_name} clipping cannot compute; set train.clipping=bk, hooks or functorch"
         )
     if variant.needs_fixed_batch and sampler.kind == "poisson":
         raise ValueError(
@@ -132,6 +134,7 @@ def run(cfg, folder: Path, log_metrics: Callable[[int, dict], None], task=None) 
         beta1=float(cfg.optimizer.get("beta1", 0.9)),
         beta2=float(cfg.optimizer.get("beta2", 0.999)),
         reference_sigma=diag_cfg.get("reference_sigma"),
+        reference_clip=diag_cfg.get("reference_clip") or cfg.privacy.get("clip"),
         hist_dir=folder / "diagnostics" if diag_cfg.get("histograms", True) else None,
         seed=seed,
     )
@@ -227,6 +230,10 @@ def run(cfg, folder: Path, log_metrics: Callable[[int, dict], None], task=None) 
     every_log = int(cfg.train.get("log_every") or 100)
     every_eval = int(cfg.train.get("eval_every") or 0)
     stop_after = cfg.train.get("stop_after")  # test hook: simulate a kill after this many steps
+    if start == 0 and cfg.train.get("eval_at_start"):  # the untrained model (Ganesh Fig. 3 "no fine-tuning")
+        model.eval()
+        with torch.no_grad():
+            log_metrics(0, evaluate(task, model, final=False))
     stopped_by_budget = False
     last_metrics: dict = {}
     step = start
@@ -277,7 +284,7 @@ def run(cfg, folder: Path, log_metrics: Callable[[int, dict], None], task=None) 
         if (every_eval and step % every_eval == 0) or step == sampler.steps:
             model.eval()
             with torch.no_grad():
-                last_metrics = task.evaluate(model)
+                last_metrics = evaluate(task, model, final=step == sampler.steps)
             metrics |= last_metrics
             if private and sigma > 0 and sampler.amplification:
                 metrics["epsilon"] = ledger.epsilon(delta, accountant)
@@ -305,7 +312,7 @@ def run(cfg, folder: Path, log_metrics: Callable[[int, dict], None], task=None) 
     if not last_metrics or stopped_by_budget:
         model.eval()
         with torch.no_grad():
-            last_metrics = task.evaluate(model)
+            last_metrics = evaluate(task, model, final=True)
     eps = ledger.epsilons(delta) if (private and sigma > 0) else {}
     return {
         "metrics": last_metrics,
@@ -315,6 +322,7 @@ def run(cfg, folder: Path, log_metrics: Callable[[int, dict], None], task=None) 
         "sampler": sampler.kind,
         "clipping": engine_name,
         "epsilon": eps,
+        "sigma": sigma,
         "delta": delta if private else None,
         "ledger": ledger.to_dict(),
         "privacy_notes": notes,
@@ -322,6 +330,14 @@ def run(cfg, folder: Path, log_metrics: Callable[[int, dict], None], task=None) 
         "train_time_s": time.time() - t0,
         "final_params_sha1": _params_digest(params),
     }
+
+
+def evaluate(task, model, *, final: bool) -> dict:
+    """``task.evaluate(model)``, telling tasks whose ``evaluate`` takes ``final`` whether this is the run's last
+    evaluation (e2e_gpt2 decodes the test MRs, its costly part, only then)."""
+    if "final" in inspect.signature(task.evaluate).parameters:
+        return task.evaluate(model, final=final)
+    return task.evaluate(model)
 
 
 def _params_digest(params) -> str:

@@ -49,6 +49,7 @@ OPERATIONAL_TRAIN_KEYS = (
     "checkpoint_every",
     "log_every",
     "eval_every",
+    "eval_at_start",
 )
 
 
