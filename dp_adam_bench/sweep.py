@@ -2,7 +2,9 @@
 
 A preset (``configs/experiment/<name>.yaml``) declares its sweep as data:
 
-    sweeps:   {<label>: {<override key>: [values...], ...}, ...}   # each entry a Cartesian product
+    sweeps:   {<label>: {<override key>: [values...], ...}, ...}   # each entry a Cartesian product; an entry
+                                                                  # set to null is dropped (a preset that
+                                                                  # extends another removes its entries so)
     grid:     {<override key>: [values...]}                         # crossed with every entry
     seeds:    [0, 1, 2]                                             # optional
 
@@ -34,11 +36,22 @@ def load_preset(experiment: str, profile: str = "cpu", overrides: Sequence[str] 
         raise ValueError(f"unknown experiment {experiment!r}; valid presets: {', '.join(available)}")
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("config", overrides=[f"experiment={experiment}", f"profile={profile}", *overrides])
-    return OmegaConf.to_container(cfg, resolve=False)
+    data = OmegaConf.to_container(cfg, resolve=False)
+    # The sweep's own keys may depend on the profile (e.g. ``seeds: ${profiles.${profile}.seeds}``): resolve them.
+    for key in ("sweeps", "grid", "seeds"):
+        if cfg.get(key) is not None:
+            data[key] = OmegaConf.to_container(cfg[key], resolve=True)
+    if data.get("sweeps"):  # entries set to null are removed (a preset extending another drops its entries so)
+        data["sweeps"] = {k: v for k, v in data["sweeps"].items() if v is not None}
+    return data
+
+
+def _value(x) -> str:
+    return "null" if x is None else str(x)
 
 
 def _values(v) -> str:
-    return ",".join(str(x) for x in (v if isinstance(v, list) else [v]))
+    return ",".join(_value(x) for x in (v if isinstance(v, list) else [v]))
 
 
 def sweep_commands(
@@ -103,7 +116,7 @@ def expected_runs(experiment: str, profile: str = "cpu") -> tuple[str, set[str]]
             values = [v if isinstance(v, list) else [v] for v in keys.values()]
             for combo in itertools.product(*values):
                 overrides = [f"experiment={experiment}", f"profile={profile}"]
-                overrides += [f"{k}={v}" for k, v in zip(keys, combo, strict=True)]
+                overrides += [f"{k}={_value(v)}" for k, v in zip(keys, combo, strict=True)]
                 data = run_config(compose("config", overrides=overrides))
                 ids.add(run_id(data))
                 name = data["experiment_name"]

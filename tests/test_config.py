@@ -91,7 +91,7 @@ def _presets():
 @pytest.mark.parametrize("profile", ["cpu", "paper"])
 @pytest.mark.parametrize("preset", _presets())
 def test_every_experiment_preset_composes_and_every_sweep_point_validates(preset, profile):
-    from dp_adam_bench.sweep import load_preset
+    from dp_adam_bench.sweep import _value, load_preset
 
     data = load_preset(preset, profile)
     sweeps = data.get("sweeps") or {"all": {}}
@@ -99,7 +99,7 @@ def test_every_experiment_preset_composes_and_every_sweep_point_validates(preset
     for entry in sweeps.values():
         # the first value of every swept key must give a valid run config
         overrides = [f"experiment={preset}", f"profile={profile}"]
-        overrides += [f"{k}={(v if isinstance(v, list) else [v])[0]}" for k, v in {**entry, **grid}.items()]
+        overrides += [f"{k}={_value((v if isinstance(v, list) else [v])[0])}" for k, v in {**entry, **grid}.items()]
         validate(run_config(compose_cfg(overrides)))
 
 
