@@ -23,9 +23,9 @@ def _report(args) -> int:
         print(f"wrote {build_document()}")
         return 0
     if args.list or not args.tables:
-        print(f"{'id':22} {'paper':28} {'cpu runtime':12} {'paper runtime':14} shows")
         for tid, spec in registry.REPORTS.items():
-            print(f"{tid:22} {spec.paper:28} {spec.runtime_cpu:12} {spec.runtime_paper:14} {spec.shows}")
+            print(f"{tid}: {spec.paper} — {spec.shows}")
+            print(f"    runtime: cpu {spec.runtime_cpu}; paper {spec.runtime_paper}")
         print("groups: " + ", ".join(f"{g} = {' '.join(ids)}" for g, ids in registry.GROUPS.items()))
         return 0
     for table in args.tables:

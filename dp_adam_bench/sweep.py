@@ -41,7 +41,9 @@ def load_preset(experiment: str, profile: str = "cpu", overrides: Sequence[str] 
     for key in ("sweeps", "grid", "seeds"):
         if cfg.get(key) is not None:
             data[key] = OmegaConf.to_container(cfg[key], resolve=True)
-    if data.get("sweeps"):  # entries set to null are removed (a preset extending another drops its entries so)
+    if data.get(
+        "sweeps"
+    ):  # entries set to null are removed (a preset extending another drops its entries so)
         data["sweeps"] = {k: v for k, v in data["sweeps"].items() if v is not None}
     return data
 

@@ -99,7 +99,9 @@ def test_every_experiment_preset_composes_and_every_sweep_point_validates(preset
     for entry in sweeps.values():
         # the first value of every swept key must give a valid run config
         overrides = [f"experiment={preset}", f"profile={profile}"]
-        overrides += [f"{k}={_value((v if isinstance(v, list) else [v])[0])}" for k, v in {**entry, **grid}.items()]
+        overrides += [
+            f"{k}={_value((v if isinstance(v, list) else [v])[0])}" for k, v in {**entry, **grid}.items()
+        ]
         validate(run_config(compose_cfg(overrides)))
 
 

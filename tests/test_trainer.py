@@ -184,7 +184,9 @@ def test_ime_free_model_run_accounts_sigma_over_sqrt2(isolated_dirs):
 def test_sigma_null_is_calibrated_to_the_target_epsilon(isolated_dirs):
     from dp_adam_bench.privacy.accounting import calibrate_sigma
 
-    s = train(compose_cfg([*BASE, "privacy.sigma=null", "privacy.target_epsilon=3.0", "privacy.accountant=rdp"]))
+    s = train(
+        compose_cfg([*BASE, "privacy.sigma=null", "privacy.target_epsilon=3.0", "privacy.accountant=rdp"])
+    )
     n = 64  # TinyTask's training set
     want = calibrate_sigma(3.0, 1e-5, 16 / n, 8, "rdp")
     assert s["sigma"] == pytest.approx(want)

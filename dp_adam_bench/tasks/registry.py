@@ -10,6 +10,7 @@ TASKS: dict[str, str] = {
     "quadratic_2d": "dp_adam_bench.tasks.quadratic_2d:Quadratic2D",
     "snli_bert": "dp_adam_bench.tasks.snli_bert:SnliBert",
     "arxiv_mlm": "dp_adam_bench.tasks.arxiv_mlm:ArxivMLM",
+    "e2e_gpt2": "dp_adam_bench.tasks.e2e_gpt2:E2EGpt2",
 }
 
 

@@ -1,0 +1,209 @@
+"""Ganesh, McMahan & Thakurta Figs. 4-6: why bias correction struggles, from the Fig. 3 runs' diagnostics.
+
+All three figures use the DP-SGD column at BandMF's RMSE (paper: sigma = 0.134, independent noise) of
+``runs/ganesh_fig3_<profile>``; the numbers are *diagnostic* (computed from clean clipped gradients, logged under
+``diag/``), never private outputs.
+
+* Fig. 4: the fraction of coordinates of the bias-corrected second moment v^ - Phi_t that are negative, per
+  round, in the bias-correction run (paper: 45-50 % in most rounds).
+* Fig. 5: ||g_t|| / C for the averaged clipped gradient of the post-processing run (paper: about 0.27 on average,
+  far above the "pessimistic" 1 / sqrt(B) of gradients that cancel).
+* Fig. 6: the non-private Adam run's second moment v against the bias term C^2 sigma^2 / B^2 (paper: most
+  coordinates fall below it, so after subtracting the bias the estimate is dominated by noise).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from dp_adam_bench.paths import results_dir, runs_dir
+from dp_adam_bench.report.aggregate import get, split_complete
+from dp_adam_bench.report.common import Claim, load_paper, write_table
+from dp_adam_bench.report.ganesh_fig3 import COLUMNS, column_of, profile_setting
+from dp_adam_bench.tracking.run_store import load_runs
+
+TABLE_ID = "ganesh_figs4_6"
+
+
+def _runs(records, optimizer: str, private: bool, s: dict):
+    out = []
+    for r in records:
+        if get(r.config, "optimizer.name") != optimizer or (get(r.config, "noise.kind") != "none") != private:
+            continue
+        if private and column_of(r.config, float(s["sigma_low"]), float(s["sigma_high"])) != COLUMNS[0]:
+            continue
+        out.append(r)
+    return out
+
+
+def _series(records, key: str) -> pd.DataFrame:
+    """Mean and std over runs of a logged metric per step."""
+    frames = [
+        pd.DataFrame([{"step": m["step"], key: m[key]} for m in r.metrics() if m.get(key) is not None])
+        for r in records
+    ]
+    frames = [f for f in frames if not f.empty]
+    if not frames:
+        return pd.DataFrame(columns=["mean", "std"])
+    return pd.concat(frames).groupby("step")[key].agg(["mean", "std"])
+
+
+def _last_histogram(records, array: str) -> np.ndarray | None:
+    for r in records:
+        files = sorted((r.path / "diagnostics").glob("step_*.npz"), key=lambda p: int(p.stem.split("_")[1]))
+        if files:
+            with np.load(files[-1]) as z:
+                if array in z:
+                    return z[array]
+    return None
+
+
+def build(profile: str = "cpu") -> list:
+    paper = load_paper("ganesh")["figs4_6"]
+    experiment = f"ganesh_fig3_{profile}"
+    command = f"make reproduce-table TABLE={TABLE_ID} PROFILE={profile}"
+    complete, incomplete = split_complete(load_runs(runs_dir(), experiment))
+    if not complete:
+        raise FileNotFoundError(
+            f"no complete runs in {runs_dir() / experiment}; run `make reproduce-table TABLE=ganesh_fig3 "
+            f"PROFILE={profile}` first"
+        )
+    s = profile_setting(profile)
+    batch = float(s["batch_size"])
+    bc, post, nonpriv = (
+        _runs(complete, "bc", True, s),
+        _runs(complete, "adam", True, s),
+        _runs(complete, "adam", False, s),
+    )
+    neg = _series(bc, "diag/frac_negative_after_bc")
+    norm = _series(post, "diag/grad_norm_over_clip")
+    below = _series(nonpriv, "diag/frac_v_below_bias")
+    bias = next(
+        (m["diag/reference_bias"] for r in nonpriv for m in r.metrics() if "diag/reference_bias" in m), None
+    )
+    lo, hi = paper["negative_fraction_range"]
+    rows = [
+        {
+            "figure": "fig4",
+            "quantity": "fraction of v^ - Phi < 0 (bias correction), median over rounds",
+            "paper": f"{lo:.2f}-{hi:.2f} in most rounds",
+            "ours": float(neg["mean"].median()) if len(neg) else None,
+            "rounds": len(neg),
+        },
+        {
+            "figure": "fig5",
+            "quantity": "||g_t|| / C (post-processing), average over rounds",
+            "paper": f"{paper['mean_grad_norm_over_clip']:.2f}",
+            "ours": float(norm["mean"].mean()) if len(norm) else None,
+            "rounds": len(norm),
+        },
+        {
+            "figure": "fig5",
+            "quantity": "1 / sqrt(B), the pessimistic regime",
+            "paper": f"{1 / math.sqrt(2048):.3f}",
+            "ours": 1 / math.sqrt(batch),
+            "rounds": None,
+        },
+        {
+            "figure": "fig6",
+            "quantity": "fraction of non-private v below C^2 sigma^2 / B^2, last round",
+            "paper": "most coordinates",
+            "ours": float(below["mean"].iloc[-1]) if len(below) else None,
+            "rounds": len(below),
+        },
+    ]
+    df = pd.DataFrame(rows)
+    claims = []
+    if len(neg):
+        frac_in = float(((neg["mean"] >= lo - 0.05) & (neg["mean"] <= hi + 0.05)).mean())
+        claims.append(
+            Claim(
+                f"about half of the bias-corrected coordinates are negative ({lo:.0%}-{hi:.0%}, +-5 points) in "
+                "most rounds",
+                frac_in > 0.5,
+                f"{frac_in:.0%} of {len(neg)} logged rounds in range; median {neg['mean'].median():.3f}",
+            )
+        )
+    if len(norm):
+        avg = float(norm["mean"].mean())
+        claims.append(
+            Claim(
+                "the averaged clipped gradient is far from the pessimistic regime: ||g|| / C > 2 / sqrt(B)",
+                avg > 2 / math.sqrt(batch),
+                f"average {avg:.3f} vs 1 / sqrt(B) = {1 / math.sqrt(batch):.3f} (paper: 0.27 vs 0.022)",
+            )
+        )
+    if len(below):
+        last = float(below["mean"].iloc[-1])
+        claims.append(
+            Claim(
+                "most coordinates of the non-private second moment fall below the bias C^2 sigma^2 / B^2",
+                last > 0.5,
+                f"{last:.1%} below {bias:.3g}" if bias is not None else f"{last:.1%}",
+            )
+        )
+    fig = _figure(neg, norm, _last_histogram(nonpriv, "v_private"), bias, batch, (lo, hi))
+    notes = [
+        "Diagnostic quantities: computed from clean (un-noised) clipped gradients and logged under diag/; "
+        "they are not private outputs.",
+        f"Runs: the '{COLUMNS[0]}' column of {experiment} (sigma = {s['sigma_low']:g}, B = {s['batch_size']}); "
+        "see results/ganesh_fig3.md for the setting and how it differs from the paper.",
+    ]
+    if profile == "cpu":
+        notes.append(
+            "CPU profile: a randomly initialised BERT-tiny trained for a few dozen steps, not a pretrained one "
+            "fine-tuned for 2000: the gradient statistics of early training differ from the paper's."
+        )
+    if incomplete:
+        notes.append("Incomplete runs left out: " + ", ".join(r.path.name for r in incomplete))
+    return write_table(
+        TABLE_ID,
+        df,
+        title="Ganesh et al. Figs. 4-6 — second-moment diagnostics (DP-SGD noise at BandMF's RMSE)",
+        command=command,
+        setting=f"profile {profile}, from the runs of ganesh_fig3 (bias correction, post-processing, non-private "
+        "Adam).",
+        claims=claims,
+        notes=notes,
+        figure=fig,
+        digits=3,
+    )
+
+
+def _figure(neg, norm, v_hist, bias, batch, band):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    if len(neg):
+        axes[0].plot(neg.index, neg["mean"], marker="o")
+        axes[0].axhspan(*band, color="gray", alpha=0.2, label="paper range")
+        axes[0].legend(fontsize=8)
+    axes[0].set(xlabel="round", ylabel="fraction negative", title="Fig. 4: v^ - Phi < 0 (bias correction)")
+    if len(norm):
+        axes[1].plot(norm.index, norm["mean"], marker="o", label="||g|| / C")
+        axes[1].axhline(1 / math.sqrt(batch), color="gray", ls=":", label="1 / sqrt(B)")
+        axes[1].legend(fontsize=8)
+    axes[1].set(
+        xlabel="round", ylabel="||g|| / C", title="Fig. 5: averaged clipped gradient (post-processing)"
+    )
+    if v_hist is not None:
+        v = v_hist[v_hist > 0]
+        axes[2].hist(np.log10(v), bins=60, color="C2")
+        if bias is not None:
+            axes[2].axvline(math.log10(bias), color="k", ls="--", label="C^2 sigma^2 / B^2")
+            axes[2].legend(fontsize=8)
+    axes[2].set(
+        xlabel="log10 v (non-private Adam)", ylabel="coordinates (sample)", title="Fig. 6: v vs the bias"
+    )
+    fig.tight_layout()
+    path = results_dir() / f"{TABLE_ID}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

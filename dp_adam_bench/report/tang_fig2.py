@@ -1,0 +1,132 @@
+"""Tang & Lecuyer Fig. 2: histograms of clean vs private Adam moments and updates on SNLI.
+
+From the coordinate samples the diagnostics save (``diagnostics/step_<t>.npz``) in the DP-Adam-Biased runs of
+``runs/tang_fig1_snli_<profile>``, at the last logged step of the first seed: m^c vs m^p; v^c, v^p, v^p - Phi;
+and the updates m^c / sqrt(v^c), m^c / sqrt(v^p), m^c / sqrt(v^p - Phi) (the last on the coordinates where
+v^p > Phi). The paper's message: the noise bias in v^p shrinks every update towards the same small size
+(the "sign-descent-like" private update), and subtracting Phi restores the clean update's spread. Everything
+here is diagnostic (clean gradients), not a private output.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from dp_adam_bench.paths import results_dir
+from dp_adam_bench.report.common import Claim, write_table
+from dp_adam_bench.report.tang_table1 import diag_runs
+
+TABLE_ID = "tang_fig2"
+ARRAYS = {
+    "m_clean": "m^c",
+    "m_private": "m^p",
+    "v_clean": "v^c",
+    "v_private": "v^p",
+    "v_private_minus_phi": "v^p - Phi",
+    "update_clean": "m^c / sqrt(v^c)",
+    "update_private_v": "m^c / sqrt(v^p)",
+    "update_corrected_v": "m^c / sqrt(v^p - Phi)",
+}
+
+
+def load_sample(runs) -> tuple[dict[str, np.ndarray], int, str]:
+    """The last saved coordinate sample of the first run (lowest seed) that has one."""
+    for r in sorted(runs, key=lambda r: r.config.get("seed", 0)):
+        files = sorted((r.path / "diagnostics").glob("step_*.npz"), key=lambda p: int(p.stem.split("_")[1]))
+        if files:
+            with np.load(files[-1]) as z:
+                arrays = {k: z[k].astype(np.float64) for k in z.files}
+            return arrays, int(files[-1].stem.split("_")[1]), r.path.name
+    raise FileNotFoundError(
+        "no diagnostics/step_<t>.npz in the runs: set diagnostics.every > 0 and diagnostics.histograms=true"
+    )
+
+
+def build(profile: str = "cpu") -> list:
+    runs, _ = diag_runs(profile)
+    a, step, run_name = load_sample(runs)
+    keep = a["v_private_minus_phi"] > 0  # m^c / sqrt(v^p - Phi) is defined there only
+    rows = []
+    for key, label in ARRAYS.items():
+        x = a[key][keep] if key == "update_corrected_v" else a[key]
+        ax = np.abs(x)
+        rows.append(
+            {
+                "quantity": label,
+                "coordinates": int(x.size),
+                "median |x|": float(np.median(ax)),
+                "q90 |x|": float(np.quantile(ax, 0.9)),
+                "max |x|": float(ax.max()),
+                "fraction < 0": float((x < 0).mean()),
+            }
+        )
+    df = pd.DataFrame(rows)
+    med = {r["quantity"]: r["median |x|"] for r in rows}
+    claims = [
+        Claim(
+            "the noise bias shrinks the update: median |m^c / sqrt(v^p)| < median |m^c / sqrt(v^c)| / 10",
+            med["m^c / sqrt(v^p)"] < med["m^c / sqrt(v^c)"] / 10,
+            f"{med['m^c / sqrt(v^p)']:.3g} vs {med['m^c / sqrt(v^c)']:.3g}",
+        ),
+        Claim(
+            "subtracting Phi moves the update back towards the clean one: median |m^c / sqrt(v^p - Phi)| > "
+            "median |m^c / sqrt(v^p)|",
+            med["m^c / sqrt(v^p - Phi)"] > med["m^c / sqrt(v^p)"],
+            f"{med['m^c / sqrt(v^p - Phi)']:.3g} vs {med['m^c / sqrt(v^p)']:.3g}, on the "
+            f"{keep.mean():.1%} of coordinates where v^p > Phi",
+        ),
+    ]
+    fig = _figure(a, keep, step)
+    return write_table(
+        TABLE_ID,
+        df,
+        title="Tang & Lecuyer Fig. 2 — clean vs private Adam moments and updates (SNLI, DP-Adam-Biased)",
+        command=f"make reproduce-table TABLE={TABLE_ID} PROFILE={profile}",
+        setting=f"profile {profile}: run {run_name}, step {step}, a seeded sample of {a['m_clean'].size} "
+        "coordinates of the trained parameters.",
+        claims=claims,
+        notes=[
+            "Diagnostic quantities (clean gradients); not private outputs.",
+            "The paper shows these histograms at t = 5000 / 20000 of BERT-base training; ours come from the short "
+            "run of tang_fig1_snli (see results/tang_fig1_snli.md for its setting).",
+        ],
+        figure=fig,
+        digits=4,
+    )
+
+
+def _figure(a: dict, keep: np.ndarray, step: int):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def logabs(x):
+        x = np.abs(x[x != 0])
+        return np.log10(x)
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for key in ("m_clean", "m_private"):
+        axes[0].hist(logabs(a[key]), bins=80, alpha=0.5, label=ARRAYS[key])
+    axes[0].set(xlabel="log10 |m|", title=f"first moments, step {step}")
+    for key in ("v_clean", "v_private"):
+        axes[1].hist(logabs(a[key]), bins=80, alpha=0.5, label=ARRAYS[key])
+    pos = a["v_private_minus_phi"][a["v_private_minus_phi"] > 0]
+    axes[1].hist(np.log10(pos), bins=80, alpha=0.5, label="v^p - Phi (> 0 only)")
+    axes[1].set(xlabel="log10 v", title="second moments")
+    for key in ("update_clean", "update_private_v"):
+        axes[2].hist(logabs(a[key]), bins=80, alpha=0.5, label=ARRAYS[key])
+    axes[2].hist(
+        logabs(a["update_corrected_v"][keep]), bins=80, alpha=0.5, label=ARRAYS["update_corrected_v"]
+    )
+    axes[2].set(xlabel="log10 |update|", title="updates (per coordinate)")
+    for ax in axes:
+        ax.legend(fontsize=8)
+        ax.set_ylabel("coordinates (sample)")
+    fig.tight_layout()
+    path = results_dir() / f"{TABLE_ID}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

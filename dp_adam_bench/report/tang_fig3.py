@@ -1,0 +1,178 @@
+"""Tang & Lecuyer Fig. 3: ablations of DP-AdamBC and DP-Adam-Biased (CIFAR-10 or SNLI).
+
+Reads ``runs/tang_fig3_<dataset>_<profile>`` and sorts each run into the ablation it belongs to:
+
+* ``phi``: DP-AdamBC subtracting Phi' instead of the true Phi = (sigma C / B)^2 (``optimizer.phi`` or
+  ``optimizer.phi_scale``), at the dataset's gamma';
+* ``gamma_bc``: DP-AdamBC's gamma' (the floor under v^ - Phi), subtracting the true Phi;
+* ``gamma_biased``: DP-Adam-Biased's gamma (its eps), at the default betas;
+* ``beta``: DP-Adam-Biased with (1 - beta1) = sqrt(1 - beta2), at the default gamma.
+
+Each point is the final test accuracy (mean over seeds). The claims are the paper's reading of its Fig. 3.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from dp_adam_bench.paths import results_dir, runs_dir
+from dp_adam_bench.report.aggregate import get, split_complete
+from dp_adam_bench.report.common import Claim, load_paper, write_table
+from dp_adam_bench.tracking.run_store import load_runs
+
+ABLATIONS = {
+    "phi": "DP-AdamBC: Phi' subtracted",
+    "gamma_bc": "DP-AdamBC: gamma'",
+    "gamma_biased": "DP-Adam-Biased: gamma",
+    "beta": "DP-Adam-Biased: beta2, with 1 - beta1 = sqrt(1 - beta2)",
+}
+
+
+def _close(a, b) -> bool:
+    return a is not None and b is not None and math.isclose(float(a), float(b), rel_tol=1e-6)
+
+
+def classify(cfg: dict, gamma_bc: float, gamma_biased: float) -> list[tuple[str, float]]:
+    """The (ablation, x) points a run is part of (a default run can be a point of several)."""
+    opt = get(cfg, "optimizer.name")
+    phi_true = (
+        float(get(cfg, "privacy.sigma"))
+        * float(get(cfg, "privacy.clip"))
+        / float(get(cfg, "train.batch_size"))
+    ) ** 2
+    out = []
+    if opt == "adambc":
+        phi, scale = get(cfg, "optimizer.phi"), float(get(cfg, "optimizer.phi_scale") or 1.0)
+        effective = float(phi) if phi is not None else scale * phi_true
+        true_phi = phi is None and scale == 1.0
+        if _close(get(cfg, "optimizer.gamma"), gamma_bc):
+            out.append(("phi", effective))
+        if true_phi:
+            out.append(("gamma_bc", float(get(cfg, "optimizer.gamma"))))
+    elif opt == "adam":
+        b1, b2 = float(get(cfg, "optimizer.beta1")), float(get(cfg, "optimizer.beta2"))
+        if _close(b1, 0.9) and _close(b2, 0.999):
+            out.append(("gamma_biased", float(get(cfg, "optimizer.eps"))))
+        if _close(get(cfg, "optimizer.eps"), gamma_biased) and math.isclose(
+            1 - b1, math.sqrt(1 - b2), rel_tol=2e-3
+        ):
+            out.append(("beta", b2))
+    return out
+
+
+def build_for(dataset: str, profile: str) -> list:
+    paper = load_paper("tang")["settings"]["cifar10" if dataset == "cifar10" else "snli"]
+    table_id = f"tang_fig3_{dataset}"
+    experiment = f"{table_id}_{profile}"
+    command = f"make reproduce-table TABLE={table_id} PROFILE={profile}"
+    complete, incomplete = split_complete(load_runs(runs_dir(), experiment))
+    if not complete:
+        raise FileNotFoundError(f"no complete runs in {runs_dir() / experiment}; run `{command}`")
+    points: dict[tuple[str, float], list[float]] = {}
+    for r in complete:
+        for ab, x in classify(r.config, paper["gamma"]["adambc"], paper["gamma"]["adam"]):
+            points.setdefault((ab, x), []).append(float(r.summary["metrics"]["test_accuracy"]))
+    rows = [
+        {"ablation": ab, "x": x, "test_accuracy": float(np.mean(v)), "std": float(np.std(v)), "n": len(v)}
+        for (ab, x), v in sorted(points.items())
+    ]
+    df = pd.DataFrame(rows)
+    cfg = complete[0].config
+    phi_true = (
+        float(cfg["privacy"]["sigma"]) * float(cfg["privacy"]["clip"]) / float(cfg["train"]["batch_size"])
+    ) ** 2
+    claims = _claims(df, phi_true)
+    fig = _figure(df, table_id, phi_true)
+    notes = [
+        "One seed per point on the cpu profile: differences of a point or two are within seed noise "
+        f"(see the std of the tang_fig1_{dataset} runs).",
+        f"Ablations run at the tang_fig1_{dataset} setting of this profile; see results/tang_fig1_{dataset}.md.",
+    ]
+    if incomplete:
+        notes.append("Incomplete runs left out: " + ", ".join(r.path.name for r in incomplete))
+    return write_table(
+        table_id,
+        df,
+        title=f"Tang & Lecuyer Fig. 3 — ablations on {dataset}: final test accuracy (%)",
+        command=command,
+        setting=f"profile {profile}: C = {cfg['privacy']['clip']}, sigma = {cfg['privacy']['sigma']}, expected "
+        f"B = {cfg['train']['batch_size']}, {complete[0].summary.get('steps')} steps; true Phi = {phi_true:.4g}.",
+        claims=claims,
+        notes=notes,
+        figure=fig,
+        digits=3,
+    )
+
+
+def _claims(df: pd.DataFrame, phi_true: float) -> list[Claim]:
+    out = []
+    phi = df[df.ablation == "phi"].set_index("x")["test_accuracy"]
+    true = next((v for x, v in phi.items() if math.isclose(x, phi_true, rel_tol=1e-3)), None)
+    if true is not None and len(phi) > 1:
+        over = [v for x, v in phi.items() if x > phi_true * 1.01]
+        under = [v for x, v in phi.items() if x < phi_true / 1.01]
+        if over:
+            out.append(
+                Claim(
+                    "subtracting more than the true Phi hurts: accuracy(true Phi) > accuracy(Phi' > Phi)",
+                    true > max(over),
+                    f"{true:.2f} vs {max(over):.2f}",
+                )
+            )
+        if under:
+            out.append(
+                Claim(
+                    "subtracting less than the true Phi (towards DP-Adam-Biased) does not help: "
+                    "accuracy(true Phi) >= accuracy(Phi' < Phi)",
+                    true >= max(under),
+                    f"{true:.2f} vs {max(under):.2f}",
+                )
+            )
+    beta = df[df.ablation == "beta"].set_index("x")["test_accuracy"]
+    if len(beta) > 1 and 0.99 in beta.index:
+        out.append(
+            Claim(
+                "DP-Adam-Biased: beta2 = 0.99 is the best of the beta sweep",
+                bool(beta[0.99] >= beta.max()),
+                ", ".join(f"beta2 {x:g}: {v:.2f}" for x, v in beta.items()),
+            )
+        )
+    for ab in ("gamma_bc", "gamma_biased"):
+        s = df[df.ablation == ab]
+        if len(s) > 1:
+            out.append(
+                Claim(
+                    f"{ABLATIONS[ab]}: spread of accuracy over the grid (no claim; shown)",
+                    None,
+                    f"{s.test_accuracy.min():.2f}-{s.test_accuracy.max():.2f}",
+                )
+            )
+    return out
+
+
+def _figure(df: pd.DataFrame, table_id: str, phi_true: float):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
+    for ax, (ab, title) in zip(axes, ABLATIONS.items(), strict=True):
+        s = df[df.ablation == ab].sort_values("x")
+        if len(s):
+            ax.errorbar(s.x, s.test_accuracy, yerr=s["std"], marker="o")
+            ax.set_xscale("log" if ab != "beta" else "linear")
+        if ab == "phi":
+            ax.axvline(phi_true, color="gray", ls=":", label="true Phi")
+            ax.legend(fontsize=8)
+        ax.set(title=title, xlabel=ab, ylabel="test accuracy (%)")
+        ax.title.set_fontsize(9)
+    fig.tight_layout()
+    path = results_dir() / f"{table_id}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
