@@ -42,7 +42,7 @@ class Claim:
 
 def fmt(x: object, digits: int = 4) -> str:
     """Format a number for a markdown table: empty for missing, scientific for tiny/huge values."""
-    if x is None:
+    if x is None or x is pd.NA:
         return ""
     if isinstance(x, float):
         if math.isnan(x):

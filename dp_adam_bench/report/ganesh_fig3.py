@@ -217,6 +217,7 @@ def build(profile: str = "cpu") -> list:
             )
     df = pd.DataFrame(long_rows)
     df["ours_minus_paper"] = df["ours"] - df["paper"]
+    df["n"] = df["n"].astype("Int64")
 
     wide = []
     for row in ["no_finetuning", *ROWS]:

@@ -97,6 +97,7 @@ def build(profile: str = "cpu") -> list:
         )
     df = pd.DataFrame(rows)
     df["ours_minus_paper"] = df["ours"] - df["paper"]
+    df["n"] = df["n"].astype("Int64")
 
     claims = []
     for metric in METRICS:

@@ -1,0 +1,283 @@
+"""The language-task reports on synthetic run folders: cell assignment, the selection rule, claims, and that
+incomplete runs are left out and listed."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from dp_adam_bench.report import ganesh_fig3, ganesh_figs4_6, li_e2e, tang_fig2, tang_fig3, tang_table1
+
+
+def write_run(root, experiment, name, cfg, summary=None, metrics=(), npz=None):
+    folder = root / experiment / name
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    if summary is not None:
+        (folder / "summary.json").write_text(json.dumps({"status": "complete", **summary}))
+    if npz is not None:
+        (folder / "diagnostics").mkdir()
+        np.savez(folder / "diagnostics" / npz[0], **npz[1])
+    return folder
+
+
+# ---------------------------------------------------------------------------------------------- ganesh_fig3
+
+LOW, HIGH = 0.0059028, 0.015625  # the cpu profile's sigmas (configs/experiment/ganesh_fig3.yaml)
+
+
+def g3_cfg(opt, noise, sigma, lr, seed, **opt_kw):
+    return {
+        "task": {"name": "arxiv_mlm"},
+        "optimizer": {"name": opt, "lr": lr, **opt_kw},
+        "noise": {"kind": noise},
+        "privacy": {"sigma": sigma, "clip": 1.0, "delta": 1e-7},
+        "train": {"batch_size": 32},
+        "seed": seed,
+    }
+
+
+@pytest.fixture
+def g3_store(isolated_dirs):
+    root, exp = isolated_dirs / "runs", "ganesh_fig3_cpu"
+    losses = {  # (row optimizer, private) -> loss per column; stp best, ime worse than post-processing
+        ("adam", True): (7.3, 7.5, 7.6),
+        ("ime", True): (7.4, 7.6, 7.7),
+        ("bc", True): (7.35, 7.55, 7.65),
+        ("stp", True): (7.2, 7.4, 7.5),
+        ("sgd", True): (7.5, 7.7, 7.8),
+        ("noiseless_precond", True): (7.1, 7.3, 7.4),
+        ("stp_noiseless_precond", True): (7.0, 7.2, 7.3),
+    }
+    cols = [("independent", LOW), ("bandmf", HIGH), ("independent", HIGH)]
+    for (opt, _), vals in losses.items():
+        for (noise, sigma), loss in zip(cols, vals, strict=True):
+            for seed in (0, 1):
+                write_run(
+                    root,
+                    exp,
+                    f"{opt}-{noise}-{sigma}-s{seed}",
+                    g3_cfg(opt, noise, sigma, 1e-3, seed),
+                    {
+                        "metrics": {"test_loss": loss + 0.01 * seed},
+                        "epsilon": {"pld": 1e3},
+                        "delta": 1e-7,
+                        "steps": 96,
+                    },
+                    metrics=[{"step": 0, "test_loss": 10.3}],
+                )
+    # a worse learning rate for adam in the first column: the selection rule must not pick it
+    write_run(
+        root,
+        exp,
+        "adam-bad-lr",
+        g3_cfg("adam", "independent", LOW, 1e-2, 0),
+        {"metrics": {"test_loss": 9.0}, "steps": 96},
+    )
+    for opt, loss in (("sgd", 7.45), ("adam", 7.0)):
+        write_run(
+            root,
+            exp,
+            f"np-{opt}",
+            g3_cfg(opt, "none", 0.0, 1e-3, 0),
+            {"metrics": {"test_loss": loss}},
+            metrics=[
+                {"step": 0, "test_loss": 10.3},
+                {"step": 8, "diag/frac_v_below_bias": 0.8, "diag/reference_bias": 3e-8},
+            ],
+            npz=("step_8.npz", {"v_private": np.geomspace(1e-12, 1e-6, 100)}),
+        )
+    write_run(root, exp, "stp-crashed", g3_cfg("stp", "bandmf", HIGH, 1e-3, 5))  # no summary: incomplete
+    return isolated_dirs
+
+
+def test_ganesh_fig3_cells_selection_and_claims(g3_store):
+    ganesh_fig3.build("cpu")
+    df = pd.read_csv(g3_store / "results" / "ganesh_fig3.csv")
+    post = df[(df.row == "postprocessing") & (df.column == "dpsgd_sigma0.134")].iloc[0]
+    assert post.ours == pytest.approx(7.305) and post.n == 2 and "lr=0.001" in post.chosen  # not the bad lr
+    assert post.paper == pytest.approx(3.251)
+    init = df[df.row == "no_finetuning"].iloc[0]
+    assert init.ours == pytest.approx(10.3) and init.column == "dpsgd_sigma0.134"
+    assert df[(df.row == "nonprivate_adam")].iloc[0].ours == pytest.approx(7.0)
+    md = (g3_store / "results" / "ganesh_fig3.md").read_text()
+    assert "[ours] DP-BandMF: scale-then-privatize has the lowest loss of the DP variants: **holds**" in md
+    assert "[ours] DP-SGD, sigma at BandMF's RMSE: IME is worse than post-processing: **holds**" in md
+    assert "[ours] DP-BandMF beats DP-SGD at the same epsilon for every DP variant: **holds**" in md
+    assert "[paper] DP-SGD, sigma at BandMF's epsilon: IME is worse than post-processing: **holds**" in md
+    assert "Incomplete runs left out: stp-crashed" in md
+
+
+def test_ganesh_figs4_6_from_the_same_runs(g3_store):
+    root, exp = g3_store / "runs", "ganesh_fig3_cpu"
+    diag = [
+        {"step": s, "diag/frac_negative_after_bc": 0.47, "diag/grad_norm_over_clip": 0.3} for s in (8, 16)
+    ]
+    write_run(
+        root,
+        exp,
+        "bc-diag",
+        g3_cfg("bc", "independent", LOW, 1e-3, 7),
+        {"metrics": {"test_loss": 7.3}},
+        metrics=diag,
+    )
+    write_run(
+        root,
+        exp,
+        "adam-diag",
+        g3_cfg("adam", "independent", LOW, 1e-3, 7),
+        {"metrics": {"test_loss": 7.3}},
+        metrics=diag,
+    )
+    ganesh_figs4_6.build("cpu")
+    md = (g3_store / "results" / "ganesh_figs4_6.md").read_text()
+    assert "about half of the bias-corrected coordinates are negative" in md and "**holds**" in md
+    assert "most coordinates of the non-private second moment fall below the bias" in md
+    assert (g3_store / "results" / "ganesh_figs4_6.png").exists()
+
+
+# ---------------------------------------------------------------------------------------------- tang SNLI
+
+
+def snli_cfg(opt, seed, **kw):
+    return {
+        "task": {"name": "snli_bert"},
+        "optimizer": {
+            "name": opt,
+            "lr": 1e-3,
+            "beta1": 0.9,
+            "beta2": 0.999,
+            "eps": 1e-8,
+            "gamma": 1e-9,
+            "phi": None,
+            "phi_scale": 1.0,
+            **kw,
+        },
+        "noise": {"kind": "independent"},
+        "privacy": {"sigma": 0.1, "clip": 0.1, "delta": 1e-5},
+        "train": {"batch_size": 64},
+        "diagnostics": {"every": 60},
+        "seed": seed,
+    }
+
+
+def diag_row(step, phi=2.44140625e-8):
+    row = {"step": step, "diag/phi": phi}
+    for q, scale in (("v_clean", 1e-12), ("v_private", phi), ("v_private_minus_phi", 1e-10)):
+        row |= {
+            f"diag/{q}_{s}": scale * f
+            for s, f in zip(
+                ("min", "q1", "median", "q3", "max", "mean"), (0.5, 0.9, 1.0, 1.1, 2.0, 1.0), strict=True
+            )
+        }
+    return row
+
+
+def test_tang_table1_and_fig2(isolated_dirs):
+    root = isolated_dirs / "runs"
+    rng = np.random.default_rng(0)
+    m = rng.normal(0, 1e-6, 1000)
+    v_c = m**2 + 1e-13
+    v_p = 2.44e-8 + rng.normal(0, 1e-9, 1000)
+    arrays = {
+        "m_clean": m,
+        "m_private": m + rng.normal(0, 1e-4, 1000),
+        "v_clean": v_c,
+        "v_private": v_p,
+        "v_private_minus_phi": v_p - 2.44e-8,
+        "update_clean": m / np.sqrt(v_c),
+        "update_private_v": m / np.sqrt(v_p),
+        "update_corrected_v": m / np.sqrt(np.clip(v_p - 2.44e-8, 1e-30, None)),
+    }
+    for seed in (0, 1):
+        write_run(
+            root,
+            "tang_fig1_snli_cpu",
+            f"adam-s{seed}",
+            snli_cfg("adam", seed),
+            {"metrics": {"test_accuracy": 40.0}},
+            metrics=[diag_row(60), diag_row(120)],
+            npz=("step_120.npz", arrays),
+        )
+    tang_table1.build("cpu")
+    df = pd.read_csv(isolated_dirs / "results" / "tang_table1.csv")
+    ours = df[(df.source.str.startswith("ours")) & (df.t == 120) & (df.quantity == "v^p")].iloc[0]
+    assert ours["median"] == pytest.approx(2.44140625e-8)
+    md = (isolated_dirs / "results" / "tang_table1.md").read_text()
+    assert "Phi = (sigma C / B)^2 equals the paper's 2.441e-8: **holds**" in md
+    assert "v^p sits at the noise bias" in md and "**does not hold**" not in md
+    tang_fig2.build("cpu")
+    md = (isolated_dirs / "results" / "tang_fig2.md").read_text()
+    assert (
+        "the noise bias shrinks the update" in md and (isolated_dirs / "results" / "tang_fig2.png").exists()
+    )
+
+
+def test_tang_fig3_sorts_runs_into_ablations(isolated_dirs):
+    root, exp = isolated_dirs / "runs", "tang_fig3_snli_cpu"
+    acc = {None: 50.0, 1e-7: 45.0, 1e-9: 48.0}
+    for phi, a in acc.items():
+        write_run(root, exp, f"phi-{phi}", snli_cfg("adambc", 0, phi=phi), {"metrics": {"test_accuracy": a}})
+    for g, a in ((1e-7, 47.0), (1e-11, 49.0)):
+        write_run(root, exp, f"g-{g}", snli_cfg("adambc", 0, gamma=g), {"metrics": {"test_accuracy": a}})
+    for b2, b1, a in ((0.9, 0.6838, 40.0), (0.99, 0.9, 44.0), (0.999, 0.9684, 42.0)):
+        write_run(
+            root, exp, f"b-{b2}", snli_cfg("adam", 0, beta1=b1, beta2=b2), {"metrics": {"test_accuracy": a}}
+        )
+    tang_fig3.build_for("snli", "cpu")
+    df = pd.read_csv(isolated_dirs / "results" / "tang_fig3_snli.csv")
+    assert set(df.ablation) == {"phi", "gamma_bc", "beta"}
+    assert len(df[df.ablation == "phi"]) == 3 and len(df[df.ablation == "gamma_bc"]) == 3
+    md = (isolated_dirs / "results" / "tang_fig3_snli.md").read_text()
+    assert (
+        "subtracting more than the true Phi hurts: accuracy(true Phi) > accuracy(Phi' > Phi): **holds**" in md
+    )
+    assert "DP-Adam-Biased: beta2 = 0.99 is the best of the beta sweep: **holds**" in md
+
+
+# ---------------------------------------------------------------------------------------------- li_e2e
+
+
+def test_li_e2e_columns_metrics_and_accounting_rows(isolated_dirs):
+    root, exp = isolated_dirs / "runs", "li_e2e_cpu"
+
+    def cfg(noise, target):
+        return {
+            "task": {"name": "e2e_gpt2", "test_subset": 100, "num_beams": 5},
+            "optimizer": {"name": "adam", "lr": 2e-3},
+            "noise": {"kind": noise},
+            "privacy": {"sigma": None, "clip": 0.1, "delta": 1.1887e-5, "target_epsilon": target},
+            "train": {"batch_size": 32, "clipping": "bk"},
+            "seed": 0,
+        }
+
+    for noise, target, bleu in (("independent", 3.0, 10.0), ("independent", 8.0, 12.0), ("none", None, 30.0)):
+        eps = (
+            {"rdp": target, "gdp_clt": 0.9 * target, "prv": 0.95 * target, "pld": 0.95 * target}
+            if target
+            else {}
+        )
+        write_run(
+            root,
+            exp,
+            f"{noise}-{target}",
+            cfg(noise, target),
+            {
+                "metrics": {"test_bleu": bleu, "test_rougeL": bleu + 5},
+                "epsilon": eps,
+                "sigma": 0.5 if target else 0.0,
+                "steps": 150,
+            },
+        )
+    li_e2e.build("cpu")
+    df = pd.read_csv(isolated_dirs / "results" / "li_e2e.csv")
+    bleu = df[df.quantity == "bleu"].set_index("column")
+    assert bleu.loc["eps3", "paper"] == pytest.approx(61.519) and bleu.loc["nonprivate", "ours"] == 30.0
+    gdp = df[df.quantity.str.contains("CLT")].set_index("column")
+    assert gdp.loc["eps8", "paper"] == pytest.approx(6.77) and gdp.loc["eps8", "ours"] == pytest.approx(7.2)
+    md = (isolated_dirs / "results" / "li_e2e.md").read_text()
+    assert "bleu: non-private > eps = 8 > eps = 3: **holds**" in md
+    assert "TRAINED FROM SCRATCH" in md
