@@ -153,10 +153,33 @@ def test_report_document_collects_every_claim(isolated_dirs):
     res = isolated_dirs / "results"
     res.mkdir()
     (res / "ganesh_fig2.md").write_text(md)
+    (res / "paper").mkdir()
+    (res / "paper" / "ganesh_fig2.md").write_text(
+        md.replace("(1 vs 0)", "(2 vs 0)") + "\n![f](ganesh_fig2.png)\n"
+    )
     text = build_document().read_text()
-    assert "| [ganesh_fig2](#ganesh_fig2) | a > b | **holds** | 1 vs 0 |" in text
-    assert "1 claims hold, 1 do not." in text
+    assert "| [ganesh_fig2](#ganesh_fig2-cpu) | cpu | a > b | **holds** | 1 vs 0 |" in text
+    assert "| [ganesh_fig2](#ganesh_fig2-paper) | paper | a > b | **holds** | 2 vs 0 |" in text
+    assert "![f](paper/ganesh_fig2.png)" in text  # a paper-profile figure is linked from results/paper/
+    assert "2 claims hold, 2 do not." in text
     assert "Not generated yet:" in text and "`tang_budget`" in text
+
+
+def test_paper_profile_tables_go_to_their_own_folder(isolated_dirs, monkeypatch):
+    from dp_adam_bench.report import registry
+
+    seen = {}
+
+    def fake_build(profile):
+        from dp_adam_bench.paths import results_dir
+
+        seen[profile] = results_dir()
+        return []
+
+    monkeypatch.setattr(ganesh_fig2, "build", fake_build)
+    registry.build("ganesh_fig2", "paper")
+    registry.build("ganesh_fig2", "cpu")
+    assert seen == {"paper": isolated_dirs / "results" / "paper", "cpu": isolated_dirs / "results"}
 
 
 def test_runs_outside_the_current_preset_are_set_aside_not_deleted(isolated_dirs):

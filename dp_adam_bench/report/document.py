@@ -10,11 +10,14 @@ import re
 from pathlib import Path
 
 from dp_adam_bench.paths import results_dir
-from dp_adam_bench.report.registry import REPORTS
+from dp_adam_bench.report.registry import REPORTS, results_for
 
 CLAIM = re.compile(
     r"^- (?P<text>.+?): \*\*(?P<verdict>holds|does not hold|not checked)\*\*(?: \((?P<detail>.*)\))?$"
 )
+
+
+IMAGE = re.compile(r"!\[(.*?)\]\((?!https?:)(.*?)\)")
 
 
 def claims_of(markdown: str) -> list[tuple[str, str, str]]:
@@ -35,12 +38,23 @@ def _command(markdown: str) -> str:
     return m.group(1) if m else ""
 
 
+PROFILES = ("cpu", "paper")
+
+
 def build_document(out: Path | None = None) -> Path:
     res = results_dir()
     out = out or res / "REPORT.md"
-    tables = [(tid, spec, res / f"{tid}.md") for tid, spec in REPORTS.items()]
-    present = [(tid, spec, p.read_text()) for tid, spec, p in tables if p.exists()]
-    missing = [tid for tid, _, p in tables if not p.exists()]
+    present, missing = [], []
+    for tid, spec in REPORTS.items():
+        found = False
+        for profile in PROFILES if spec.experiment else ("cpu",):
+            p = results_for(profile, res) / f"{tid}.md"
+            if p.exists():
+                found = True
+                label = profile if spec.experiment else "exact"
+                present.append((tid, spec, label, p.read_text(), p.relative_to(res)))
+        if not found:
+            missing.append(tid)
     lines = [
         "# dp-adam-bench — results",
         "",
@@ -49,15 +63,17 @@ def build_document(out: Path | None = None) -> Path:
         "",
         "## Summary of paper claims",
         "",
-        "| table | claim | verdict | detail |",
-        "|---|---|---|---|",
+        "| table | profile | claim | verdict | detail |",
+        "|---|---|---|---|---|",
     ]
     n_hold = n_fail = 0
-    for tid, _, md in present:
+    for tid, _, label, md, _ in present:
         for text, verdict, detail in claims_of(md):
             n_hold += verdict == "holds"
             n_fail += verdict == "does not hold"
-            lines.append(f"| [{tid}](#{tid}) | {text} | **{verdict}** | {detail.replace('|', '/')} |")
+            lines.append(
+                f"| [{tid}](#{tid}-{label}) | {label} | {text} | **{verdict}** | {detail.replace('|', '/')} |"
+            )
     lines += ["", f"{n_hold} claims hold, {n_fail} do not.", ""]
     if missing:
         lines += [
@@ -65,13 +81,20 @@ def build_document(out: Path | None = None) -> Path:
             "",
         ]
     lines += ["## Tables", ""]
-    for tid, spec, md in present:
+    for tid, spec, label, md, rel in present:
         body = md.split("\n", 1)[1] if md.startswith("# ") else md
         title = md.splitlines()[0].lstrip("# ") if md.startswith("# ") else tid
-        lines += [f'<a id="{tid}"></a>', f"### {title}", "", f"*{spec.paper}* — `{_command(md)}`", ""]
         lines += [
-            ln.replace("## ", "#### ", 1) if ln.startswith("## ") else ln for ln in body.splitlines()[1:]
+            f'<a id="{tid}-{label}"></a>',
+            f"### {title} ({label})",
+            "",
+            f"*{spec.paper}* — `{_command(md)}` — [{rel}]({rel})",
+            "",
         ]
+        prefix = "" if rel.parent == Path(".") else f"{rel.parent.as_posix()}/"
+        for ln in body.splitlines()[1:]:
+            ln = ln.replace("## ", "#### ", 1) if ln.startswith("## ") else ln
+            lines.append(IMAGE.sub(lambda m, pre=prefix: f"![{m[1]}]({pre}{m[2]})", ln))
         lines.append("")
     out.write_text("\n".join(lines))
     return out

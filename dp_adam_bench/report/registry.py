@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -144,7 +146,32 @@ def resolve(table: str) -> list[str]:
     raise ValueError(f"unknown table {table!r}; valid tables and groups: {', '.join(valid)}")
 
 
+def results_for(profile: str, base: Path | None = None) -> Path:
+    """Where a profile's tables go: ``results/`` for cpu (the default, what CI regenerates), ``results/<profile>/``
+    for another profile, so paper-scale tables never overwrite the CPU ones."""
+    from dp_adam_bench.paths import results_dir
+
+    base = base or results_dir()
+    return base if profile == "cpu" else base / profile
+
+
+@contextlib.contextmanager
+def _results_in(folder: Path):
+    old = os.environ.get("DP_ADAM_BENCH_RESULTS")
+    os.environ["DP_ADAM_BENCH_RESULTS"] = str(folder)
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["DP_ADAM_BENCH_RESULTS"]
+        else:
+            os.environ["DP_ADAM_BENCH_RESULTS"] = old
+
+
 def build(table_id: str, profile: str = "cpu") -> list[Path]:
     spec = REPORTS[table_id]
     module = importlib.import_module(f"dp_adam_bench.report.{spec.module}")
-    return module.build(profile=profile)
+    if spec.experiment is None:  # computed exactly: the same table at every profile
+        return module.build(profile=profile)
+    with _results_in(results_for(profile)):
+        return module.build(profile=profile)
