@@ -42,7 +42,7 @@ def folder_of(root):
 
 def test_poisson_run_is_accounted_per_step(isolated_dirs):
     s = train(compose_cfg(BASE))
-    assert s["steps"] == 8 and s["sampler"] == "poisson" and s["clipping"] == "ghost"
+    assert s["steps"] == 8 and s["sampler"] == "poisson" and s["clipping"] == "bk"
     ledger = s["ledger"]
     assert ledger["events"][0]["count"] == 8 and ledger["events"][0]["kind"] == "poisson_gaussian"
     assert s["epsilon"]["rdp"] > s["epsilon"]["pld"] > 0
