@@ -4,6 +4,10 @@ Also ``dp-adam-bench train ...``. Hydra composes ``configs/``; every run writes 
 ``runs/<experiment_name>/<run_id>/`` (see :mod:`dp_adam_bench.tracking.run_store`) and logs the same metrics to
 W&B (offline unless a key is set). A complete run folder is skipped unless ``train.force=true``, so a relaunched
 sweep only runs what is missing.
+
+Data-parallel: ``torchrun --nproc_per_node=N -m dp_adam_bench.train ...`` (model tasks; see
+:mod:`dp_adam_bench.engine.distributed`). Rank 0 decides whether the run is complete, creates the folder and logs;
+the other ranks train alongside it and write nothing.
 """
 
 from __future__ import annotations
@@ -37,16 +41,25 @@ def run_config(cfg: DictConfig) -> dict:
 
 
 def train(cfg: DictConfig) -> dict | None:
-    """Run one configuration (already composed); returns the summary, or None if the run was already complete."""
-    from dp_adam_bench.engine import loop, trainer
+    """Run one configuration (already composed); returns the summary, or None if the run was already complete
+    (or, data-parallel, on ranks other than 0: their result is rank 0's)."""
+    from dp_adam_bench.engine import distributed, loop, trainer
     from dp_adam_bench.tasks.registry import build_task
 
     data = run_config(cfg)
     validate(data)
+    ddp = distributed.setup(data["train"].get("distributed", "auto"), data["train"].get("device", "auto"))
     root = cfg.paths.runs or runs_dir()
     folder_path = Path(root) / data["experiment_name"] / run_id(data)
-    if is_complete(folder_path) and not cfg.train.force:
+    # rank 0 decides for all: its folder writes below must not change another rank's answer
+    if ddp.broadcast_object(is_complete(folder_path) and not cfg.train.force):
         log.info("skipping complete run %s", folder_path)
+        return None
+    if not ddp.is_main:  # trains its share of every step; the run folder and W&B are rank 0's
+        run_cfg = OmegaConf.create(data)
+        task = build_task(run_cfg.task, trials=int(run_cfg.task.get("trials", 1)), seed=int(run_cfg.seed))
+        _refuse_toy_task(task, ddp)
+        trainer.run(run_cfg, folder_path, lambda step, metrics: None, task=task)
         return None
     folder = RunFolder.create(root, data["experiment_name"], data)
     tags = [
@@ -75,6 +88,7 @@ def train(cfg: DictConfig) -> dict | None:
         run_cfg = OmegaConf.create(data)
         task = build_task(run_cfg.task, trials=int(run_cfg.task.get("trials", 1)), seed=int(run_cfg.seed))
         engine = loop if hasattr(task, "per_example_grads") else trainer  # closed-form toy task or nn.Module
+        _refuse_toy_task(task, ddp)
         result = engine.run(run_cfg, folder.path, log_both, task=task)
         folder.write_json("ledger.json", result["ledger"])
         summary = folder.finish(result, seed=int(data["seed"]))
@@ -83,6 +97,14 @@ def train(cfg: DictConfig) -> dict | None:
         wb.finish()
     log.info("run %s: %s", folder.path.name, summary["metrics"])
     return summary
+
+
+def _refuse_toy_task(task, ddp) -> None:
+    if ddp.active and hasattr(task, "per_example_grads"):
+        raise ValueError(
+            f"task {task.name!r} is a closed-form toy task that runs in one process; data-parallel training "
+            "(torchrun) is for model tasks"
+        )
 
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")

@@ -87,8 +87,8 @@ def test_checkpoint_of_another_config_is_refused(isolated_dirs):
 
 
 def test_stp_with_ghost_clipping_fails_clearly(isolated_dirs):
-    with pytest.raises(ValueError, match="ghost clipping cannot compute; set train.clipping=hooks"):
-        train(compose_cfg([*BASE, "optimizer=stp"]))
+    with pytest.raises(ValueError, match="ghost clipping cannot compute; set train.clipping=bk, hooks"):
+        train(compose_cfg([*BASE, "optimizer=stp", "train.clipping=ghost"]))
 
 
 def test_epsilon_budget_stops_before_the_step_that_would_exceed_it(isolated_dirs):

@@ -7,6 +7,12 @@ optional epsilon budget.
 Resuming: with ``train.checkpoint_every > 0`` a checkpoint is written every that many steps; a run whose folder
 holds a checkpoint continues from it, with the same sampler, noise stream and ledger it would have had, and ends
 bit-identical (same seed, CPU) to the uninterrupted run.
+
+Data-parallel (``torchrun --nproc_per_node=N``, see :mod:`dp_adam_bench.engine.distributed`): every rank draws
+the same logical batch and clips its share of it; the clipped sums are all-reduced, rank 0 alone draws the noise
+and broadcasts it, and every rank applies the same update. The ledger is the one-process ledger (the sampler is
+global), and the result equals the one-process run up to the order of float additions. Only rank 0 evaluates,
+logs, and writes the run folder (metrics, diagnostics, checkpoints); every rank reads the checkpoint to resume.
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ import torch
 
 from dp_adam_bench.config import resolve_sigma
 from dp_adam_bench.engine import checkpoint as ckpt
+from dp_adam_bench.engine import distributed
 from dp_adam_bench.engine.diagnostics import Diagnostics
+from dp_adam_bench.engine.distributed import SharedNoise
 from dp_adam_bench.engine.grads import build_engine
 from dp_adam_bench.engine.privatizer import Privatizer
 from dp_adam_bench.engine.sampling import PoissonSampler, ShuffleSampler, SinglePassSampler
@@ -91,7 +99,44 @@ def _truncate_metrics(folder: Path, step: int) -> None:
         f.write_text("".join(ln + "\n" for ln in lines))
 
 
+def _seed_global_rng(ddp, seed: int, payload: dict | None) -> None:
+    """The global torch RNG (dropout masks). Rank 0 keeps the one-process stream (``torch.manual_seed(seed)``, or
+    the checkpointed state); the other ranks get streams of their own, since copies of rank 0's would give the
+    examples at the same position on every rank the same dropout masks. A checkpoint holds every rank's state;
+    resumed with another number of ranks, rank r > 0 starts a fresh stream (the result then differs in dropout
+    only, like any change of the world size)."""
+    if payload is None:
+        if not ddp.is_main:
+            torch.manual_seed(seed * 1_000_003 + ddp.rank)
+        return
+    ranks = payload.get("torch_rng_ranks") or []
+    if ddp.is_main:
+        torch.set_rng_state(payload["torch_rng"].cpu())
+    elif len(ranks) == ddp.world:
+        torch.set_rng_state(ranks[ddp.rank].cpu())
+    else:
+        torch.manual_seed(seed * 1_000_003 + ddp.rank + 7919 * int(payload["step"]))
+
+
+def _public_grad(engine, task, pick: torch.Tensor, device, ddp) -> list[torch.Tensor]:
+    """Mean gradient of the public side-information batch ``pick`` (the same indices on every rank). Data-parallel:
+    rank r takes ``pick[r::world]`` and the count-weighted means are all-reduced into the global mean."""
+    if not ddp.active:
+        return engine.mean_grad({k: v.to(device) for k, v in task.get_batch(pick).items()})
+    mine = pick[ddp.rank :: ddp.world]
+    if len(mine):
+        grads = engine.mean_grad({k: v.to(device) for k, v in task.get_batch(mine).items()})
+        grads = [g * len(mine) for g in grads]
+    else:
+        grads = [torch.zeros_like(p) for p in engine.params]
+    ddp.all_reduce_(grads)
+    return [g / len(pick) for g in grads]
+
+
 def run(cfg, folder: Path, log_metrics: Callable[[int, dict], None], task=None) -> dict:
+    """Train one model-task run whose folder is ``folder``; returns its summary. Data-parallel, every rank must
+    call it (same config, same folder); only rank 0's summary carries metrics and epsilons, and only rank 0 calls
+    ``log_metrics`` or writes into ``folder``."""
     from dp_adam_bench.privacy.accounting import PrivacyLedger, mf_epsilon, steps_to_epsilon
     from dp_adam_bench.tasks.registry import build_task
 
@@ -99,9 +144,10 @@ def run(cfg, folder: Path, log_metrics: Callable[[int, dict], None], task=None) 
     seed = int(cfg.seed)
     if cfg.train.get("threads"):
         torch.set_num_threads(int(cfg.train.threads))
-    torch.manual_seed(seed)
+    ddp = distributed.setup(cfg.train.get("distributed", "auto"), cfg.train.get("device", "auto"))
+    torch.manual_seed(seed)  # every rank builds the same model
     task = task or build_task(cfg.task, trials=1, seed=seed)
-    device = resolve_device(cfg.train.get("device", "auto"))
+    device = ddp.device or resolve_device(cfg.train.get("device", "auto"))
     model = task.build_model().to(device)
     params = [p for p in model.parameters() if p.requires_grad]
 
@@ -129,13 +175,14 @@ def run(cfg, folder: Path, log_metrics: Callable[[int, dict], None], task=None) 
     account_sigma = sigma * variant.sigma_factor  # the noise multiplier the accountant sees
 
     diag_cfg = cfg.get("diagnostics") or {}
-    diagnostics = Diagnostics(
-        every=int(diag_cfg.get("every", 0) or 0),
+    diag_every = int(diag_cfg.get("every", 0) or 0)
+    diagnostics = Diagnostics(  # rank 0's: the clean sum it observes is the all-reduced, global one
+        every=diag_every if ddp.is_main else 0,
         beta1=float(cfg.optimizer.get("beta1", 0.9)),
         beta2=float(cfg.optimizer.get("beta2", 0.999)),
         reference_sigma=diag_cfg.get("reference_sigma"),
         reference_clip=diag_cfg.get("reference_clip") or cfg.privacy.get("clip"),
-        hist_dir=folder / "diagnostics" if diag_cfg.get("histograms", True) else None,
+        hist_dir=folder / "diagnostics" if diag_cfg.get("histograms", True) and ddp.is_main else None,
         seed=seed,
     )
 
@@ -144,13 +191,21 @@ def run(cfg, folder: Path, log_metrics: Callable[[int, dict], None], task=None) 
     if private and sigma > 0:
         shapes = [p.shape for p in params]
         streams = 1 + variant.extra_noise_streams
-        mechanisms = build_mechanisms(strategy, shapes, streams, seed, params[0].dtype, device)
+        if not ddp.active:
+            mechanisms = build_mechanisms(strategy, shapes, streams, seed, params[0].dtype, device)
+        else:  # one noise draw per logical step for the whole world: rank 0's, broadcast (SharedNoise)
+            own = (
+                build_mechanisms(strategy, shapes, streams, seed, params[0].dtype, device)
+                if ddp.is_main
+                else [strategy.mechanism() for _ in range(streams)]
+            )
+            mechanisms = [SharedNoise(m, ddp, shapes, params[0].dtype, device) for m in own]
     privatizer = Privatizer(
         clip=clip,
         sigma=sigma,
         expected_batch_size=sampler.expected_batch_size,
         mechanisms=mechanisms,
-        provide_clean=variant.needs_clean or diagnostics.enabled,
+        provide_clean=variant.needs_clean or diag_every > 0,  # the same on every rank
     )
 
     # --- accounting: what the sampler allows the accountant to assume ---------------------------------------------
@@ -215,12 +270,15 @@ def run(cfg, folder: Path, log_metrics: Callable[[int, dict], None], task=None) 
         sampler.load_state_dict(payload["sampler"])
         ledger = PrivacyLedger.from_dict(payload["ledger"])
         diagnostics.load_state_dict(payload["diagnostics"])
-        torch.set_rng_state(payload["torch_rng"].cpu())
         side_gen.set_state(payload["side_rng"].cpu())
-        _truncate_metrics(folder, start)
-        log.info("resumed %s from step %d", folder.name, start)
-    elif (folder / "metrics.jsonl").exists():
+        if ddp.is_main:
+            _truncate_metrics(folder, start)
+            log.info("resumed %s from step %d", folder.name, start)
+    elif ddp.is_main and (folder / "metrics.jsonl").exists():
         (folder / "metrics.jsonl").unlink()
+    _seed_global_rng(ddp, seed, payload)
+    if ddp.active:  # a safety net for tasks whose build_model is not deterministic across processes
+        ddp.broadcast_([p.data for p in model.parameters()])
 
     if private and sigma > 0 and not sampler.amplification and start == 0:
         ledger.record_gaussian(sens / account_sigma)
@@ -230,7 +288,8 @@ def run(cfg, folder: Path, log_metrics: Callable[[int, dict], None], task=None) 
     every_log = int(cfg.train.get("log_every") or 100)
     every_eval = int(cfg.train.get("eval_every") or 0)
     stop_after = cfg.train.get("stop_after")  # test hook: simulate a kill after this many steps
-    if start == 0 and cfg.train.get("eval_at_start"):  # the untrained model (Ganesh Fig. 3 "no fine-tuning")
+    # the untrained model (Ganesh Fig. 3 "no fine-tuning")
+    if start == 0 and cfg.train.get("eval_at_start") and ddp.is_main:
         model.eval()
         with torch.no_grad():
             log_metrics(0, evaluate(task, model, final=False))
@@ -247,16 +306,21 @@ def run(cfg, folder: Path, log_metrics: Callable[[int, dict], None], task=None) 
             )
             break
         summed = [torch.zeros_like(p) for p in params]
-        norms = []
+        counts = torch.zeros(2, dtype=torch.float64, device=device)  # (examples, clipped ones) on this rank
         model.train()
         idx = population[idx]
         scale = variant.scale(state)  # once per logical step (stp); None for every other variant
-        for chunk in idx.split(phys):
+        for chunk in idx[ddp.rank :: ddp.world].split(phys):  # this rank's share of the logical batch
+            if not len(chunk):  # an empty Poisson batch, or fewer examples than ranks
+                continue
             batch = {k: v.to(device) for k, v in task.get_batch(chunk).items()}
             cs = engine.clipped_sum(batch, clip, scale)
             for acc, s in zip(summed, cs.summed, strict=True):
                 acc.add_(s)
-            norms.append(cs.norms)
+            counts[0] += cs.norms.numel()
+            if clip:
+                counts[1] += (cs.norms > clip).sum()
+        ddp.all_reduce_(summed)  # the global sum of clipped gradients, before any noise
         ctx = privatizer.privatize_sum(summed, scale)
         if public is not None:  # public side information: no clipping, no noise, no privacy cost
             pick = public[
@@ -266,7 +330,7 @@ def run(cfg, folder: Path, log_metrics: Callable[[int, dict], None], task=None) 
                     generator=side_gen,
                 )
             ]
-            ctx.side = engine.mean_grad({k: v.to(device) for k, v in task.get_batch(pick).items()})
+            ctx.side = _public_grad(engine, task, pick, device, ddp)
         with torch.no_grad():
             variant.update(params, state, ctx)
         if private and sigma > 0 and sampler.amplification:
@@ -276,44 +340,47 @@ def run(cfg, folder: Path, log_metrics: Callable[[int, dict], None], task=None) 
         if diag:
             metrics |= diag
         if step % every_log == 0 or step == sampler.steps:
-            n = torch.cat(norms) if norms else torch.zeros(0)
+            ddp.all_reduce_([counts])  # every rank logs on the same steps: a collective is safe here
             metrics |= {
                 "diag/batch_size": int(idx.numel()),  # realized size: depends on the sample
-                "diag/frac_clipped": float((n > clip).double().mean()) if clip and n.numel() else 0.0,
+                "diag/frac_clipped": float(counts[1] / counts[0]) if clip and counts[0] > 0 else 0.0,
             }
-        if (every_eval and step % every_eval == 0) or step == sampler.steps:
+        if ddp.is_main and ((every_eval and step % every_eval == 0) or step == sampler.steps):
             model.eval()
             with torch.no_grad():
                 last_metrics = evaluate(task, model, final=step == sampler.steps)
             metrics |= last_metrics
             if private and sigma > 0 and sampler.amplification:
                 metrics["epsilon"] = ledger.epsilon(delta, accountant)
-        if metrics:
+        if metrics and ddp.is_main:
             log_metrics(step, metrics)
         if every_ckpt and step % every_ckpt == 0:
-            ckpt.save(
-                folder,
-                {
-                    "step": step,
-                    "fingerprint": fp,
-                    "params": [p.detach().clone() for p in params],
-                    "variant": state,
-                    "privatizer": privatizer.state_dict(),
-                    "sampler": sampler.state_dict(),
-                    "ledger": ledger.to_dict(),
-                    "diagnostics": diagnostics.state_dict(),
-                    "torch_rng": torch.get_rng_state(),
-                    "side_rng": side_gen.get_state(),
-                },
-            )
+            rng_states = ddp.gather_objects(torch.get_rng_state())  # a collective: every rank takes part
+            if ddp.is_main:
+                ckpt.save(
+                    folder,
+                    {
+                        "step": step,
+                        "fingerprint": fp,
+                        "params": [p.detach().clone() for p in params],
+                        "variant": state,
+                        "privatizer": privatizer.state_dict(),
+                        "sampler": sampler.state_dict(),
+                        "ledger": ledger.to_dict(),
+                        "diagnostics": diagnostics.state_dict(),
+                        "torch_rng": torch.get_rng_state(),
+                        "side_rng": side_gen.get_state(),
+                        "torch_rng_ranks": rng_states,
+                    },
+                )
         if stop_after is not None and step >= int(stop_after):
             raise KeyboardInterrupt(f"train.stop_after={stop_after} reached (simulated kill)")
     engine.close()
-    if not last_metrics or stopped_by_budget:
+    if ddp.is_main and (not last_metrics or stopped_by_budget):
         model.eval()
         with torch.no_grad():
             last_metrics = evaluate(task, model, final=True)
-    eps = ledger.epsilons(delta) if (private and sigma > 0) else {}
+    eps = ledger.epsilons(delta) if (private and sigma > 0 and ddp.is_main) else {}
     return {
         "metrics": last_metrics,
         "steps": step,
@@ -328,6 +395,7 @@ def run(cfg, folder: Path, log_metrics: Callable[[int, dict], None], task=None) 
         "privacy_notes": notes,
         "stopped_by_budget": stopped_by_budget,
         "train_time_s": time.time() - t0,
+        "world_size": ddp.world,
         "final_params_sha1": _params_digest(params),
     }
 
