@@ -1,9 +1,12 @@
-"""``dp-adam-bench`` command line: train, sweep, report, reproduce, privacy."""
+"""``dp-adam-bench`` command line: train, sweep, report, reproduce, privacy, wandb-dashboard."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+
+from dp_adam_bench.tracking.wandb_dashboard import DashboardError
+from dp_adam_bench.tracking.wandb_source import WandbSourceError
 
 
 def _train(argv: list[str]) -> int:
@@ -15,7 +18,17 @@ def _train(argv: list[str]) -> int:
 
 
 def _report(args) -> int:
+    import os
+
     from dp_adam_bench.report import registry
+    from dp_adam_bench.tracking.run_store import RUN_SOURCE_ENV
+    from dp_adam_bench.tracking.wandb_source import PROJECT_ENV
+
+    # the reports read runs through run_store.load_runs, which follows these variables
+    if args.source:
+        os.environ[RUN_SOURCE_ENV] = args.source
+    if args.wandb_project:
+        os.environ[PROJECT_ENV] = args.wandb_project
 
     if args.document:
         from dp_adam_bench.report.document import build_document
@@ -39,6 +52,26 @@ def _sweep(args) -> int:
     from dp_adam_bench.sweep import run_sweep
 
     return run_sweep(args.experiment, args.profile, args.launcher, args.overrides, dry_run=args.dry_run)
+
+
+def _wandb_dashboard(args) -> int:
+    from dp_adam_bench.tracking import wandb_dashboard as dash
+
+    entity, project = dash.split_project(args.project)
+    presets = (
+        [args.experiment]
+        if args.experiment
+        else sorted(p.stem for p in (dash.CONFIG_DIR / "experiment").glob("*.yaml"))
+    )
+    plans = dash.dashboard_plan(dash.load_spec(), dash.experiment_info(presets, args.profile))
+    if args.dry_run:
+        print(dash.format_plan(plans, args.project))
+        return 0
+    if entity is None:
+        raise ValueError(f"--project must name the entity to save a workspace: ENTITY/{project}")
+    for url in dash.save_workspaces(dash.build_workspaces(plans, entity, project)):
+        print(f"saved {url}")
+    return 0
 
 
 def _reproduce(args) -> int:
@@ -74,13 +107,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--list", action="store_true", help="list table ids with their paper and runtime")
     p.add_argument("--document", action="store_true", help="assemble results/REPORT.md from the tables")
     p.add_argument("--profile", default="cpu", choices=["cpu", "paper"])
+    p.add_argument(
+        "--source",
+        choices=["local", "wandb", "both"],
+        help="where runs are read: the run store (default; $DP_ADAM_BENCH_RUN_SOURCE), the W&B API (needs "
+        "network and an API key), or both (the run store, completed by W&B runs it lacks)",
+    )
+    p.add_argument(
+        "--wandb-project",
+        metavar="ENTITY/PROJECT",
+        help="W&B project of the runs for --source wandb|both (default: $DP_ADAM_BENCH_WANDB_PROJECT, "
+        "else configs/logger/default.yaml)",
+    )
     p.set_defaults(func=_report)
 
     p = sub.add_parser("sweep", help="run an experiment preset's sweep (Hydra multirun)")
     p.add_argument("experiment")
     p.add_argument("--profile", default="cpu", choices=["cpu", "paper"])
     p.add_argument("--launcher", default="basic", choices=["basic", "joblib", "slurm"])
-    p.add_argument("--dry-run", action="store_true", help="print the multirun commands only")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the multirun commands only (with --launcher slurm, also the sbatch parameters)",
+    )
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
     p.set_defaults(func=_sweep)
 
@@ -89,6 +138,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", default="cpu", choices=["cpu", "paper"])
     p.add_argument("--launcher", default="basic", choices=["basic", "joblib", "slurm"])
     p.set_defaults(func=_reproduce)
+
+    p = sub.add_parser(
+        "wandb-dashboard", help="save the W&B workspace of configs/wandb/dashboard.yaml (one per experiment)"
+    )
+    p.add_argument("--project", required=True, metavar="ENTITY/PROJECT")
+    p.add_argument("--experiment", help="one experiment preset (default: every preset)")
+    p.add_argument(
+        "--profile", default="cpu", choices=["cpu", "paper"], help="names the W&B group of the runs"
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="print the panel plan; no network, no wandb-workspaces"
+    )
+    p.set_defaults(func=_wandb_dashboard)
 
     try:
         from dp_adam_bench.privacy.cli import add_parser as add_privacy
@@ -105,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, FileNotFoundError, WandbSourceError, DashboardError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
 

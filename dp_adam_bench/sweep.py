@@ -83,6 +83,109 @@ def sweep_commands(
     return commands
 
 
+def _is_hydra_override(override: str) -> bool:
+    return override.lstrip("+~").startswith(("hydra.", "hydra/"))
+
+
+def slurm_launcher_params(experiment: str, profile: str = "cpu", overrides: Sequence[str] = ()) -> dict:
+    """The ``hydra.launcher`` config the submitit SLURM launcher will get for this preset, resolved: Hydra's own
+    composition (``return_hydra_config=True``, ``hydra/launcher=slurm``), with the user's ``hydra.*`` overrides.
+
+    ``hydra.job.name`` is set to ``train``, the name Hydra gives the job of ``python -m dp_adam_bench.train``;
+    ``submitit_folder`` holds the sweep folder's timestamp, which a real launch takes at its own start.
+    """
+    load_preset(experiment, profile)  # an unknown preset fails with the valid ones
+    hydra_overrides = [o for o in overrides if _is_hydra_override(o)]
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(
+            "config",
+            overrides=[
+                f"experiment={experiment}",
+                f"profile={profile}",
+                "hydra/launcher=slurm",
+                "hydra.job.name=train",
+                *hydra_overrides,
+            ],
+            return_hydra_config=True,
+        )
+    return OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
+
+
+def count_jobs(command: Sequence[str]) -> int:
+    """Jobs one multirun command launches: the product of its sweep overrides' lengths, parsed as Hydra's basic
+    sweeper parses them (``a=1,2``, ``range(...)``, ``choice(...)``)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    args = list(command)
+    args = args[args.index("-m") + 1 :] if "-m" in args else args
+    n = 1
+    for override in OverridesParser.create().parse_overrides([a for a in args if "=" in a]):
+        if override.is_sweep_override() and not override.key_or_group.startswith("hydra"):
+            n *= len(list(override.sweep_string_iterator()))
+    return n
+
+
+def sbatch_lines(launcher_params: dict, n_jobs: int) -> list[str]:
+    """The ``#SBATCH`` lines submitit writes for a job array of ``n_jobs`` with these launcher params.
+
+    The same translation as the submitit launcher (hydra's generic names to submitit's slurm ones, memory in GB
+    to sbatch's unit) and submitit's own sbatch writer, so the dry run shows what the cluster will be asked for.
+    """
+    from submitit.slurm.slurm import SlurmExecutor, _convert_mem, _make_sbatch_string
+
+    params = {k: v for k, v in launcher_params.items() if k not in ("_target_", "max_num_timeout")}
+    folder = params.pop("submitit_folder")
+    renames = SlurmExecutor._equivalence_dict()
+    slurm = {renames.get(k) or k: v for k, v in params.items()}
+    if slurm.get("mem") is not None:
+        slurm["mem"] = _convert_mem(slurm["mem"])
+    script = _make_sbatch_string(
+        command="<submitit runs the job>", folder=folder, map_count=n_jobs if n_jobs > 1 else None, **slurm
+    )
+    return [line for line in script.splitlines() if line.startswith("#SBATCH")]
+
+
+# The launcher settings a reader checks first, in this order; the rest follow alphabetically.
+_SLURM_KEYS = (
+    "partition",
+    "account",
+    "qos",
+    "nodes",
+    "tasks_per_node",
+    "gpus_per_node",
+    "cpus_per_task",
+    "mem_gb",
+    "timeout_min",
+    "array_parallelism",
+    "submitit_folder",
+)
+
+
+def slurm_plan(
+    experiment: str, profile: str, commands: Sequence[Sequence[str]], overrides: Sequence[str] = ()
+) -> str:
+    """Text for ``sweep --launcher slurm --dry-run``: the composed launcher settings (the main ones always, the
+    others when set), the sbatch header submitit will write, and the job array of each multirun command."""
+    params = slurm_launcher_params(experiment, profile, overrides)
+    keys = [k for k in _SLURM_KEYS if k in params]
+    keys += sorted(
+        k for k in params if k not in _SLURM_KEYS and k != "_target_" and params[k] not in (None, {}, [])
+    )
+    lines = [f"SLURM launcher (hydra.launcher composed for experiment={experiment} profile={profile}):"]
+    lines += [f"  {k}: {_value(params[k])}" for k in keys]
+    if not params.get("partition"):
+        lines.append("  (partition null: the cluster's default partition; set hydra.launcher.partition=...)")
+    counts = [count_jobs(cmd) for cmd in commands]
+    header = [line for line in sbatch_lines(params, max(counts)) if not line.startswith("#SBATCH --array=")]
+    lines.append("sbatch header submitit writes (each multirun command is one job array; the sweep folder's")
+    lines.append("timestamp is taken when the sweep starts):")
+    lines += [f"  {line}" for line in header]
+    for i, n in enumerate(counts, 1):
+        array = [line for line in sbatch_lines(params, n) if line.startswith("#SBATCH --array=")]
+        lines.append(f"  command {i}: {n} job{'s' if n != 1 else ''}" + (f", {array[0]}" if array else ""))
+    return "\n".join(lines)
+
+
 def run_sweep(
     experiment: str,
     profile: str = "cpu",
@@ -90,7 +193,10 @@ def run_sweep(
     overrides: Sequence[str] = (),
     dry_run: bool = False,
 ) -> int:
-    for cmd in sweep_commands(experiment, profile, launcher, overrides):
+    commands = sweep_commands(experiment, profile, launcher, overrides)
+    if dry_run and launcher == "slurm":
+        print(slurm_plan(experiment, profile, commands, overrides), flush=True)
+    for cmd in commands:
         print("+ " + " ".join(cmd[1:]), flush=True)
         if dry_run:
             continue

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import subprocess
 import time
 from dataclasses import dataclass
@@ -50,6 +51,7 @@ OPERATIONAL_TRAIN_KEYS = (
     "log_every",
     "eval_every",
     "eval_at_start",
+    "distributed",  # data-parallel or not, the same result up to float summation order
 )
 
 
@@ -179,8 +181,46 @@ def is_complete(path: Path) -> bool:
         return False
 
 
+RUN_SOURCES = ("local", "wandb", "both")
+RUN_SOURCE_ENV = "DP_ADAM_BENCH_RUN_SOURCE"
+
+
+def run_source() -> str:
+    """Where :func:`load_runs` reads runs: ``$DP_ADAM_BENCH_RUN_SOURCE`` = ``local`` (the default: the run store,
+    no network), ``wandb`` (the W&B API only) or ``both`` (the run store, completed by W&B runs it lacks)."""
+    source = os.environ.get(RUN_SOURCE_ENV) or "local"
+    if source not in RUN_SOURCES:
+        raise ValueError(f"{RUN_SOURCE_ENV}={source!r} is not a run source; valid: {', '.join(RUN_SOURCES)}")
+    return source
+
+
 def load_runs(root: Path, experiment: str) -> list[RunRecord]:
-    """Every run folder of an experiment, complete or not."""
+    """Every run of an experiment, complete or not, from the source :func:`run_source` names.
+
+    Reports call this one function, so switching the source switches every table at once; with ``wandb`` the
+    experiment is the W&B group and the project is ``$DP_ADAM_BENCH_WANDB_PROJECT``
+    (see :mod:`dp_adam_bench.tracking.wandb_source`).
+    """
+    source = run_source()
+    if source == "local":
+        return load_local_runs(root, experiment)
+    from dp_adam_bench.tracking.wandb_source import WandbSourceError, load_wandb_runs, merge_records
+
+    remote = load_wandb_runs(experiment)
+    if source == "both":
+        return merge_records(load_local_runs(root, experiment), remote)
+    if not remote:
+        from dp_adam_bench.tracking.wandb_source import default_project
+
+        raise WandbSourceError(
+            f"no W&B runs in group {experiment!r} of project {default_project()!r} "
+            f"(set {RUN_SOURCE_ENV}=local to read the run store)"
+        )
+    return remote
+
+
+def load_local_runs(root: Path, experiment: str) -> list[RunRecord]:
+    """Every run folder of an experiment in the run store, complete or not."""
     base = Path(root) / experiment
     records = []
     if not base.is_dir():

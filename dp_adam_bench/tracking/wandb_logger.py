@@ -2,14 +2,33 @@
 
 Mode: ``logger.wandb.mode`` if set (``offline``, ``online``, ``disabled``); otherwise ``online`` when
 ``WANDB_API_KEY`` is set and ``offline`` when not (without a key, ``wandb.init`` in its default mode fails at once
-with a UsageError, see PITFALLS.md). Runs are grouped by experiment name and tagged with task / optimizer / noise /
-profile so a sweep is one group in the UI.
+with a UsageError, see PITFALLS.md).
+
+Labels (:func:`run_labels`), so that the W&B UI and the saved dashboard (``configs/wandb/dashboard.yaml``) can slice
+a sweep without reading configs:
+
+* ``group`` = the experiment name: one sweep is one W&B group, and a report's experiment is that group;
+* ``job_type`` = ``<optimizer>+<mechanism>``: W&B can group by one run attribute per panel, and the headline
+  comparison is optimizer x noise mechanism;
+* ``tags`` = experiment, task, optimizer, mechanism (noise kind) and profile, for the run table's tag filter.
+
+At the end the run's summary mirrors ``summary.json`` (status, metrics, trials, epsilon per accountant, steps,
+privacy notes...), both as top-level keys for the UI and, losslessly, as one JSON string under
+:data:`SUMMARY_JSON_KEY`: with the config and the history, a W&B run alone rebuilds the run store's
+``RunRecord`` (:mod:`dp_adam_bench.tracking.wandb_source`), so reports can read runs made on another machine.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+
+# The summary.json of the run, verbatim, in the W&B summary (nested W&B summary values are not guaranteed to come
+# back from the API exactly as written, a JSON string is).
+SUMMARY_JSON_KEY = "run_summary_json"
+# W&B refuses tags and job types longer than this.
+_MAX_LABEL = 64
 
 
 def resolve_mode(mode: str | None) -> str:
@@ -20,32 +39,54 @@ def resolve_mode(mode: str | None) -> str:
     return "online" if os.environ.get("WANDB_API_KEY") else "offline"
 
 
+def run_labels(config: dict) -> dict:
+    """W&B ``group``, ``job_type`` and ``tags`` of a resolved run config (see the module docstring)."""
+    experiment = str(config.get("experiment_name") or "adhoc")
+    task = str((config.get("task") or {}).get("name", "task"))
+    optimizer = str((config.get("optimizer") or {}).get("name", "optimizer"))
+    mechanism = str((config.get("noise") or {}).get("kind", "noise"))
+    profile = str(config.get("profile") or "cpu")
+    tags = []
+    for tag in (experiment, task, optimizer, mechanism, profile):
+        if tag[:_MAX_LABEL] not in tags:
+            tags.append(tag[:_MAX_LABEL])
+    return {"group": experiment, "job_type": f"{optimizer}+{mechanism}"[:_MAX_LABEL], "tags": tags}
+
+
 class WandbLogger:
+    """One W&B run beside one run folder (``run_dir``, which also holds W&B's files)."""
+
     def __init__(
         self,
         *,
         run_dir: Path,
         name: str,
-        group: str,
         config: dict,
-        tags: list[str],
         mode: str | None,
+        group: str | None = None,
+        tags: list[str] | None = None,
         project: str = "dp-adam-bench",
         entity: str | None = None,
     ):
+        """``group`` and ``tags`` default to :func:`run_labels`; tags given are kept, the standard ones added."""
         self.mode = resolve_mode(mode)
+        self.run_dir = Path(run_dir)
         self.run = None
         if self.mode == "disabled":
             return
         import wandb
 
+        labels = run_labels(config)
+        all_tags = [t[:_MAX_LABEL] for t in (tags or [])]
+        all_tags += [t for t in labels["tags"] if t not in all_tags]
         os.environ.setdefault("WANDB_SILENT", "true")
         self.run = wandb.init(
             project=project,
             entity=entity,
             name=name,
-            group=group,
-            tags=tags,
+            group=group or labels["group"],
+            job_type=labels["job_type"],
+            tags=all_tags,
             config=config,
             dir=str(run_dir),
             mode=self.mode,
@@ -61,8 +102,26 @@ class WandbLogger:
             for k, v in values.items():
                 self.run.summary[k] = v
 
+    def _mirror_run_summary(self) -> None:
+        """Copy the run folder's ``summary.json`` into the W&B summary, if the run wrote one.
+
+        Read from the folder, not passed in, so that W&B carries exactly what the run store holds: a run that
+        failed before ``summary.json`` gets no ``status`` in W&B either, and is incomplete in both.
+        """
+        path = self.run_dir / "summary.json"
+        if not path.exists():
+            return
+        try:
+            text = path.read_text()
+            payload = json.loads(text)
+        except (OSError, json.JSONDecodeError):
+            return
+        self.summary(payload)
+        self.run.summary[SUMMARY_JSON_KEY] = text
+
     def finish(self) -> None:
         if self.run is not None:
+            self._mirror_run_summary()
             self.run.finish()
             self.run = None
 
