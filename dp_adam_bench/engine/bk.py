@@ -68,27 +68,35 @@ MODES = ("auto", "gram", "instantiate")
 _GRAM_CHUNK = 1 << 24  # at most this many Gram-matrix entries (per matrix) at once: chunks of examples
 
 
+#: the Gram form pays T^2 (d + p) multiply-adds in small batched matmuls; instantiating pays T p d in matmuls
+#: plus ~3 memory-bound passes over the (B, p, d) per-example gradients (write, norm, weighted sum), which on a
+#: CPU cost about as much as 10 matmul multiply-adds per element: the Gram form wins iff T^2 (d + p) < ~30 p d.
+GRAM_FACTOR = 30
+
+
 def use_gram(T: int, d: int, p: int) -> bool:
     """Whether the Gram ("ghost") form is cheaper than instantiating the per-example gradient of a layer
     ``y_t = W a_t`` (W: p x d) seen at ``T`` positions per example.
 
-    Per-example cost model (multiply-adds, as implemented here):
+    Per-example cost (as implemented here):
 
-    * Gram: ``A A^T`` and ``G G^T`` cost ``T^2 (d + p)``; the clipped sum is then one matmul ``(c G)^T A``
-      over all B*T positions, ``T p d`` per example. Extra memory: two T x T matrices (``2 T^2``).
-    * instantiate: ``G_i^T A_i`` costs ``T p d``; its squared norm and the c-weighted sum reuse it (``~2 p d``).
-      Extra memory: ``p d`` per example, kept until the clipped sum.
+    * Gram: ``A A^T`` and ``G G^T`` cost ``T^2 (d + p)`` multiply-adds; the clipped sum is then one matmul
+      ``(c G)^T A`` over all B*T positions, ``T p d`` per example. Extra memory: two T x T matrices.
+    * instantiate: ``G_i^T A_i`` costs ``T p d``; then its norm and the c-weighted sum read the (B, p, d) tensor
+      again. Extra memory: ``p d`` per example, kept until the clipped sum.
 
-    The ``T p d`` term is common, so the Gram form wins iff ``T^2 (d + p) < 2 p d``. This is Bu et al.'s
-    layer-wise BK-MixOpt rule ``2 T^2 < p d`` (which compares the *memory* of the two paths) with the time of
-    forming the Gram matrices in place of their size; on CPU time is what counts. For T = 1 (a Linear on
-    (B, d)) the Gram form is just ``||a||^2 ||g||^2`` and always wins; for convolutions T is the number of
-    output pixels (CNN5 at B = 32: conv1-3 and conv5 instantiate, conv4 (T = 9, 1152 -> 256) takes the Gram form;
-    measured per layer on one CPU thread each choice was the faster one, e.g. conv4 2.7 ms Gram vs 41 ms
-    instantiated, conv2 4.3 ms instantiated vs 22 ms Gram). An embedding is passed as ``d = 1`` (its input is
-    a one-hot row selection), so it instantiates its touched rows unless T = 1.
+    The ``T p d`` matmul is common to both; what differs is ``T^2 (d + p)`` matmul work against ``p d`` elements
+    written and read a few times, which is memory-bound. Measured on one CPU thread (torch 2.13, B = 8-256),
+    the crossover is at ``T^2 (d + p) / (p d)`` of about 30 (:data:`GRAM_FACTOR`): CNN5 conv3 (ratio 23) 37 ms
+    Gram vs 63 ms instantiated, GPT-2's MLP in (27) 61 vs 92 ms, GPT-2's attention projections (43) 17 vs 15 ms,
+    BERT-tiny's FFN (160) 16 vs 8 ms, CNN5 conv2 (967) 211 vs 29 ms. A flop count alone (``T^2 (d + p) < 2 p d``)
+    instantiates every Linear of a T = 128 transformer and the LM heads, 1.5-1.75x slower end to end (and the
+    heads' per-example gradients alone are 8 x 768 x 50257 floats for GPT-2 at B = 8). Bu et al.'s BK-MixOpt rule
+    ``2 T^2 < p d`` compares the two paths' memory instead. For T = 1 (a Linear on (B, d)) the Gram form is just
+    ``||a||^2 ||g||^2`` and always wins. Embeddings do not use this rule: their instantiated path only sums
+    the output gradients per distinct (example, token), O(T p), so they take it unless T = 1.
     """
-    return T * T * (d + p) < 2 * p * d
+    return T * T * (d + p) < GRAM_FACTOR * p * d
 
 
 @dataclass
@@ -195,6 +203,12 @@ def _gram_sq(A: torch.Tensor, G: torch.Tensor, same_token: bool = False) -> torc
     return torch.cat(out).clamp(min=0)
 
 
+def _sq_norms(per_ex: torch.Tensor) -> torch.Tensor:
+    """Squared L2 norm of each example's slice: ``linalg.vector_norm`` (one fused pass; ``square().sum()``
+    materialises the squares and was ~10x slower on a (B, p, d) tensor here)."""
+    return torch.linalg.vector_norm(per_ex.reshape(per_ex.shape[0], -1), dim=1).square()
+
+
 def _scaled_sq(A: torch.Tensor, G: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
     """Per-example ``||S * (G_i^T A_i)||_F^2`` for a (p, d) scale ``S``, instantiating ``G_i^T A_i`` for a chunk of
     examples at a time (at most ``_GRAM_CHUNK`` entries)."""
@@ -204,7 +218,7 @@ def _scaled_sq(A: torch.Tensor, G: torch.Tensor, S: torch.Tensor) -> torch.Tenso
     out = []
     for i in range(0, b, step):
         W = torch.bmm(G[i : i + step].transpose(1, 2), A[i : i + step])
-        out.append((W * S).square().sum((1, 2)))
+        out.append(_sq_norms(W * S))
     return torch.cat(out)
 
 
@@ -292,11 +306,13 @@ class BKEngine(GradEngine):
         return hook
 
     # --- per-layer rules: (squared norms (B,), finish(c) -> {param: clipped sum}) -----------------------------------
-    def _path(self, name: str, T: int, d: int, p: int) -> bool:
+    def _path(self, name: str, T: int, d: int, p: int, embedding: bool = False) -> bool:
         if self._scale is not None:  # a per-coordinate scale: only instantiated per-example gradients see it
             gram = False
-        else:
-            gram = use_gram(T, d, p) if self.mode == "auto" else self.mode == "gram"
+        elif self.mode != "auto":
+            gram = self.mode == "gram"
+        else:  # an embedding's "instantiated" path only sums the T output gradients per distinct token: O(T p)
+            gram = T == 1 if embedding else use_gram(T, d, p)
         self.choices[name] = "gram" if gram else "instantiate"
         return gram
 
@@ -337,7 +353,7 @@ class BKEngine(GradEngine):
                 sq = sq + _gram_sq(A, G)
             else:
                 W = torch.bmm(G.transpose(1, 2), A)  # (B, p, d)
-                sq = sq + W.square().sum((1, 2))
+                sq = sq + _sq_norms(W)
                 A = G = None  # the clipped sum needs only W: free the (unfolded) activations now
             if sw is not None:
                 self.choices[layer.name] = "instantiate"
@@ -366,7 +382,7 @@ class BKEngine(GradEngine):
             G = G.masked_fill((ids == m.padding_idx)[..., None], 0)
         V, p = m.weight.shape
         sw = self._scale_of(m.weight)
-        if self._path(layer.name, ids.shape[1], 1, p):
+        if self._path(layer.name, ids.shape[1], 1, p, embedding=True):
             sq = _gram_sq(ids, G, same_token=True)
 
             def finish(c):
@@ -420,7 +436,7 @@ class BKEngine(GradEngine):
 
     @staticmethod
     def _from_per_example(per_ex: dict, b: int):
-        sq = sum((t.reshape(b, -1).square().sum(1) for t in per_ex.values()), torch.zeros(()))
+        sq = sum((_sq_norms(t) for t in per_ex.values()), torch.zeros(()))
 
         def finish(c):
             return {p: _weighted(c, t) for p, t in per_ex.items()}
