@@ -102,12 +102,14 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     df = run(args.repeats)
-    df.to_csv(OUT, index=False)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    df.to_csv(args.out, index=False)
     print(f"sigma calibration to eps = {TARGET:g}, delta = {DELTA:g}, cold caches, {args.repeats} repeats\n")
     print(markdown(df))
-    print(f"\nwritten: {OUT}")
+    print(f"\nwritten: {args.out}")
 
 
 if __name__ == "__main__":

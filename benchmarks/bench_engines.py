@@ -3,34 +3,50 @@
 One *step* is everything the trainer does for one logical batch:
 
 * ``nonprivate`` — forward, backward of the mean loss, ``torch.optim.Adam.step()`` (the baseline);
-* ``ghost`` / ``hooks`` / ``functorch`` — for each physical micro-batch the engine's sum of clipped per-example
-  gradients (flat clipping, C = 1), then independent Gaussian noise (sigma = 1) and the harness' ``adam``
-  variant update (:class:`dp_adam_bench.engine.privatizer.Privatizer`, ``dp_adam_bench.optim``);
+* ``ghost`` / ``hooks`` / ``functorch`` — Opacus ghost clipping, Opacus per-example hooks, ``torch.func``;
+  ``bk`` — our book-keeping engine (``dp_adam_bench/engine/bk.py``): for each physical micro-batch the engine's
+  sum of clipped per-example gradients (flat clipping, C = 1), then independent Gaussian noise (sigma = 1) and the
+  harness' ``adam`` variant update (:class:`dp_adam_bench.engine.privatizer.Privatizer`, ``dp_adam_bench.optim``);
 * ``stp`` — scale-then-privatize (``stp`` variant): the per-coordinate scale ``variant.scale(state)`` is computed,
-  per-example gradients are clipped in the scaled geometry, noised and unscaled. It needs a materialising engine:
-  hooks or functorch, whichever had the lower median step time at the same (model, batch size) in this run
-  (``--stp-engine auto``; the choice and both timings are in the ``notes`` column).
+  per-example gradients are clipped in the scaled geometry, noised and unscaled. Engine: ``--stp-engines``
+  (default ``bk``, which supports the scale; ``hooks`` / ``functorch`` for comparison, ``auto`` = whichever of
+  those had the lowest flat median step time at the same (model, B) in this run). One ``stp`` row per engine
+  given; the ``engine`` column tells them apart.
+
+Models (``MODELS``): ``cnn5`` (Tang & Lecuyer's CIFAR-10 CNN), ``bert_tiny`` (BERT-tiny classifier, T = 128),
+``bert_tiny_mlm`` (BERT-tiny masked LM as the ``arxiv_mlm`` task builds it: untied decoder, predictions only at
+the ~15 % chosen positions, T = 128) and ``gpt2_small`` (GPT-2 124M shape as the ``e2e_gpt2`` task builds it:
+random init, untied lm_head, Conv1D -> Linear, output layer only at the target half of the sequence, T = 128).
+Modes a model cannot run are skipped with a message, not failed (``UNSUPPORTED``: functorch's vmap breaks inside
+transformers' attention-mask code, and the LM tasks pass a mask).
 
 Inputs are random (fixed before timing, so data generation is not timed). Each (model, batch size, mode) runs in
 its own subprocess: ``peak_rss_gib`` is that child's ``ru_maxrss`` (the whole process: interpreter, torch, opacus
 and the step), and ``rss_before_steps_gib`` its resident memory after imports and set-up, before the first step.
-Every child imports opacus (and transformers for BERT), whatever its mode, so baselines are comparable. DP modes
-process a logical batch larger than ``--physical-batch-size`` (default 256, the trainer's default) in micro-batches
-of that size, the non-private step never does; the ``physical_batch_size`` column records what was done.
+Every child imports opacus (and transformers for the language models), whatever its mode, so baselines are
+comparable. DP modes process a logical batch larger than ``--physical-batch-size`` (default 256, the trainer's
+default) in micro-batches of that size, the non-private step never does; the ``physical_batch_size`` column
+records what was done.
 
     .venv/bin/python benchmarks/bench_engines.py                   # CNN5, B = 256 and 2048, all modes
     .venv/bin/python benchmarks/bench_engines.py --quick           # B = 16, 1 warm-up + 2 steps (tests / CI)
+    .venv/bin/python benchmarks/bench_engines.py --quick --models gpt2_small bert_tiny_mlm   # tiny shapes
     .venv/bin/python benchmarks/bench_engines.py --models bert_tiny --batch-sizes 256 --merge
+    .venv/bin/python benchmarks/bench_engines.py --models gpt2_small --batch-sizes 8 --stp-engines bk hooks --merge
     BENCH_THREADS=1 .venv/bin/python benchmarks/bench_engines.py --modes nonprivate ghost
 
-Threads: ``torch.set_num_threads`` (and OMP/MKL variables of the child) from ``BENCH_THREADS`` (default 2).
-Run one benchmark at a time: two torch jobs on a 2-core machine slow each other by up to 18x (PITFALLS.md).
-Adding a model: a builder returning a :class:`BenchModel`, one entry in ``MODELS``.
+``--quick`` also shrinks the language models (T = 16; GPT-2 with 2 layers of width 64): it tests the code
+paths, its numbers mean nothing. Threads: ``torch.set_num_threads`` (and OMP/MKL variables of the child) from
+``BENCH_THREADS`` (default 2). Run one benchmark at a time: two torch jobs on a 2-core machine slow each other by
+up to 18x (PITFALLS.md). Adding a model: a builder returning a :class:`BenchModel`, one entry in ``MODELS``.
+Where a step's time goes: ``benchmarks/profile_step.py`` (torch.profiler) runs the same step (:func:`build_step`)
+with ``record_function`` labels around its phases.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -50,8 +66,11 @@ if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout without in
 OUT = Path(__file__).resolve().parent / "results_engines.csv"
 MODES = ("nonprivate", "ghost", "bk", "hooks", "functorch", "stp")
 FLAT_ENGINES = ("ghost", "bk", "hooks", "functorch")
-STP_ENGINES = ("hooks", "functorch")
+#: engines that can clip per-coordinate scaled gradients (scale-then-privatize)
+STP_ENGINES = ("bk", "hooks", "functorch")
+DEFAULT_STP_ENGINE = "bk"
 DEFAULT_BATCH_SIZES = (256, 2048)
+QUICK_BATCH_SIZE = 16
 CLIP, SIGMA, LR = 1.0, 1.0, 1e-3
 COLUMNS = [
     "model",
@@ -74,6 +93,8 @@ COLUMNS = [
     "warmup",
     "steps",
     "params",
+    "seq_len",
+    "transformers_version",
     "notes",
 ]
 
@@ -85,17 +106,19 @@ COLUMNS = [
 class BenchModel:
     """What a benchmark needs from a model: the module, the per-example loss and a random batch maker.
 
-    ``loss_per_example(forward, batch)`` follows the task interface (``forward`` is the model, an Opacus wrapper or
-    a functional call); ``make_batch(b, generator)`` returns a dict of batch-first tensors.
+    ``loss_per_example(forward, batch)`` returns one loss per example (shape (B,)), calling the model only
+    through ``forward`` (the engines pass a wrapped module); ``make_batch(b, generator)`` returns a dict of
+    tensors with the examples along dim 0.
     """
 
     model: object  # torch.nn.Module (typed loosely so that this module imports without torch)
     loss_per_example: Callable
     make_batch: Callable
     description: str
+    seq_len: int | None = None  # tokens per example (language models)
 
 
-def build_cnn5() -> BenchModel:
+def build_cnn5(quick: bool = False) -> BenchModel:
     import torch
     from torch.nn import functional as F
 
@@ -113,9 +136,33 @@ def build_cnn5() -> BenchModel:
 
 
 BERT_SEQ_LEN = 128
+GPT2_SEQ_LEN = 128
+QUICK_SEQ_LEN = 16
 
 
-def build_bert_tiny() -> BenchModel:
+def _bert_tiny_config(**overrides):
+    """BERT-tiny's config (L = 2, H = 128, A = 2, vocab 30522) from the offline ``shared/data/bert_tiny`` folder the
+    ``arxiv_mlm`` task uses, or the same numbers when that folder is missing."""
+    from transformers import BertConfig
+
+    from dp_adam_bench.tasks import arxiv_mlm, text
+
+    try:
+        cfg = text.load_config(arxiv_mlm.default_model("cpu"), **overrides)
+    except FileNotFoundError:
+        cfg = BertConfig(
+            vocab_size=30522,
+            hidden_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=512,
+            **overrides,
+        )
+    text.check_bert(cfg, "bench_engines")
+    return cfg
+
+
+def build_bert_tiny(quick: bool = False) -> BenchModel:
     """BERT-tiny classifier (L = 2, H = 128, A = 2, vocab 30522, random init), T = 128 random tokens, no mask.
 
     position_ids and token_type_ids are passed with shape (B, T): with transformers' default (1, T) Opacus'
@@ -135,7 +182,7 @@ def build_bert_tiny() -> BenchModel:
         num_labels=2,
     )
     model = BertForSequenceClassification(cfg)
-    t = BERT_SEQ_LEN
+    t = QUICK_SEQ_LEN if quick else BERT_SEQ_LEN
 
     def make_batch(b: int, g: torch.Generator) -> dict:
         return {
@@ -153,12 +200,147 @@ def build_bert_tiny() -> BenchModel:
         )
         return F.cross_entropy(out.logits, batch["y"], reduction="none")
 
-    return BenchModel(model, loss_per_example, make_batch, f"BERT-tiny classifier (L=2, H=128, A=2), T={t}")
+    return BenchModel(
+        model, loss_per_example, make_batch, f"BERT-tiny classifier (L=2, H=128, A=2), T={t}", seq_len=t
+    )
 
 
-#: model name -> builder; later: GPT-2-small-shaped LM (untie embeddings, Conv1D -> Linear, see PITFALLS.md)
-MODELS: dict[str, Callable[[], BenchModel]] = {"cnn5": build_cnn5, "bert_tiny": build_bert_tiny}
-#: models run when --models is not given (BERT-tiny is slow on 2 CPU threads: opt in with --models)
+def build_bert_tiny_mlm(quick: bool = False) -> BenchModel:
+    """BERT-tiny masked LM, random init, built as ``arxiv_mlm`` builds it: ``BertForMaskedLM`` from the
+    ``shared/data/bert_tiny`` config, :func:`prepare_bert_for_dp` (decoder untied from the word embeddings, one
+    decoder bias), wrapped in :class:`MaskedLMAtPositions` (the 30522-way head runs only at the chosen positions).
+
+    Batch: T = 128 random non-special tokens under a full attention mask, (B, T) position and token-type ids, and
+    ``max_predictions`` = round(15 % of the T - 2 maskable tokens) = 19 distinct chosen positions per example with
+    random labels; loss: the task's mean cross-entropy over an example's chosen positions.
+    """
+    import torch
+    from transformers import BertForMaskedLM
+
+    from dp_adam_bench.tasks import text
+    from dp_adam_bench.tasks.arxiv_mlm import ArxivMLM, MaskedLMAtPositions
+
+    cfg = _bert_tiny_config()
+    mlm = BertForMaskedLM(cfg)
+    text.prepare_bert_for_dp(mlm, untie=True)
+    model = MaskedLMAtPositions(mlm)
+    t = QUICK_SEQ_LEN if quick else BERT_SEQ_LEN
+    n_pred = text.num_to_mask(t - 2, 0.15)  # the task's max_predictions for max_length = t
+    lo = 1000  # ids below this are [PAD], [unused*], [UNK], [CLS], [SEP], [MASK] in BERT's vocabulary
+
+    def make_batch(b: int, g: torch.Generator) -> dict:
+        # distinct positions among 1..t-2 ([CLS] and [SEP] are never chosen), sorted as the task sorts them
+        pos = torch.rand(b, t - 2, generator=g).argsort(1)[:, :n_pred].sort(1).values + 1
+        return {
+            "input_ids": torch.randint(lo, cfg.vocab_size, (b, t), generator=g),
+            "attention_mask": torch.ones(b, t, dtype=torch.long),
+            "token_type_ids": torch.zeros(b, t, dtype=torch.long),
+            "position_ids": torch.arange(t).repeat(b, 1),
+            "mlm_positions": pos,
+            "mlm_labels": torch.randint(lo, cfg.vocab_size, (b, n_pred), generator=g),
+        }
+
+    def loss_per_example(forward, batch):
+        tl = ArxivMLM.token_losses(forward, batch)  # (B, P), the task's forward and cross-entropy
+        count = (batch["mlm_labels"] != text.IGNORE_INDEX).sum(1).clamp(min=1)
+        return tl.sum(1) / count
+
+    return BenchModel(
+        model,
+        loss_per_example,
+        make_batch,
+        f"BERT-tiny masked LM (untied decoder, head at {n_pred} of T={t} positions)",
+        seq_len=t,
+    )
+
+
+GPT2_SMALL = {"n_layer": 12, "n_embd": 768, "n_head": 12}
+GPT2_QUICK = {"n_layer": 2, "n_embd": 64, "n_head": 2}
+GPT2_VOCAB = 50257
+
+
+def build_gpt2_small(quick: bool = False) -> BenchModel:
+    """GPT-2 124M shape (12 layers, width 768, 12 heads, vocab 50257), random init, built as ``e2e_gpt2`` builds
+    it: ``tie_word_embeddings=False`` with the embedding cloned into the lm_head (:func:`untie_lm_head`), every
+    ``Conv1D`` swapped for the equal ``nn.Linear`` (:func:`conv1d_to_linear`), sdpa attention, dropout 0.1 in train
+    mode, and :class:`GPT2AtTargets` (the output layer only at the positions that predict a target token).
+
+    Batch: T = 128 random tokens under a full attention mask, (B, T) position ids; the second half is the target:
+    positions T/2 - 1 .. T - 2 predict tokens T/2 .. T - 1. Loss: the task's mean cross-entropy over an example's
+    target tokens. ``--quick``: 2 layers of width 64, T = 16 (the vocabulary stays 50257).
+    """
+    import torch
+    from torch.nn import functional as F
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from dp_adam_bench.tasks import text
+    from dp_adam_bench.tasks.e2e_gpt2 import E2EGpt2, GPT2AtTargets, conv1d_to_linear, untie_lm_head
+
+    arch = GPT2_QUICK if quick else GPT2_SMALL
+    eos = GPT2_VOCAB - 1
+    config = GPT2Config(
+        vocab_size=GPT2_VOCAB,
+        n_positions=1024,
+        bos_token_id=eos,
+        eos_token_id=eos,
+        tie_word_embeddings=False,
+        **arch,
+    )
+    config._attn_implementation = "sdpa"  # the task's default (attn_implementation)
+    lm = GPT2LMHeadModel(config)
+    untie_lm_head(lm)
+    conv1d_to_linear(lm)
+    model = GPT2AtTargets(lm)
+    t = QUICK_SEQ_LEN if quick else GPT2_SEQ_LEN
+    prompt = t // 2
+
+    def make_batch(b: int, g: torch.Generator) -> dict:
+        ids = torch.randint(0, GPT2_VOCAB, (b, t), generator=g)
+        return {
+            "input_ids": ids,
+            "attention_mask": torch.ones(b, t, dtype=torch.long),
+            "position_ids": torch.arange(t).repeat(b, 1),
+            # the token at position s is predicted by the output at position s - 1
+            "target_positions": torch.arange(prompt - 1, t - 1).repeat(b, 1),
+            "target_labels": ids[:, prompt:].clone(),
+        }
+
+    def loss_per_example(forward, batch):
+        y = batch["target_labels"]
+        tl = F.cross_entropy(
+            E2EGpt2.target_logits(forward, batch).transpose(1, 2),
+            y,
+            reduction="none",
+            ignore_index=text.IGNORE_INDEX,
+        )
+        return tl.sum(1) / (y != text.IGNORE_INDEX).sum(1).clamp(min=1)
+
+    shape = ", ".join(f"{k}={v}" for k, v in arch.items())
+    return BenchModel(
+        model,
+        loss_per_example,
+        make_batch,
+        f"GPT-2 ({shape}, vocab {GPT2_VOCAB}), untied lm_head, Linear, loss on {t - prompt} of T={t}",
+        seq_len=t,
+    )
+
+
+#: model name -> builder (``builder(quick)``; quick = tiny shapes for smoke tests)
+MODELS: dict[str, Callable[..., BenchModel]] = {
+    "cnn5": build_cnn5,
+    "bert_tiny": build_bert_tiny,
+    "bert_tiny_mlm": build_bert_tiny_mlm,
+    "gpt2_small": build_gpt2_small,
+}
+_NO_VMAP = (
+    "torch.func.vmap fails inside transformers' attention-mask code (PITFALLS.md); the task passes a mask"
+)
+#: model -> {mode: why it is not run}; such rows are skipped, not failed
+UNSUPPORTED: dict[str, dict[str, str]] = {
+    "bert_tiny_mlm": {"functorch": _NO_VMAP},
+    "gpt2_small": {"functorch": _NO_VMAP},
+}
+#: models run when --models is not given (the language models are slow on 2 CPU threads: opt in with --models)
 DEFAULT_MODELS = ("cnn5",)
 
 
@@ -195,6 +377,122 @@ def _split(batch: dict, size: int) -> list[dict]:
     return [{k: v[i : i + size] for k, v in batch.items()} for i in range(0, n, size)]
 
 
+def no_label(name: str):
+    """The label factory of timed runs: no profiler ranges (``profile_step.py`` passes ``record_function``)."""
+    del name
+    return contextlib.nullcontext()
+
+
+@dataclass
+class Step:
+    """One configuration, set up and ready to run: ``run()`` is one full step; ``close()`` removes hooks."""
+
+    run: Callable[[], None]
+    close: Callable[[], None] | None
+    engine: str  # "torch.optim.Adam" for the non-private step
+    physical_batch_size: int
+    params: int
+    seq_len: int | None
+    description: str
+    engine_obj: object = None  # the clipping engine (DP modes), for profilers to instrument
+
+
+#: phase labels (``record_function`` names when profiling); ``profile_step.py`` attributes time by them
+PHASE_PREFIX = "phase:"
+
+
+def build_step(spec: dict, label: Callable = no_label) -> Step:
+    """Build the model, a fixed random batch and one full training step of ``spec["mode"]``.
+
+    ``label(name)`` returns a context manager entered around each phase of the step (``forward``, ``backward``,
+    ``optimizer``, ``zero_grad`` for the non-private step; ``scale``, ``clip_engine`` (one micro-batch through the
+    clipping engine, with ``forward`` inside it), ``accumulate``, ``noise`` and ``optimizer`` for DP modes): the
+    timed runs pass :func:`no_label`, ``profile_step.py`` a ``torch.profiler.record_function`` factory."""
+    import torch
+
+    torch.manual_seed(0)
+    bm = MODELS[spec["model"]](quick=bool(spec.get("quick")))
+    model, raw_loss = bm.model, bm.loss_per_example
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    b, mode = int(spec["batch_size"]), spec["mode"]
+    batch = bm.make_batch(b, torch.Generator().manual_seed(1))
+    engine_name = spec.get("engine") or ""
+
+    def L(name):  # noqa: N802  (short: used on every phase)
+        return label(PHASE_PREFIX + name)
+
+    def loss_fn(forward, batch):
+        with L("forward"):
+            return raw_loss(forward, batch)
+
+    common = {"params": sum(p.numel() for p in params), "seq_len": bm.seq_len, "description": bm.description}
+    if mode == "nonprivate":
+        opt = torch.optim.Adam(params, lr=LR)
+
+        def step():
+            with L("zero_grad"):
+                opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model, batch).mean()
+            with L("backward"):
+                loss.backward()
+            with L("optimizer"):
+                opt.step()
+
+        return Step(step, None, "torch.optim.Adam", b, **common)
+
+    from dp_adam_bench.engine.grads import build_engine
+    from dp_adam_bench.engine.privatizer import Privatizer
+    from dp_adam_bench.optim.registry import build_variant
+    from dp_adam_bench.privacy.mechanisms import IndependentMechanism
+
+    if mode != "stp" and engine_name != mode:
+        raise ValueError(f"mode {mode!r} runs engine {mode!r}, got engine {engine_name!r}")
+    phys = int(spec.get("physical_batch_size") or 0) or b
+    phys = min(phys, b)
+    chunks = _split(batch, phys)
+    engine = build_engine(engine_name, model, loss_fn)
+    variant = build_variant("stp" if mode == "stp" else "adam", lr=LR)
+    state = variant.init(params)
+    mech = IndependentMechanism().reset([p.shape for p in params], seed=0, dtype=params[0].dtype)
+    privatizer = Privatizer(clip=CLIP, sigma=SIGMA, expected_batch_size=b, mechanisms=[mech])
+
+    def step():
+        with L("scale"):
+            scale = variant.scale(state)  # None except for stp
+        summed = [torch.zeros_like(p) for p in params]
+        for chunk in chunks:
+            with L("clip_engine"):
+                cs = engine.clipped_sum(chunk, CLIP, scale)
+            with L("accumulate"):
+                for acc, s in zip(summed, cs.summed, strict=True):
+                    acc.add_(s)
+        with L("noise"):
+            ctx = privatizer.privatize_sum(summed, scale)
+        with L("optimizer"), torch.no_grad():
+            variant.update(params, state, ctx)
+
+    return Step(step, engine.close, engine_name, phys, engine_obj=engine, **common)
+
+
+def versions() -> dict:
+    """torch, opacus and transformers versions (transformers' from its metadata: importing it costs memory)."""
+    from importlib import metadata
+
+    import opacus
+    import torch
+
+    try:
+        tf = metadata.version("transformers")
+    except metadata.PackageNotFoundError:
+        tf = ""
+    return {
+        "torch_version": torch.__version__,
+        "opacus_version": opacus.__version__,
+        "transformers_version": tf,
+    }
+
+
 def run_one(spec: dict) -> dict:
     """Time one (model, batch size, mode) in this process; called in a subprocess by :func:`main`."""
     import opacus  # noqa: F401  (imported in every mode so that the RSS baselines match)
@@ -202,99 +500,57 @@ def run_one(spec: dict) -> dict:
 
     threads = _threads()
     torch.set_num_threads(threads)
-    torch.manual_seed(0)
-    bm = MODELS[spec["model"]]()
-    model, loss_fn = bm.model, bm.loss_per_example
-    model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    b, mode = int(spec["batch_size"]), spec["mode"]
-    batch = bm.make_batch(b, torch.Generator().manual_seed(1))
-    engine_name = spec.get("engine") or ""
-
-    if mode == "nonprivate":
-        phys = b
-        opt = torch.optim.Adam(params, lr=LR)
-
-        def step():
-            opt.zero_grad(set_to_none=True)
-            loss_fn(model, batch).mean().backward()
-            opt.step()
-
-        close = None
-    else:
-        from dp_adam_bench.engine.grads import build_engine
-        from dp_adam_bench.engine.privatizer import Privatizer
-        from dp_adam_bench.optim.registry import build_variant
-        from dp_adam_bench.privacy.mechanisms import IndependentMechanism
-
-        phys = int(spec["physical_batch_size"]) or b
-        phys = min(phys, b)
-        chunks = _split(batch, phys)
-        engine = build_engine(engine_name, model, loss_fn)
-        variant = build_variant("stp" if mode == "stp" else "adam", lr=LR)
-        state = variant.init(params)
-        mech = IndependentMechanism().reset([p.shape for p in params], seed=0, dtype=params[0].dtype)
-        privatizer = Privatizer(clip=CLIP, sigma=SIGMA, expected_batch_size=b, mechanisms=[mech])
-
-        def step():
-            scale = variant.scale(state)  # None except for stp
-            summed = [torch.zeros_like(p) for p in params]
-            for chunk in chunks:
-                cs = engine.clipped_sum(chunk, CLIP, scale)
-                for acc, s in zip(summed, cs.summed, strict=True):
-                    acc.add_(s)
-            ctx = privatizer.privatize_sum(summed, scale)
-            with torch.no_grad():
-                variant.update(params, state, ctx)
-
-        close = engine.close
-
+    st = build_step(spec)
     rss_before = _rss_now_gib()
     times = []
     for i in range(spec["warmup"] + spec["steps"]):
         start = time.perf_counter()
-        step()
+        st.run()
         elapsed = time.perf_counter() - start
         if i >= spec["warmup"]:
             times.append(elapsed)
-    if close is not None:
-        close()
-    import opacus as _opacus
-
+    if st.close is not None:
+        st.close()
     return {
         "model": spec["model"],
-        "batch_size": b,
-        "mode": mode,
-        "engine": "torch.optim.Adam" if mode == "nonprivate" else engine_name,
+        "batch_size": int(spec["batch_size"]),
+        "mode": spec["mode"],
+        "engine": st.engine,
         "median_step_s": statistics.median(times),
         "min_step_s": min(times),
         # Linux reports ru_maxrss in KiB
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
         "rss_before_steps_gib": rss_before,
-        "physical_batch_size": phys,
+        "physical_batch_size": st.physical_batch_size,
         "warmup": spec["warmup"],
         "steps": spec["steps"],
-        "params": sum(p.numel() for p in params),
+        "params": st.params,
+        "seq_len": st.seq_len,
         "threads": threads,
-        "torch_version": torch.__version__,
-        "opacus_version": _opacus.__version__,
+        **versions(),
     }
 
 
-def _child(spec: dict, timeout: float | None) -> dict:
+def child_env() -> dict:
+    """Environment of a benchmark child: BENCH_THREADS threads for torch, OpenMP and MKL; offline hub."""
     threads = str(_threads())
     env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, TOKENIZERS_PARALLELISM="false")
     env.setdefault("HF_HUB_OFFLINE", "1")
+    return env
+
+
+def _child(spec: dict, timeout: float | None) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--one", json.dumps(spec)]
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+        done = subprocess.run(cmd, capture_output=True, text=True, env=child_env(), timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:g} s"}
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-15:]
         print("\n".join("    " + ln for ln in tail), file=sys.stderr)
         last = tail[-1] if tail else ""
-        return {"error": f"failed (exit {done.returncode}): {last}"[:300]}
+        why = " (killed: out of memory?)" if done.returncode in (-9, 137) else ""
+        return {"error": f"failed (exit {done.returncode}){why}: {last}"[:300]}
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -303,7 +559,8 @@ def _child(spec: dict, timeout: float | None) -> dict:
 
 def add_ratios(df):
     """ratio_to_nonprivate / ratio_mem_to_nonprivate against the nonprivate row of the same model and batch."""
-    base = df[df["mode"] == "nonprivate"].set_index(["model", "batch_size"])
+    base = df[df["mode"] == "nonprivate"].drop_duplicates(["model", "batch_size"], keep="last")
+    base = base.set_index(["model", "batch_size"])
     key = list(zip(df["model"], df["batch_size"], strict=True))
     t0 = [base["median_step_s"].get(k, float("nan")) for k in key]
     m0 = [base["peak_rss_gib"].get(k, float("nan")) for k in key]
@@ -331,18 +588,37 @@ def markdown(df) -> str:
 
 
 def _stp_engine(choice: str, rows: list[dict], model: str, b: int) -> tuple[str, str]:
+    """The engine of an stp row: ``choice`` itself, or for ``auto`` the STP_ENGINES member with the lowest flat
+    median step time measured at (model, b) in ``rows``."""
     if choice != "auto":
-        return choice, "engine given by --stp-engine"
+        return choice, "engine given by --stp-engines"
     measured = {
         r["mode"]: r["median_step_s"]
         for r in rows
         if r["model"] == model and r["batch_size"] == b and r["mode"] in STP_ENGINES and "error" not in r
     }
     if not measured:
-        return "functorch", "hooks/functorch not measured in this run: functorch by default"
+        return DEFAULT_STP_ENGINE, f"no flat engine measured in this run: {DEFAULT_STP_ENGINE} by default"
     best = min(measured, key=measured.get)
     timings = ", ".join(f"{k} {v:.3f} s" for k, v in sorted(measured.items()))
-    return best, f"faster flat engine at this B ({timings})"
+    return best, f"fastest flat engine at this B ({timings})"
+
+
+def plan(models, batch_sizes, modes, stp_engines) -> list[tuple[str, int, str, str | None]]:
+    """(model, B, mode, engine choice) in run order; stp once per ``stp_engines`` entry, after the flat modes
+    (``auto`` needs their timings). Modes in ``UNSUPPORTED`` for a model are left out."""
+    out = []
+    for model in models:
+        skip = UNSUPPORTED.get(model, {})
+        for b in batch_sizes:
+            for mode in modes:
+                if mode in skip:
+                    continue
+                if mode == "stp":
+                    out += [(model, b, mode, choice) for choice in stp_engines]
+                else:
+                    out.append((model, b, mode, None if mode == "nonprivate" else mode))
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -351,20 +627,31 @@ def main(argv: list[str] | None = None) -> None:
         epilog="\n".join(__doc__.splitlines()[1:]),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--quick", action="store_true", help="B = 16, 1 warm-up + 2 timed steps (tests / CI)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"B = {QUICK_BATCH_SIZE}, 1 warm-up + 2 timed steps, tiny language models (tests / CI)",
+    )
     parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=None)
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=None)
     parser.add_argument("--modes", nargs="+", choices=MODES, default=None)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5, help="timed steps (the median is reported)")
     parser.add_argument("--physical-batch-size", type=int, default=256, help="DP micro-batch size; 0 = whole")
-    parser.add_argument("--stp-engine", choices=("auto", *STP_ENGINES), default="auto")
-    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per configuration")
+    parser.add_argument(
+        "--stp-engines",
+        "--stp-engine",
+        nargs="+",
+        choices=("auto", *STP_ENGINES),
+        default=[DEFAULT_STP_ENGINE],
+        help=f"engine(s) of the stp rows, one row each (default {DEFAULT_STP_ENGINE}; e.g. bk hooks to compare)",
+    )
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per configuration")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument(
         "--merge",
         action="store_true",
-        help="keep rows of --out for other (model, B, mode) instead of replacing",
+        help="keep rows of --out for other (model, B, mode, engine) instead of replacing",
     )
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -373,7 +660,7 @@ def main(argv: list[str] | None = None) -> None:
         return
 
     if args.quick:
-        warmup, steps, batch_sizes = 1, 2, args.batch_sizes or [16]
+        warmup, steps, batch_sizes = 1, 2, args.batch_sizes or [QUICK_BATCH_SIZE]
     else:
         warmup, steps, batch_sizes = args.warmup, args.steps, args.batch_sizes or list(DEFAULT_BATCH_SIZES)
         if warmup < 2 or steps < 5:
@@ -382,60 +669,70 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("batch sizes must be >= 1")
     batch_sizes = list(dict.fromkeys(batch_sizes))
     models = list(dict.fromkeys(args.models or DEFAULT_MODELS))
-    modes = [m for m in MODES if m in (args.modes or MODES)]  # stp after hooks/functorch: it picks the faster
+    modes = [
+        m for m in MODES if m in (args.modes or MODES)
+    ]  # stp after the flat modes: auto picks the faster
+    stp_engines = list(dict.fromkeys(args.stp_engines))
+    for model in models:
+        for mode, why in UNSUPPORTED.get(model, {}).items():
+            if mode in modes:
+                print(f"{model}: {mode} not run: {why}", flush=True)
 
     import pandas as pd
 
     cpu, date = cpu_name(), dt.datetime.now().astimezone().isoformat(timespec="seconds")
     rows: list[dict] = []
     t_start = time.perf_counter()
-    for model in models:
-        for b in batch_sizes:
-            for mode in modes:
-                notes = []
-                if mode == "nonprivate":
-                    engine = ""
-                elif mode == "stp":
-                    engine, why = _stp_engine(args.stp_engine, rows, model, b)
-                    notes.append(f"stp via {engine}: {why}")
-                else:
-                    engine = mode
-                spec = {
-                    "model": model,
-                    "batch_size": b,
-                    "mode": mode,
-                    "engine": engine,
-                    "physical_batch_size": args.physical_batch_size,
-                    "warmup": warmup,
-                    "steps": steps,
-                }
-                t0 = time.perf_counter()
-                res = _child(spec, args.timeout)
-                if "error" in res:
-                    notes.append(res["error"])
-                    res = {k: spec[k] for k in ("model", "batch_size", "mode", "engine")} | {"error": 1}
-                    res["engine"] = res["engine"] or "torch.optim.Adam"
-                elif mode != "nonprivate" and res["physical_batch_size"] < b:
-                    notes.append(f"{-(-b // res['physical_batch_size'])} micro-batches")
-                res |= {"cpu": cpu, "date": date, "notes": "; ".join(notes)}
-                rows.append(res)
-                msg = (
-                    f"median {res['median_step_s']:.3f} s/step, peak RSS {res['peak_rss_gib']:.2f} GiB"
-                    if "median_step_s" in res
-                    else res["notes"]
-                )
-                print(
-                    f"[{time.perf_counter() - t_start:7.1f} s] {model} B={b} {mode}"
-                    f"{f' ({engine})' if engine and engine != mode else ''}: {msg} "
-                    f"(child {time.perf_counter() - t0:.1f} s)",
-                    flush=True,
-                )
+    for model, b, mode, choice in plan(models, batch_sizes, modes, stp_engines):
+        notes = []
+        if mode == "nonprivate":
+            engine = ""
+        elif mode == "stp":
+            engine, why = _stp_engine(choice, rows, model, b)
+            if choice == "auto":
+                notes.append(f"stp via {engine}: {why}")
+        else:
+            engine = mode
+        spec = {
+            "model": model,
+            "batch_size": b,
+            "mode": mode,
+            "engine": engine,
+            "physical_batch_size": args.physical_batch_size,
+            "warmup": warmup,
+            "steps": steps,
+            "quick": args.quick,
+        }
+        if args.quick and model != "cnn5":
+            notes.append("quick: tiny shapes")
+        t0 = time.perf_counter()
+        res = _child(spec, args.timeout)
+        if "error" in res:
+            notes.append(res["error"])
+            res = {k: spec[k] for k in ("model", "batch_size", "mode", "engine")} | {"error": 1}
+            res["engine"] = res["engine"] or "torch.optim.Adam"
+        elif mode != "nonprivate" and res["physical_batch_size"] < b:
+            notes.append(f"{-(-b // res['physical_batch_size'])} micro-batches")
+        res |= {"cpu": cpu, "date": date, "notes": "; ".join(notes)}
+        rows.append(res)
+        msg = (
+            f"median {res['median_step_s']:.3f} s/step, peak RSS {res['peak_rss_gib']:.2f} GiB"
+            if "median_step_s" in res
+            else res["notes"]
+        )
+        print(
+            f"[{time.perf_counter() - t_start:7.1f} s] {model} B={b} {mode}"
+            f"{f' ({engine})' if engine and engine != mode else ''}: {msg} "
+            f"(child {time.perf_counter() - t0:.1f} s)",
+            flush=True,
+        )
 
     df = pd.DataFrame([{k: v for k, v in r.items() if k != "error"} for r in rows])
     if args.merge and args.out.is_file():
         old = pd.read_csv(args.out, keep_default_na=False, na_values=[""])
-        keys = set(zip(df["model"], df["batch_size"], df["mode"], strict=True))
-        keep = [k not in keys for k in zip(old["model"], old["batch_size"], old["mode"], strict=True)]
+        cols = ["model", "batch_size", "mode", "engine"]
+        keys = set(zip(*(df[c] for c in cols), strict=True))
+        keep = [k not in keys for k in zip(*(old[c] for c in cols), strict=True)]
         df = pd.concat([old[keep], df], ignore_index=True)
     for c in COLUMNS:
         if c not in df.columns:

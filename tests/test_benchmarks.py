@@ -204,3 +204,227 @@ def test_stp_engine_is_the_faster_measured_one():
     assert bench_engines._stp_engine("auto", rows, "cnn5", 256)[0] == "functorch"
     assert bench_engines._stp_engine("auto", rows, "cnn5", 2048)[0] == "hooks"
     assert bench_engines._stp_engine("hooks", rows, "cnn5", 256)[0] == "hooks"
+    rows.append({"model": "cnn5", "batch_size": 256, "mode": "bk", "median_step_s": 1.0})
+    assert bench_engines._stp_engine("auto", rows, "cnn5", 256)[0] == "bk"
+    assert bench_engines._stp_engine("auto", [], "cnn5", 256)[0] == "bk"
+
+
+# ------------------------------------------------------------------------------------ language models, profiles
+
+
+@pytest.fixture
+def one_thread(monkeypatch):
+    """BENCH_THREADS=1 for in-process benchmark code; torch's thread count restored afterwards."""
+    import torch
+
+    monkeypatch.setenv("BENCH_THREADS", "1")
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_language_models_have_the_issue_shapes():
+    """Full-size builders on the meta device (no memory, no time): the shapes the issues ask for."""
+    import torch
+
+    with torch.device("meta"):
+        gpt2 = bench_engines.build_gpt2_small()
+        mlm = bench_engines.build_bert_tiny_mlm()
+        clf = bench_engines.build_bert_tiny()
+    assert gpt2.seq_len == mlm.seq_len == clf.seq_len == 128
+    lm = gpt2.model.lm
+    assert (lm.config.n_layer, lm.config.n_embd, lm.config.n_head, lm.config.vocab_size) == (
+        12,
+        768,
+        12,
+        50257,
+    )
+    assert lm.lm_head.weight is not lm.transformer.wte.weight  # untied
+    assert (
+        sum(p.numel() for p in gpt2.model.parameters()) == 124_439_808 + 50257 * 768
+    )  # + the untied lm_head
+    assert not any(type(m).__name__ == "Conv1D" for m in gpt2.model.modules())
+    assert mlm.model.cls.predictions.decoder.weight is not mlm.model.bert.embeddings.word_embeddings.weight
+    b = mlm.make_batch(3, torch.Generator().manual_seed(0))
+    assert b["input_ids"].shape == (3, 128) and b["mlm_positions"].shape == (3, 19)  # 15 % of 126
+    pos = b["mlm_positions"]
+    assert (pos.diff(dim=1) > 0).all() and pos.min() >= 1 and pos.max() <= 126
+    g = gpt2.make_batch(2, torch.Generator().manual_seed(0))
+    assert g["target_positions"][0].tolist() == list(range(63, 127))
+    assert torch.equal(g["target_labels"], g["input_ids"][:, 64:])
+
+
+@pytest.mark.parametrize("model", ["bert_tiny_mlm", "gpt2_small"])
+def test_language_models_run_every_mode_quick(model, one_thread):
+    """run_one in this process (no interpreter start-up per mode) on the tiny --quick shapes."""
+    rows = []
+    for mode, engine in [
+        ("nonprivate", ""),
+        ("ghost", "ghost"),
+        ("bk", "bk"),
+        ("hooks", "hooks"),
+        ("stp", "bk"),
+        ("stp", "hooks"),
+    ]:
+        spec = {"model": model, "batch_size": 3, "mode": mode, "engine": engine, "physical_batch_size": 2}
+        rows.append(bench_engines.run_one(spec | {"warmup": 0, "steps": 1, "quick": True}))
+    assert [r["engine"] for r in rows] == ["torch.optim.Adam", "ghost", "bk", "hooks", "bk", "hooks"]
+    for r in rows:
+        assert r["median_step_s"] > 0 and r["peak_rss_gib"] > 0 and r["seq_len"] == 16
+        assert r["threads"] == 1 and r["transformers_version"]
+    assert [r["physical_batch_size"] for r in rows] == [3, 2, 2, 2, 2, 2]  # DP modes in micro-batches
+    assert "functorch" in bench_engines.UNSUPPORTED[model]
+    planned = bench_engines.plan([model], [8], bench_engines.MODES, ["bk", "hooks"])
+    assert [(m, e) for _, _, m, e in planned] == [
+        ("nonprivate", None),
+        ("ghost", "ghost"),
+        ("bk", "bk"),
+        ("hooks", "hooks"),
+        ("stp", "bk"),
+        ("stp", "hooks"),
+    ]
+
+
+def test_profile_step_writes_its_file(tmp_path, one_thread):
+    import profile_step
+    from opacus.grad_sample import GradSampleModule
+
+    from dp_adam_bench.engine import grads
+
+    samplers, summed = dict(GradSampleModule.GRAD_SAMPLERS), grads._sum_materialised
+    kw = {"warmup": 1, "steps": 1, "quick": True, "out_dir": tmp_path}
+    ref = profile_step.profile("gpt2_small", 2, "nonprivate", **kw)
+    path = profile_step.profile("gpt2_small", 2, "bk", **kw)
+    hooks = profile_step.profile("cnn5", 2, "hooks", **kw)
+    assert ref.name == "gpt2_small_B2_nonprivate.txt" and path.name == "gpt2_small_B2_bk.txt"
+    text = path.read_text()
+    assert text.splitlines()[1].startswith("Summary: gpt2_small B=2 bk:")
+    assert "vs non-private" in text.splitlines()[1]  # the reference profile was there
+    for phase in ("forward", "backward", "norms", "clipped_sum", "noise", "optimizer"):
+        assert f"| {phase} |" in text
+    assert "Top 25 operators by self CPU time" in text and "aten::" in text
+    info = json.loads(path.with_suffix(".json").read_text())
+    assert info["phases_s"]["norms"] > 0 and info["mode"] == "bk" and info["quick"]
+    assert "| per_example_grads |" in hooks.read_text()
+    # Opacus and the library are as they were
+    assert dict(GradSampleModule.GRAD_SAMPLERS) == samplers and grads._sum_materialised is summed
+    assert profile_step.profile_name("m", 8, "stp", "hooks") == "m_B8_stp-hooks"
+    assert profile_step.profile_name("m", 8, "stp", "bk") == "m_B8_stp"
+    # the README lists it with its summary
+    section = "\n".join(run_all.profiles_section(tmp_path.parent / "x"))
+    assert "No profiles yet" in section
+    (tmp_path / "profiles").mkdir()
+    for f in tmp_path.glob("gpt2_small_B2_*"):
+        f.rename(tmp_path / "profiles" / f.name)
+    section = "\n".join(run_all.profiles_section(tmp_path))
+    assert "[`profiles/gpt2_small_B2_bk.txt`](profiles/gpt2_small_B2_bk.txt) (QUICK" in section
+    assert info["summary"] in section
+
+
+def _lm_rows():
+    rows = _engine_rows(
+        "gpt2_small",
+        8,
+        {"nonprivate": 10.0, "ghost": 21.0, "bk": 14.0, "hooks": 24.0, "stp": 25.0},
+        {"nonprivate": 4.0, "ghost": 5.0, "bk": 4.4, "hooks": 9.0, "stp": 6.0},
+        163037184,
+        stp_engine="bk",
+    )
+    rows += [
+        r | {"engine": "hooks", "median_step_s": 40.0, "ratio_to_nonprivate": 4.0}
+        for r in _engine_rows(
+            "gpt2_small", 8, {"nonprivate": 10.0, "stp": 40.0}, {"nonprivate": 4, "stp": 9}, 1
+        )
+        if r["mode"] == "stp"
+    ]
+    rows += _engine_rows(
+        "gpt2_small", 32, {"nonprivate": 40.0, "ghost": 84.0}, {"nonprivate": 9, "ghost": 10}, 1
+    )
+    return rows
+
+
+def test_ratio_table_and_misses(tmp_path):
+    _fake_csvs(tmp_path)
+    df = pd.concat([pd.read_csv(tmp_path / "results_engines.csv"), pd.DataFrame(_lm_rows())])
+    df.to_csv(tmp_path / "results_engines.csv", index=False)
+    readme = run_all.render_readme(tmp_path)
+    table = readme.split("## DP step against non-private")[1].split("## Profiles")[0]
+    row = next(ln for ln in table.splitlines() if ln.startswith("| GPT-2-small-shaped (`gpt2_small`) | 8 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert "1.40x / 1.10x" in cells  # bk: time / memory
+    assert "2.50x / 1.50x" in cells and "4.00x / 2.25x" in cells  # stp via bk, stp via hooks
+    assert cells[-3] == "bk: met (1.40x <= 1.50x)"
+    assert cells[-2] == "bk (fastest): met (1.10x <= 1.20x)"
+    assert cells[-1] == "via bk: met (2.50x <= 3.00x)"
+    row32 = next(
+        ln for ln in table.splitlines() if ln.startswith("| GPT-2-small-shaped (`gpt2_small`) | 32 |")
+    )
+    assert row32.count("no target (issue B: B = 8)") == 3
+    cnn = next(ln for ln in table.splitlines() if ln.startswith("| CNN5 (`cnn5`) | 256 |"))
+    assert "ghost: MISSED x1.33 (2.00x vs 1.50x)" in cnn
+    assert "GPT-2-small-shaped at B = 256 (issue A) is not run" in readme and "40 s per non-private" in readme
+    assert "| gpt2_small, B=32 (outside the issue's table) |" in readme
+
+    eng = pd.read_csv(tmp_path / "results_engines.csv")
+    got = [(m["model"], m["batch_size"], m["mode"], m["engine"]) for m in run_all.misses(eng)]
+    assert got[:1] == [("cnn5", 256, "nonprivate", None)]
+    assert ("cnn5", 256, "stp", "functorch") not in got  # stp off bk is a comparison, not profiled
+    assert ("gpt2_small", 8, "hooks", None) in got and ("gpt2_small", 8, "nonprivate", None) in got
+    assert ("gpt2_small", 8, "bk", None) not in got and ("gpt2_small", 8, "stp", "bk") not in got
+    assert not any(m == "gpt2_small" and b == 32 for m, b, _, _ in got)  # outside issue B's table
+    assert ("bert_tiny", 256, "ghost", None) in got
+
+
+def test_run_all_presets_merge_into_out_dir(tmp_path, monkeypatch):
+    calls = []
+
+    class Done:
+        returncode = 0
+
+    def fake_run(cmd, **kw):
+        calls.append(cmd[1:])
+        Path(cmd[cmd.index("--out") + 1]).write_text("model\n")
+        return Done()
+
+    monkeypatch.setattr(run_all.subprocess, "run", fake_run)
+    assert run_all.run_bench("engines", False, tmp_path)
+    names = [p.name for p in run_all.ENGINE_PRESETS]
+    assert len(calls) == len(names) and "--merge" not in calls[0]
+    assert all("--merge" in c for c in calls[1:])
+    assert all(c[c.index("--out") + 1] == str(tmp_path / "results_engines.csv") for c in calls)
+    assert {"gpt2_small_B8", "gpt2_small_B32", "bert_tiny_mlm"} <= set(names)
+    calls.clear()
+    assert run_all.run_bench("engines", False, tmp_path, ["gpt2_small_B8"])
+    assert len(calls) == 1 and "--merge" in calls[0] and "8" in calls[0]
+    prov = json.loads((tmp_path / "results_provenance.json").read_text())["results_engines.csv"]
+    assert "gpt2_small" in prov["command"] and prov["sha256"]
+    assert not (Path(run_all.BENCH_DIR) / "results_engines.csv").samefile(tmp_path / "results_engines.csv")
+
+
+def test_run_profiles_profiles_the_misses_and_drops_stale_files(tmp_path, monkeypatch):
+    _fake_csvs(tmp_path)
+    folder = tmp_path / "profiles"
+    folder.mkdir()
+    for stale in ("cnn5_B256_ghost.txt", "bert_tiny_B256_old.txt", "gpt2_small_B8_keep.txt"):
+        (folder / stale).write_text("Summary: old\n")
+    calls = []
+
+    class Done:
+        returncode = 0
+
+    monkeypatch.setattr(run_all.subprocess, "run", lambda cmd, **kw: calls.append(cmd[2:]) or Done())
+    assert run_all.run_profiles(tmp_path, pairs={("cnn5", 256), ("bert_tiny", 256)})
+    modes = [(c[c.index("--model") + 1], c[c.index("--mode") + 1]) for c in calls]
+    # cnn5 B=256: every flat mode misses 1.5x (bk is not in the fake CSV); stp via functorch is a comparison
+    assert modes == [
+        ("cnn5", "nonprivate"),
+        ("cnn5", "ghost"),
+        ("cnn5", "hooks"),
+        ("cnn5", "functorch"),
+        ("bert_tiny", "nonprivate"),
+        ("bert_tiny", "ghost"),
+    ]
+    assert all(c[c.index("--out-dir") + 1] == str(folder) for c in calls)
+    assert sorted(f.name for f in folder.iterdir()) == [
+        "gpt2_small_B8_keep.txt"
+    ]  # only pairs in scope dropped
