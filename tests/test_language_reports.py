@@ -281,3 +281,30 @@ def test_li_e2e_columns_metrics_and_accounting_rows(isolated_dirs):
     md = (isolated_dirs / "results" / "li_e2e.md").read_text()
     assert "bleu: non-private > eps = 8 > eps = 3: **holds**" in md
     assert "TRAINED FROM SCRATCH" in md
+
+
+def test_li_ghost_clipping_reads_the_engine_benchmark(isolated_dirs, tmp_path, monkeypatch):
+    rows = [
+        ("gpt2_small", 8, "nonprivate", 10.0, 4.0),
+        ("gpt2_small", 8, "hooks", 30.0, 12.0),
+        ("gpt2_small", 8, "ghost", 25.0, 5.0),
+        ("gpt2_small", 8, "bk", 15.0, 4.5),
+        ("gpt2_small", 8, "functorch", 1.0, 1.0),  # not one of the figure's modes
+    ]
+    df = pd.DataFrame(rows, columns=["model", "batch_size", "mode", "median_step_s", "peak_rss_gib"])
+    df["ratio_to_nonprivate"] = df.median_step_s / 10.0
+    df["ratio_mem_to_nonprivate"] = df.peak_rss_gib / 4.0
+    df["physical_batch_size"] = 8
+    csv = tmp_path / "results_engines.csv"
+    df.to_csv(csv, index=False)
+    from dp_adam_bench.report import li_ghost_clipping
+
+    monkeypatch.setattr(li_ghost_clipping, "CSV", csv)
+    li_ghost_clipping.build()
+    out = pd.read_csv(isolated_dirs / "results" / "li_ghost_clipping.csv")
+    assert list(out["mode"]) == ["nonprivate", "hooks", "ghost", "bk"]
+    assert out.set_index("mode").loc["bk", "examples_per_s"] == pytest.approx(8 / 15.0)
+    md = (isolated_dirs / "results" / "li_ghost_clipping.md").read_text()
+    assert (
+        "gpt2_small: ghost clipping needs less memory than per-example gradients" in md and "**holds**" in md
+    )

@@ -54,7 +54,14 @@ ROW_LABELS = {
 }
 #: the DP rows that only use private statistics (the two "noiseless" rows are non-private baselines)
 DP_ROWS = ("postprocessing", "ime", "bc", "stp", "dpsgd_momentum")
-TUNED = ["optimizer.lr", "optimizer.momentum", "optimizer.eps", "optimizer.eps_s", "optimizer.eps_s1", "privacy.clip"]
+TUNED = [
+    "optimizer.lr",
+    "optimizer.momentum",
+    "optimizer.eps",
+    "optimizer.eps_s",
+    "optimizer.eps_s1",
+    "privacy.clip",
+]
 
 
 def column_of(cfg: dict, sigma_low: float, sigma_high: float) -> str | None:

@@ -53,6 +53,12 @@ REPORTS: dict[str, ReportSpec] = {
         experiment="li_e2e",
         runtime_paper="3 GPU runs of 4,108 steps",
     ),
+    "li_ghost_clipping": ReportSpec(
+        "li_ghost_clipping",
+        "Li et al. (ghost clipping figure)",
+        "memory and throughput: non-private vs per-example hooks vs ghost vs bk (from make bench)",
+        "~1 s (after make bench, ~40 min)",
+    ),
     "tang_budget": ReportSpec(
         "tang_budget", "Tang & Lecuyer", "steps to epsilon=7, Phi = (sigma C / B)^2", "~20 s"
     ),
