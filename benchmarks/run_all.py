@@ -129,6 +129,14 @@ BENCHES = {
         "(TinyBERT-sized) and d = 124M (GPT-2-sized), and the peak RSS of a process doing only that",
         ("--warmup", "1", "--repeats", "5"),
     ),
+    "fig2": Bench(
+        "bench_fig2.py",
+        "results_fig2.csv",
+        "Fig. 2 table end to end",
+        "wall time of the whole Ganesh et al. Fig. 2 table (the 91-run sweep and its report, 30 vectorised trials "
+        "per run) in a fresh run store, with W&B disabled and offline",
+        ("--quick",),
+    ),
     "engines": Bench(
         "bench_engines.py",
         "results_engines.csv",
@@ -150,6 +158,7 @@ STP_TIME_MAX = 3.0  # scale-then-privatize step / non-private step
 BANDMF_FRACTION_MAX = 0.10  # BandMF b = 128 noise per step / DP step at d = 4.4M
 BLT_FRACTION_MAX = 0.02  # BLT noise per step / DP step at d = 4.4M
 CALIBRATION_MAX_S = 1.0  # sigma calibration, seconds
+FIG2_MAX_S = 15.0  # the 1-D logistic Fig. 2 table end to end, seconds
 #: PITFALLS.md, "Measured cost on this CPU (2 threads)", small CNN, B = 32-256: (low, high) ratios to beat
 PITFALLS_CNN = {
     ("ghost", "time"): (2.2, 2.3),
@@ -539,6 +548,22 @@ def target_rows(dfs: dict[str, pd.DataFrame | None]) -> list[tuple[str, str, str
                     f"{accountant} (slowest of {len(g)} settings: {worst.setting})",
                     f"{_num(worst.calibrate_s_median, 's')} (median)",
                     verdict(worst.calibrate_s_median, CALIBRATION_MAX_S, "s", strict=True),
+                )
+            )
+
+    # issue: the Fig. 2 table end to end
+    name = f"1-D logistic Fig. 2 table end to end < {FIG2_MAX_S:g} s"
+    fig2 = dfs.get("fig2")
+    if fig2 is None or fig2.empty:
+        out.append((name, "results_fig2.csv", "", not_yet))
+    else:
+        for _, r in fig2.iterrows():
+            out.append(
+                (
+                    name,
+                    f"W&B {r.wandb_mode}, {int(r.runs)} runs",
+                    f"{r.total_s:.1f} s ({r.s_per_run:.2f} s a run)",
+                    verdict(r.total_s, FIG2_MAX_S, "s", strict=True),
                 )
             )
 
