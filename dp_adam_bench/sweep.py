@@ -56,6 +56,18 @@ def _values(v) -> str:
     return ",".join(_value(x) for x in (v if isinstance(v, list) else [v]))
 
 
+def _override(key: str, value, keys: dict) -> str:
+    """``key=v1,v2`` (a Hydra sweep) or ``key=v``. A single value of a key inside a config group that is itself
+    swept (``optimizer.eps_s=1e-4`` with ``optimizer=ime,bc``) is written as ``choice(v)``: Hydra applies plain
+    overrides to the *default* group option before sweeping, which may not have that key."""
+    group = key.split(".", 1)[0]
+    values = value if isinstance(value, list) else [value]
+    swept_group = "." in key and isinstance(keys.get(group), list) and len(keys[group]) > 1
+    if len(values) == 1 and swept_group:
+        return f"{key}=choice({_value(values[0])})"
+    return f"{key}={_values(value)}"
+
+
 def sweep_commands(
     experiment: str, profile: str = "cpu", launcher: str = "basic", overrides: Sequence[str] = ()
 ) -> list[list[str]]:
@@ -72,7 +84,8 @@ def sweep_commands(
     commands = []
     for entry in sweeps.values():
         args = [f"experiment={experiment}", f"profile={profile}"]
-        args += [f"{k}={_values(v)}" for k, v in {**entry, **grid}.items() if k not in given]
+        keys = {**entry, **grid}
+        args += [_override(k, v, keys) for k, v in keys.items() if k not in given]
         if seeds is not None and "seed" not in given:
             args.append(f"seed={_values(seeds)}")
         if launcher == "joblib":
