@@ -308,3 +308,26 @@ def test_li_ghost_clipping_reads_the_engine_benchmark(isolated_dirs, tmp_path, m
     assert (
         "gpt2_small: ghost clipping needs less memory than per-example gradients" in md and "**holds**" in md
     )
+
+
+def test_tang_fig1_snli_checks_the_snli_orderings(isolated_dirs):
+    from dp_adam_bench.report import tang_fig1
+
+    root = isolated_dirs / "runs"
+    for opt, acc in (("sgd", 34.0), ("adam", 54.0), ("adambc", 56.0)):
+        for seed in (0, 1):
+            cfg = snli_cfg(opt, seed) | {"train": {"batch_size": 64, "clipping": "bk"}}
+            write_run(
+                root,
+                "tang_fig1_snli_cpu",
+                f"{opt}-{seed}",
+                cfg,
+                {"metrics": {"test_accuracy": acc + seed}, "steps": 100, "epsilon": {"rdp": 7.0}},
+                metrics=[{"step": 100, "test_accuracy": acc + seed}],
+            )
+    tang_fig1.build_for("snli", "cpu")
+    md = (isolated_dirs / "results" / "tang_fig1_snli.md").read_text()
+    assert "DP-AdamBC > DP-Adam-Biased: **holds**" in md
+    assert (
+        "DP-Adam-Biased > DP-SGD: **holds**" in md and "DP-SGD >= DP-AdamBC" not in md
+    )  # that is CIFAR-10's

@@ -18,6 +18,19 @@ from dp_adam_bench.report.common import Claim, load_paper, write_table
 from dp_adam_bench.tracking.run_store import load_runs
 
 LABELS = {"sgd": "DP-SGD", "adam": "DP-Adam-Biased", "adambc": "DP-AdamBC"}
+#: the paper's orderings per dataset, as (better, worse, text, strict): on CIFAR-10 DP-SGD stays ahead (61.94 vs
+#: 60.27 %), on SNLI both Adams beat it (56.62 / 53.04 vs 41.31 %); DP-AdamBC beats DP-Adam-Biased on both
+CLAIMS = {
+    "cifar10": (
+        ("adambc", "adam", "DP-AdamBC > DP-Adam-Biased", True),
+        ("sgd", "adambc", "DP-SGD >= DP-AdamBC", False),
+    ),
+    "snli": (
+        ("adambc", "adam", "DP-AdamBC > DP-Adam-Biased", True),
+        ("adam", "sgd", "DP-Adam-Biased > DP-SGD", True),
+        ("adambc", "sgd", "DP-AdamBC > DP-SGD", True),
+    ),
+}
 
 
 def _curves(records) -> dict[str, pd.DataFrame]:
@@ -85,10 +98,7 @@ def build_for(dataset: str, profile: str) -> list:
         )
 
     claims = []
-    for better, worse, text, strict in (
-        ("adambc", "adam", "DP-AdamBC > DP-Adam-Biased", True),
-        ("sgd", "adambc", "DP-SGD >= DP-AdamBC", False),
-    ):
+    for better, worse, text, strict in CLAIMS[dataset]:
         (mb, sb), (mw, sw) = stat(better), stat(worse)
         if mb is None or mw is None:
             continue
