@@ -6,7 +6,7 @@ A preset (``configs/experiment/<name>.yaml``) declares its sweep as data:
                                                                   # set to null is dropped (a preset that
                                                                   # extends another removes its entries so)
     grid:     {<override key>: [values...]}                         # crossed with every entry
-    seeds:    [0, 1, 2]                                             # optional
+    seeds:    [0, 1, 2]                                             # optional; an entry may set its own `seed`
 
 Each entry becomes one Hydra multirun of ``dp_adam_bench.train``. Runs whose folders are complete are skipped by
 the training entry point, so an interrupted sweep is finished by launching it again.
@@ -86,7 +86,7 @@ def sweep_commands(
         args = [f"experiment={experiment}", f"profile={profile}"]
         keys = {**entry, **grid}
         args += [_override(k, v, keys) for k, v in keys.items() if k not in given]
-        if seeds is not None and "seed" not in given:
+        if seeds is not None and "seed" not in given and "seed" not in entry:
             args.append(f"seed={_values(seeds)}")
         if launcher == "joblib":
             args += ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "train.threads=1"]
@@ -233,7 +233,7 @@ def expected_runs(experiment: str, profile: str = "cpu") -> tuple[str, set[str]]
     ids, name = set(), None
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         for entry in sweeps.values():
-            keys = {**entry, **grid} | ({"seed": seeds} if seeds is not None else {})
+            keys = ({"seed": seeds} if seeds is not None else {}) | {**entry, **grid}
             values = [v if isinstance(v, list) else [v] for v in keys.values()]
             for combo in itertools.product(*values):
                 overrides = [f"experiment={experiment}", f"profile={profile}"]
