@@ -23,6 +23,7 @@ from dp_adam_bench.report.aggregate import get, split_complete
 from dp_adam_bench.report.common import Claim, load_paper, write_table
 from dp_adam_bench.tracking.run_store import load_runs
 
+CHANCE = {"snli": 100 / 3, "cifar10": 10.0}  # accuracy of a constant prediction, %
 ABLATIONS = {
     "phi": "DP-AdamBC: Phi' subtracted",
     "gamma_bc": "DP-AdamBC: gamma'",
@@ -87,10 +88,16 @@ def build_for(dataset: str, profile: str) -> list:
     claims = _claims(df, phi_true)
     fig = _figure(df, table_id, phi_true)
     notes = [
-        "One seed per point on the cpu profile: differences of a point or two are within seed noise "
-        f"(see the std of the tang_fig1_{dataset} runs).",
+        f"One seed per point on the cpu profile: a claim whose two sides differ by less than {NOISE_POINTS:g} "
+        f"points is marked not checked (see the std of the tang_fig1_{dataset} runs).",
         f"Ablations run at the tang_fig1_{dataset} setting of this profile; see results/tang_fig1_{dataset}.md.",
     ]
+    chance = CHANCE.get(dataset)
+    if chance is not None and len(df) and float(df["test_accuracy"].max()) < chance + 5:
+        notes.append(
+            f"Every point is within 5 points of chance ({chance:.1f} %): at this budget the runs have not left "
+            "chance level, so this profile does not test the paper's Fig. 3; the paper profile does."
+        )
     if incomplete:
         notes.append("Incomplete runs left out: " + ", ".join(r.path.name for r in incomplete))
     return write_table(
@@ -107,6 +114,18 @@ def build_for(dataset: str, profile: str) -> list:
     )
 
 
+#: differences below this many accuracy points are not read as an ordering (single-seed runs; the seed spread of
+#: the tang_fig1 runs is 0.3-5.5 points)
+NOISE_POINTS = 2.0
+
+
+def _verdict(better: float, worse: float, strict: bool = True) -> bool | None:
+    """holds / does not hold, or None when the two are within single-seed noise of each other."""
+    if abs(better - worse) < NOISE_POINTS:
+        return None
+    return better > worse if strict else better >= worse
+
+
 def _claims(df: pd.DataFrame, phi_true: float) -> list[Claim]:
     out = []
     phi = df[df.ablation == "phi"].set_index("x")["test_accuracy"]
@@ -118,7 +137,7 @@ def _claims(df: pd.DataFrame, phi_true: float) -> list[Claim]:
             out.append(
                 Claim(
                     "subtracting more than the true Phi hurts: accuracy(true Phi) > accuracy(Phi' > Phi)",
-                    true > max(over),
+                    _verdict(true, max(over)),
                     f"{true:.2f} vs {max(over):.2f}",
                 )
             )
@@ -127,16 +146,17 @@ def _claims(df: pd.DataFrame, phi_true: float) -> list[Claim]:
                 Claim(
                     "subtracting less than the true Phi (towards DP-Adam-Biased) does not help: "
                     "accuracy(true Phi) >= accuracy(Phi' < Phi)",
-                    true >= max(under),
+                    _verdict(true, max(under), strict=False),
                     f"{true:.2f} vs {max(under):.2f}",
                 )
             )
     beta = df[df.ablation == "beta"].set_index("x")["test_accuracy"]
     if len(beta) > 1 and 0.99 in beta.index:
+        rest = beta.drop(index=0.99)
         out.append(
             Claim(
                 "DP-Adam-Biased: beta2 = 0.99 is the best of the beta sweep",
-                bool(beta[0.99] >= beta.max()),
+                _verdict(float(beta[0.99]), float(rest.max()), strict=False),
                 ", ".join(f"beta2 {x:g}: {v:.2f}" for x, v in beta.items()),
             )
         )
