@@ -101,3 +101,19 @@ def write_table(
     if figure is not None:
         written.append(figure)
     return written
+
+
+def save_figure(fig, table_id: str) -> Path:
+    """Write ``results/<table_id>.png`` and close the figure."""
+    import matplotlib.pyplot as plt
+
+    path = results_dir() / f"{table_id}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def incomplete_note(incomplete) -> list[str]:
+    """The note listing runs left out because they have no complete summary (none: no note)."""
+    return ["Incomplete runs left out: " + ", ".join(r.path.name for r in incomplete)] if incomplete else []

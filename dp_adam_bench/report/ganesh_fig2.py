@@ -14,7 +14,7 @@ import pandas as pd
 
 from dp_adam_bench.paths import results_dir, runs_dir
 from dp_adam_bench.report.aggregate import select_best, split_complete
-from dp_adam_bench.report.common import Claim, load_paper, write_table
+from dp_adam_bench.report.common import Claim, incomplete_note, load_paper, write_table
 from dp_adam_bench.tasks.logistic_1d import population_ground_truth_loss
 from dp_adam_bench.tracking.run_store import load_runs
 
@@ -136,8 +136,7 @@ def build(profile: str = "cpu") -> list:
             )
             + ". IME for free spends sqrt(2) times the noise budget of the others and is accounted so."
         )
-    if incomplete:
-        notes.append("Incomplete runs left out: " + ", ".join(r.path.name for r in incomplete))
+    notes += incomplete_note(incomplete)
 
     sweep_lines = []
     for key, cell in sorted(cells.items()):

@@ -17,7 +17,7 @@ import pandas as pd
 
 from dp_adam_bench.paths import runs_dir
 from dp_adam_bench.report.aggregate import get, select_best, split_complete
-from dp_adam_bench.report.common import Claim, load_paper, markdown_table, write_table
+from dp_adam_bench.report.common import Claim, incomplete_note, load_paper, markdown_table, write_table
 from dp_adam_bench.tracking.run_store import load_runs
 
 TABLE_ID = "ganesh_fig3"
@@ -305,8 +305,7 @@ def _notes(profile: str, s: dict, incomplete, complete) -> list[str]:
             "the paper's best eps_s = 1e-4; stp keeps clip 1. The paper tunes every cell; the paper profile has "
             "that grid.",
         ]
-    if incomplete:
-        notes.append("Incomplete runs left out: " + ", ".join(r.path.name for r in incomplete))
+    notes += incomplete_note(incomplete)
     if any(r.summary.get("privacy_notes") for r in complete):
         notes += sorted(
             {f"From the run folders: {n}" for r in complete for n in r.summary.get("privacy_notes", [])}

@@ -19,9 +19,9 @@ import math
 import numpy as np
 import pandas as pd
 
-from dp_adam_bench.paths import results_dir, runs_dir
+from dp_adam_bench.paths import runs_dir
 from dp_adam_bench.report.aggregate import get, split_complete
-from dp_adam_bench.report.common import Claim, load_paper, write_table
+from dp_adam_bench.report.common import Claim, incomplete_note, load_paper, save_figure, write_table
 from dp_adam_bench.report.ganesh_fig3 import COLUMNS, column_of, profile_setting
 from dp_adam_bench.sweep import load_preset
 from dp_adam_bench.tracking.run_store import load_runs
@@ -169,8 +169,7 @@ def build(profile: str = "cpu") -> list:
             "CPU profile: a randomly initialised BERT-tiny trained for a few dozen steps, not a pretrained one "
             "fine-tuned for 2000: the gradient statistics of early training differ from the paper's."
         )
-    if incomplete:
-        notes.append("Incomplete runs left out: " + ", ".join(r.path.name for r in incomplete))
+    notes += incomplete_note(incomplete)
     return write_table(
         TABLE_ID,
         df,
@@ -214,8 +213,4 @@ def _figure(neg, norm, v_hist, bias, batch, band):
         xlabel="log10 v (non-private Adam)", ylabel="coordinates (sample)", title="Fig. 6: v vs the bias"
     )
     fig.tight_layout()
-    path = results_dir() / f"{TABLE_ID}.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, TABLE_ID)

@@ -27,7 +27,7 @@ import pandas as pd
 
 from dp_adam_bench.paths import results_dir, runs_dir
 from dp_adam_bench.report.aggregate import get, split_complete
-from dp_adam_bench.report.common import Claim, load_paper, write_table
+from dp_adam_bench.report.common import Claim, incomplete_note, load_paper, write_table
 from dp_adam_bench.tracking.run_store import RunRecord, load_runs
 
 EXPERIMENT = "ganesh_quadratic"
@@ -247,8 +247,7 @@ def build(profile: str = "cpu") -> list:
             + ", ".join(f"{k} eps = {v:.1f}" for k, v in eps.items())
             + " — large on purpose: the experiment is about geometry."
         )
-    if incomplete:
-        notes.append("Incomplete runs left out: " + ", ".join(r.path.name for r in incomplete))
+    notes += incomplete_note(incomplete)
 
     sweep_lines = ["| row | setting | mean final excess loss |", "|---|---|---|"]
     for row in ROWS:

@@ -14,7 +14,7 @@ import pandas as pd
 
 from dp_adam_bench.paths import runs_dir
 from dp_adam_bench.report.aggregate import get, split_complete
-from dp_adam_bench.report.common import Claim, load_paper, write_table
+from dp_adam_bench.report.common import Claim, incomplete_note, load_paper, write_table
 from dp_adam_bench.tracking.run_store import load_runs
 
 TABLE_ID = "li_e2e"
@@ -145,8 +145,7 @@ def build(profile: str = "cpu") -> list:
         "GDP + CLT is an approximation, not a bound (it can fall below the exact PLD value); PRV and PLD are "
         "numerical accountants of the same mechanism."
     )
-    if incomplete:
-        notes.append("Incomplete runs left out: " + ", ".join(r.path.name for r in incomplete))
+    notes += incomplete_note(incomplete)
     return write_table(
         TABLE_ID,
         df,

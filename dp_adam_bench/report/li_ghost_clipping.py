@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from dp_adam_bench.paths import REPO_ROOT, results_dir
-from dp_adam_bench.report.common import Claim, write_table
+from dp_adam_bench.paths import REPO_ROOT
+from dp_adam_bench.report.common import Claim, save_figure, write_table
 
 TABLE_ID = "li_ghost_clipping"
 CSV = REPO_ROOT / "benchmarks" / "results_engines.csv"
@@ -111,8 +111,4 @@ def _figure(df: pd.DataFrame):
         axes[1][j].set(xlabel="batch size", ylabel="examples / s", xscale="log")
         axes[0][j].legend(fontsize=7)
     fig.tight_layout()
-    path = results_dir() / f"{TABLE_ID}.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, TABLE_ID)

@@ -12,9 +12,9 @@ import math
 import numpy as np
 import pandas as pd
 
-from dp_adam_bench.paths import results_dir, runs_dir
+from dp_adam_bench.paths import runs_dir
 from dp_adam_bench.report.aggregate import split_complete
-from dp_adam_bench.report.common import Claim, load_paper, write_table
+from dp_adam_bench.report.common import Claim, incomplete_note, load_paper, save_figure, write_table
 from dp_adam_bench.tracking.run_store import load_runs
 
 LABELS = {"sgd": "DP-SGD", "adam": "DP-Adam-Biased", "adambc": "DP-AdamBC"}
@@ -141,8 +141,7 @@ def build_for(dataset: str, profile: str) -> list:
     notes += [f"From the run folders: {n}" for n in run_notes]
     if any(not r.summary.get("private", True) for r in complete):
         notes.append("Some runs are NOT private (they use clean statistics): see their summary.json.")
-    if incomplete:
-        notes.append("Incomplete runs left out: " + ", ".join(r.path.name for r in incomplete))
+    notes += incomplete_note(incomplete)
     fig = _figure(_curves(complete), table_id, published)
     return write_table(
         table_id,
@@ -180,8 +179,4 @@ def _figure(curves: dict, table_id: str, published: dict):
     axes[1].set_ylabel("test accuracy (%)")
     axes[1].set_title("accuracy against privacy spent")
     fig.tight_layout()
-    path = results_dir() / f"{table_id}.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, table_id)

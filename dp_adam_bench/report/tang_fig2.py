@@ -13,8 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from dp_adam_bench.paths import results_dir
-from dp_adam_bench.report.common import Claim, write_table
+from dp_adam_bench.report.common import Claim, save_figure, write_table
 from dp_adam_bench.report.tang_table1 import diag_runs
 
 TABLE_ID = "tang_fig2"
@@ -125,8 +124,4 @@ def _figure(a: dict, keep: np.ndarray, step: int):
         ax.legend(fontsize=8)
         ax.set_ylabel("coordinates (sample)")
     fig.tight_layout()
-    path = results_dir() / f"{TABLE_ID}.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, TABLE_ID)

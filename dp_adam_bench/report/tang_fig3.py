@@ -18,9 +18,9 @@ import math
 import numpy as np
 import pandas as pd
 
-from dp_adam_bench.paths import results_dir, runs_dir
+from dp_adam_bench.paths import runs_dir
 from dp_adam_bench.report.aggregate import get, split_complete
-from dp_adam_bench.report.common import Claim, load_paper, write_table
+from dp_adam_bench.report.common import Claim, incomplete_note, load_paper, save_figure, write_table
 from dp_adam_bench.tracking.run_store import load_runs
 
 CHANCE = {"snli": 100 / 3, "cifar10": 10.0}  # accuracy of a constant prediction, %
@@ -98,8 +98,7 @@ def build_for(dataset: str, profile: str) -> list:
             f"Every point is within 5 points of chance ({chance:.1f} %): at this budget the runs have not left "
             "chance level, so this profile does not test the paper's Fig. 3; the paper profile does."
         )
-    if incomplete:
-        notes.append("Incomplete runs left out: " + ", ".join(r.path.name for r in incomplete))
+    notes += incomplete_note(incomplete)
     return write_table(
         table_id,
         df,
@@ -191,8 +190,4 @@ def _figure(df: pd.DataFrame, table_id: str, phi_true: float):
         ax.set(title=title, xlabel=ab, ylabel="test accuracy (%)")
         ax.title.set_fontsize(9)
     fig.tight_layout()
-    path = results_dir() / f"{table_id}.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, table_id)

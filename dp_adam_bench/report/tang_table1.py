@@ -13,7 +13,7 @@ import pandas as pd
 
 from dp_adam_bench.paths import runs_dir
 from dp_adam_bench.report.aggregate import get, split_complete
-from dp_adam_bench.report.common import Claim, load_paper, write_table
+from dp_adam_bench.report.common import Claim, incomplete_note, load_paper, write_table
 from dp_adam_bench.tracking.run_store import load_runs
 
 TABLE_ID = "tang_table1"
@@ -107,8 +107,7 @@ def build(profile: str = "cpu") -> list:
             "CPU profile: MiniLM-L6 (only its last block, pooler and classifier train) at B = 64 with sigma = 0.1, "
             "which keeps the paper's sigma / B and hence its Phi; v^c depends on the model and the short run."
         )
-    if incomplete:
-        notes.append("Incomplete runs left out: " + ", ".join(r.path.name for r in incomplete))
+    notes += incomplete_note(incomplete)
     return write_table(
         TABLE_ID,
         df,

@@ -45,7 +45,7 @@ from torch.nn import functional as F
 
 from dp_adam_bench.paths import shared_data_dir
 from dp_adam_bench.tasks import text
-from dp_adam_bench.tasks.base import ModelTask, missing_data, subset_indices, try_hub
+from dp_adam_bench.tasks.base import ModelTask, missing_data, subset_indices, task_profile, try_hub
 
 log = logging.getLogger(__name__)
 
@@ -191,9 +191,7 @@ class ArxivMLM(ModelTask):
 
     def __init__(self, cfg, *, trials: int, seed: int):
         del trials, seed
-        self.profile = str(cfg.get("profile") or "cpu")
-        if self.profile not in ("cpu", "paper"):
-            raise ValueError(f"task.profile={self.profile!r}; valid: cpu, paper")
+        self.profile = task_profile(cfg)
         self.model_name = str(cfg.get("model") or default_model(self.profile))
         pretrained = cfg.get("pretrained")
         self.pretrained = (self.profile == "paper") if pretrained is None else bool(pretrained)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -76,3 +77,24 @@ def missing_data(what: str, source: str, tried: list[str], how: str) -> FileNotF
     return FileNotFoundError(
         f"no {what} found (source={source!r}). Tried:\n  - " + "\n  - ".join(tried) + "\n" + how
     )
+
+
+def data_folders(data_dir, name: str) -> list[Path]:
+    """Where a loader looks for a data set's files, in order: ``task.data_dir``, ``task.data_dir/<name>``, then the
+    shared offline folder ``<shared data>/<name>`` (duplicates removed)."""
+    from dp_adam_bench.paths import shared_data_dir
+
+    out = []
+    if data_dir is not None:
+        d = Path(data_dir).expanduser()
+        out += [d, d / name]
+    out.append(shared_data_dir() / name)
+    return list(dict.fromkeys(out))
+
+
+def task_profile(cfg) -> str:
+    """``task.profile`` (cpu | paper; null = cpu), refused with the valid values otherwise."""
+    profile = str(cfg.get("profile") or "cpu")
+    if profile not in ("cpu", "paper"):
+        raise ValueError(f"task.profile={profile!r}; valid: cpu, paper")
+    return profile

@@ -70,7 +70,14 @@ from torch.nn import functional as F
 
 from dp_adam_bench.paths import shared_data_dir
 from dp_adam_bench.tasks import e2e_metrics, text
-from dp_adam_bench.tasks.base import ModelTask, missing_data, subset_indices, try_hub
+from dp_adam_bench.tasks.base import (
+    ModelTask,
+    data_folders,
+    missing_data,
+    subset_indices,
+    task_profile,
+    try_hub,
+)
 
 log = logging.getLogger(__name__)
 
@@ -130,15 +137,6 @@ def load_e2e_hf(split: str, name: str = HF_NAME) -> tuple[list[str], list[str]]:
     return [m.strip() for m in d["meaning_representation"]], [r.strip() for r in d["human_reference"]]
 
 
-def _folders(data_dir) -> list[Path]:
-    out = []
-    if data_dir is not None:
-        d = Path(data_dir).expanduser()
-        out += [d, d / FOLDER]
-    out.append(shared_data_dir() / FOLDER)
-    return list(dict.fromkeys(out))
-
-
 def load_e2e_split(
     split: str, source: str = "auto", data_dir=None, hf_name: str = HF_NAME
 ) -> tuple[list[str], list[str], str]:
@@ -150,7 +148,7 @@ def load_e2e_split(
     names = [f"{FILES[split]}.csv.gz", f"{FILES[split]}.csv"]
     tried = []
     if source in ("auto", "local"):
-        for folder in _folders(data_dir):
+        for folder in data_folders(data_dir, FOLDER):
             for name in names:
                 if (folder / name).is_file():
                     return (*read_e2e_csv(folder / name), f"local:{folder / name}")
@@ -314,9 +312,7 @@ class E2EGpt2(ModelTask):
 
     def __init__(self, cfg, *, trials: int, seed: int):
         del trials, seed
-        self.profile = str(cfg.get("profile") or "cpu")
-        if self.profile not in ("cpu", "paper"):
-            raise ValueError(f"task.profile={self.profile!r}; valid: cpu, paper")
+        self.profile = task_profile(cfg)
         model = cfg.get("model")
         self.model_name = str(model) if model else (PAPER_MODEL if self.profile == "paper" else None)
         pretrained = cfg.get("pretrained")

@@ -47,7 +47,14 @@ from torch.nn import functional as F
 
 from dp_adam_bench.paths import shared_data_dir
 from dp_adam_bench.tasks import text
-from dp_adam_bench.tasks.base import ModelTask, missing_data, subset_indices, try_hub
+from dp_adam_bench.tasks.base import (
+    ModelTask,
+    data_folders,
+    missing_data,
+    subset_indices,
+    task_profile,
+    try_hub,
+)
 
 log = logging.getLogger(__name__)
 
@@ -139,15 +146,6 @@ def load_snli_hf(split: str, name: str = HF_NAME) -> SnliData:
     return parse_snli_rows(rows, f"Hugging Face dataset {name!r} split {HF_SPLITS[split]!r}")
 
 
-def _folders(data_dir) -> list[Path]:
-    out = []
-    if data_dir is not None:
-        d = Path(data_dir).expanduser()
-        out += [d, d / FOLDER]
-    out.append(shared_data_dir() / FOLDER)
-    return list(dict.fromkeys(out))
-
-
 def load_snli_split(
     split: str, source: str = "auto", data_dir=None, hf_name: str = HF_NAME
 ) -> tuple[SnliData, str]:
@@ -158,7 +156,7 @@ def load_snli_split(
         raise ValueError(f"unknown SNLI source {source!r}; valid: {', '.join(SOURCES)}")
     tried = []
     if source in ("auto", "local"):
-        for folder in _folders(data_dir):
+        for folder in data_folders(data_dir, FOLDER):
             for name in split_files(split):
                 if (folder / name).is_file():
                     return read_snli_file(folder / name), f"local:{folder / name}"
@@ -207,9 +205,7 @@ class SnliBert(ModelTask):
 
     def __init__(self, cfg, *, trials: int, seed: int):
         del trials, seed  # one model per run; the model's randomness comes from the trainer's torch seed
-        self.profile = str(cfg.get("profile") or "cpu")
-        if self.profile not in ("cpu", "paper"):
-            raise ValueError(f"task.profile={self.profile!r}; valid: cpu, paper")
+        self.profile = task_profile(cfg)
         self.model_name = str(cfg.get("model") or default_model(self.profile))
         self.pretrained = bool(cfg.get("pretrained", True))
         self.max_length = int(cfg.get("max_length", 128))
