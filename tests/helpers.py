@@ -12,3 +12,23 @@ TINY_1D = ["task.n_train=60", "task.n_test=500", "task.trials=3", "train.log_eve
 def compose_cfg(overrides: list[str]):
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         return compose("config", overrides=overrides)
+
+
+def tiny_poisson(experiment: str, steps: int, *extra: str) -> list[str]:
+    """Overrides of a short private run of the tiny task (tests/tiny_task.py): DP-Adam, independent noise,
+    Poisson batches of expected size 16 in micro-batches of 5, W&B off."""
+    return [
+        "task.name=tiny",
+        f"experiment_name={experiment}",
+        "optimizer=adam",
+        "optimizer.lr=0.01",
+        "noise=independent",
+        "privacy.sigma=1.0",
+        "privacy.clip=0.5",
+        "train.sampler=poisson",
+        "train.batch_size=16",
+        f"train.steps={steps}",
+        "train.physical_batch_size=5",
+        "logger.wandb.mode=disabled",
+        *extra,
+    ]

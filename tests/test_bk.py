@@ -11,7 +11,7 @@ from dp_adam_bench.tasks import registry
 from dp_adam_bench.tasks.cifar10_cnn import CNN5
 from dp_adam_bench.train import train
 
-from helpers import compose_cfg
+from helpers import compose_cfg, tiny_poisson
 from small_models import fresh_model, loss_per_example, make_batch
 
 MODES = ["auto", "gram", "instantiate"]
@@ -384,20 +384,7 @@ def test_scale_of_the_wrong_shape_is_refused():
 
 # ------------------------------------------------------------------------------------------ through the trainer
 
-BASE = [
-    "task.name=tiny",
-    "experiment_name=bk",
-    "optimizer=adam",
-    "optimizer.lr=0.01",
-    "noise=independent",
-    "privacy.sigma=1.0",
-    "privacy.clip=0.5",
-    "train.sampler=poisson",
-    "train.batch_size=16",
-    "train.steps=3",
-    "train.physical_batch_size=5",
-    "logger.wandb.mode=disabled",
-]
+BASE = tiny_poisson("bk", 3)
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from dp_adam_bench.privacy.mechanisms import IndependentMechanism
 from dp_adam_bench.tasks import registry
 from dp_adam_bench.train import train
 
-from helpers import compose_cfg
+from helpers import compose_cfg, tiny_poisson
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -33,22 +33,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 STEPS = 6
-BASE = [
-    "task.name=tiny",
-    "experiment_name=ddp",
-    "optimizer=adam",
-    "optimizer.lr=0.01",
-    "noise=independent",
-    "privacy.sigma=1.0",
-    "privacy.clip=0.5",
-    "train.sampler=poisson",
-    "train.batch_size=16",
-    f"train.steps={STEPS}",
-    "train.log_every=1",
-    "train.physical_batch_size=5",
-    "train.clipping=bk",
-    "logger.wandb.mode=disabled",
-]
+BASE = tiny_poisson("ddp", STEPS, "train.log_every=1", "train.clipping=bk")
 
 
 def free_port() -> int:

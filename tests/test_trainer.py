@@ -10,7 +10,7 @@ from dp_adam_bench.engine.checkpoint import FILENAME, CheckpointError
 from dp_adam_bench.tasks import registry
 from dp_adam_bench.train import train
 
-from helpers import compose_cfg
+from helpers import compose_cfg, tiny_poisson
 
 
 @pytest.fixture(autouse=True)
@@ -18,21 +18,7 @@ def tiny_task(monkeypatch):
     monkeypatch.setitem(registry.TASKS, "tiny", "tiny_task:TinyTask")
 
 
-BASE = [
-    "task.name=tiny",
-    "experiment_name=eng",
-    "optimizer=adam",
-    "optimizer.lr=0.01",
-    "noise=independent",
-    "privacy.sigma=1.0",
-    "privacy.clip=0.5",
-    "train.sampler=poisson",
-    "train.batch_size=16",
-    "train.steps=8",
-    "train.log_every=1",
-    "train.physical_batch_size=5",
-    "logger.wandb.mode=disabled",
-]
+BASE = tiny_poisson("eng", 8, "train.log_every=1")
 
 
 def folder_of(root):
