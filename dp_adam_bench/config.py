@@ -10,8 +10,7 @@ ENGINES = ("ghost", "hooks", "functorch", "loop", "bk")
 PROFILES = ("cpu", "paper")
 
 
-class ConfigError(ValueError):
-    """A config field has an invalid value."""
+from dp_adam_bench.errors import ConfigError  # noqa: E402,F401  (re-exported: the historic import path)
 
 
 def _num(cfg: Mapping, dotted: str):
