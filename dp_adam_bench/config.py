@@ -1,131 +1,209 @@
-"""Validation of a composed config: fail fast, naming the field, the bad value and what would be valid."""
+"""Validation of a composed config: fail fast, naming the field, the bad value and what would be valid.
+
+Every numeric field is checked with :func:`math.isfinite` as well as its range: ``x < 0`` is False for NaN, and a
+NaN sigma once trained with no noise while the run was recorded as private. The lists of valid names come from the
+registries (variants, noise mechanisms, tasks, clipping engines, accountants), never from a copy kept here.
+Checks that need the data set (a batch larger than it) or the model (a noise mechanism's memory) are made by the
+privacy plan (:mod:`dp_adam_bench.engine.plan`), still before anything is written.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
-NOISE_KINDS = ("none", "independent", "dpmf_sqrt", "bandmf", "blt")
+from dp_adam_bench.errors import ConfigError
+
 SAMPLERS = ("single_pass", "poisson", "shuffle")
-ENGINES = ("ghost", "hooks", "functorch", "loop", "bk")
 PROFILES = ("cpu", "paper")
+DISTRIBUTED = ("auto", "off")
+WANDB_MODES = (None, "offline", "online", "disabled")
+
+_MISSING = object()
 
 
-from dp_adam_bench.errors import ConfigError  # noqa: E402,F401  (re-exported: the historic import path)
-
-
-def _num(cfg: Mapping, dotted: str):
+def _get(cfg: Mapping, dotted: str, default=_MISSING):
     node = cfg
     for part in dotted.split("."):
         if not isinstance(node, Mapping) or part not in node:
+            if default is not _MISSING:
+                return default
             raise ConfigError(f"missing config field {dotted!r}")
         node = node[part]
     return node
 
 
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def number(cfg: Mapping, dotted: str, *, low=None, high=None, low_open=False, high_open=False, null=False,
+           default=_MISSING):
+    """A finite number in the given range (``null`` allows None); returns it."""
+    v = _get(cfg, dotted, default)
+    if v is None and null:
+        return None
+    lo = "" if low is None else f"{'>' if low_open else '>='} {low:g}"
+    hi = "" if high is None else f"{'<' if high_open else '<='} {high:g}"
+    want = "a finite number" + (f" {lo}" if lo else "") + (" and" if lo and hi else "") + (f" {hi}" if hi else "")
+    if null:
+        want += " or null"
+    if not _is_number(v) or not math.isfinite(v):
+        raise ConfigError(f"{dotted}={v!r} must be {want}")
+    if low is not None and (v <= low if low_open else v < low):
+        raise ConfigError(f"{dotted}={v!r} must be {want}")
+    if high is not None and (v >= high if high_open else v > high):
+        raise ConfigError(f"{dotted}={v!r} must be {want}")
+    return v
+
+
+def integer(cfg: Mapping, dotted: str, *, low: int = 1, null: bool = False, default=_MISSING):
+    """An integer >= ``low`` (``null`` allows None); a float such as 2.7 is refused, never truncated."""
+    v = _get(cfg, dotted, default)
+    if v is None and null:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < low:
+        raise ConfigError(f"{dotted}={v!r} must be an integer >= {low}" + (" or null" if null else ""))
+    return v
+
+
+def choice(cfg: Mapping, dotted: str, valid, default=_MISSING):
+    v = _get(cfg, dotted, default)
+    if v not in valid:
+        raise ConfigError(f"{dotted}={v!r}; valid: {', '.join(str(x) for x in valid)}")
+    return v
+
+
 def validate(cfg: Mapping) -> None:
-    """Raise :class:`ConfigError` on the first invalid field."""
+    """Raise :class:`ConfigError` on the first invalid field (or combination of fields)."""
+    from dp_adam_bench.engine.grads import ENGINES
     from dp_adam_bench.optim.registry import VARIANTS
+    from dp_adam_bench.privacy.accounting import ACCOUNTANTS
+    from dp_adam_bench.privacy.noise_factory import NOISE
     from dp_adam_bench.tasks.registry import TASKS
 
-    task = _num(cfg, "task.name")
-    if task not in TASKS:
-        raise ConfigError(f"task.name={task!r} is not a known task; valid: {', '.join(sorted(TASKS))}")
-    opt = _num(cfg, "optimizer.name")
-    if opt not in VARIANTS:
+    seed = _get(cfg, "seed")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"seed={seed!r} must be an integer >= 0")
+    choice(cfg, "profile", PROFILES, default="cpu")
+    TASKS.check(_get(cfg, "task.name"))
+    integer(cfg, "task.trials", default=1)
+
+    # --- optimizer: the name, then every hyper-parameter through the variant's own checks ------------------------
+    opt = _get(cfg, "optimizer")
+    VARIANTS.check(_get(cfg, "optimizer.name"))
+    number(cfg, "optimizer.lr", low=0, low_open=True)
+    for key, value in opt.items():
+        if key == "name" or value is None or isinstance(value, str):
+            continue
+        if not _is_number(value) or not math.isfinite(value):
+            raise ConfigError(f"optimizer.{key}={value!r} must be a finite number")
+    try:
+        VARIANTS.get(opt["name"])(**{k: v for k, v in opt.items() if k != "name"})
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as err:
+        raise ConfigError(str(err) if "optimizer." in str(err) else f"optimizer: {err}") from err
+
+    # --- noise and privacy ----------------------------------------------------------------------------------------
+    kind = NOISE.check(_get(cfg, "noise.kind"))
+    noise = NOISE.get(kind)
+    noise.validate(_get(cfg, "noise"))
+    sampler = choice(cfg, "train.sampler", SAMPLERS)
+    accountant = _get(cfg, "privacy.accountant", "rdp")
+    if accountant not in ACCOUNTANTS:
+        raise ConfigError(f"privacy.accountant={accountant!r}; valid: {', '.join(ACCOUNTANTS)}")
+    secure = _get(cfg, "privacy.secure_rng", False)
+    if not isinstance(secure, bool):
+        raise ConfigError(f"privacy.secure_rng={secure!r} must be true or false")
+    if noise.private:
+        _validate_privacy(cfg, kind, sampler, noise.correlated)
+
+    # --- schedule -------------------------------------------------------------------------------------------------
+    if sampler == "poisson":
+        number(cfg, "train.batch_size", low=0, low_open=True)
+        steps = integer(cfg, "train.steps", null=True)
+        if steps is None and not (noise.private and _get(cfg, "privacy.target_epsilon", None) is not None):
+            raise ConfigError(
+                "train.steps=None must be an integer >= 1 with train.sampler=poisson (or null with "
+                "privacy.target_epsilon set on a private run: train until that epsilon)"
+            )
+    else:
+        integer(cfg, "train.batch_size")
+        integer(cfg, "train.epochs")
+        steps = _get(cfg, "train.steps", None)
+        if steps is not None:
+            raise ConfigError(
+                f"train.steps={steps!r} is set, but train.sampler={sampler} runs train.epochs full passes; "
+                "set train.steps=null (or use train.sampler=poisson)"
+            )
+
+    # --- engine and machine ---------------------------------------------------------------------------------------
+    choice(cfg, "train.clipping", ENGINES, default="bk")
+    integer(cfg, "train.physical_batch_size")
+    integer(cfg, "train.log_every")
+    for field in ("eval_every", "checkpoint_every"):
+        integer(cfg, f"train.{field}", low=0, default=0)
+    integer(cfg, "train.stop_after", null=True, default=None)
+    integer(cfg, "train.threads", null=True, default=None)
+    integer(cfg, "diagnostics.every", low=0, default=0)
+    number(cfg, "diagnostics.reference_sigma", low=0, null=True, default=None)
+    number(cfg, "diagnostics.reference_clip", low=0, low_open=True, null=True, default=None)
+    choice(cfg, "train.distributed", DISTRIBUTED, default="auto")
+    device = _get(cfg, "train.device", "auto")
+    if not isinstance(device, str) or not (device in ("auto", "cpu") or device.startswith("cuda")):
+        raise ConfigError(f"train.device={device!r}; valid: auto, cpu, cuda, cuda:<index>")
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f"train.device={device!r} but no CUDA device is available; use train.device=cpu or auto"
+            )
+    integer(cfg, "train.side_info.public_examples", default=1000)
+    integer(cfg, "train.side_info.batch_size", default=256)
+    for flag in ("force", "resume", "eval_at_start"):
+        v = _get(cfg, f"train.{flag}", False)
+        if not isinstance(v, bool):
+            raise ConfigError(f"train.{flag}={v!r} must be true or false")
+    mode = _get(cfg, "logger.wandb.mode", None)
+    if mode not in WANDB_MODES:
+        raise ConfigError(f"logger.wandb.mode={mode!r}; valid: null (offline unless a key is set), offline, online, "
+                          "disabled")
+
+
+def _validate_privacy(cfg: Mapping, kind: str, sampler: str, correlated: bool) -> None:
+    sigma = number(cfg, "privacy.sigma", low=0, null=True)
+    number(cfg, "privacy.clip", low=0, low_open=True)
+    number(cfg, "privacy.delta", low=0, high=1, low_open=True, high_open=True)
+    budget = number(cfg, "privacy.epsilon_budget", low=0, low_open=True, null=True, default=None)
+    target = number(cfg, "privacy.target_epsilon", low=0, low_open=True, null=True, default=None)
+    steps = _get(cfg, "train.steps", None)
+    if sigma == 0:
         raise ConfigError(
-            f"optimizer.name={opt!r} is not a known variant; valid: {', '.join(sorted(VARIANTS))}"
+            f"privacy.sigma=0 with noise={kind} adds no noise but would be recorded as private; use noise=none for "
+            "a non-private run, or a sigma > 0"
         )
-    lr = _num(cfg, "optimizer.lr")
-    if not isinstance(lr, (int, float)) or not lr > 0:
-        raise ConfigError(f"optimizer.lr={lr!r} must be a number > 0")
-    kind = _num(cfg, "noise.kind")
-    if kind not in NOISE_KINDS:
-        raise ConfigError(f"noise.kind={kind!r} is not a known mechanism; valid: {', '.join(NOISE_KINDS)}")
-    profile = cfg.get("profile", "cpu")
-    if profile not in PROFILES:
-        raise ConfigError(f"profile={profile!r}; valid: {', '.join(PROFILES)}")
-    if kind != "none":
-        sigma = _num(cfg, "privacy.sigma")
-        target = cfg.get("privacy", {}).get("target_epsilon")
-        if sigma is None:  # calibrated to privacy.target_epsilon over train.steps Poisson steps (Li et al.)
-            steps = cfg.get("train", {}).get("steps")
-            if target is None or _num(cfg, "train.sampler") != "poisson" or steps is None:
-                raise ConfigError(
-                    "privacy.sigma=null (calibrate sigma) needs privacy.target_epsilon, train.sampler=poisson "
-                    f"and a fixed train.steps; got target_epsilon={target!r}, sampler={_num(cfg, 'train.sampler')!r}, "
-                    f"steps={steps!r}"
-                )
-        elif not isinstance(sigma, (int, float)) or sigma < 0:
-            raise ConfigError(
-                f"privacy.sigma={sigma!r} must be a number >= 0 (the noise multiplier), or null to calibrate it "
-                "to privacy.target_epsilon"
-            )
-        clip = _num(cfg, "privacy.clip")
-        if clip is None or not isinstance(clip, (int, float)) or not clip > 0:
-            raise ConfigError(
-                f"privacy.clip={clip!r} must be a number > 0 for a private run (null clipping only with noise=none)"
-            )
-        delta = _num(cfg, "privacy.delta")
-        if not isinstance(delta, (int, float)) or not 0 < delta < 1:
-            raise ConfigError(f"privacy.delta={delta!r} must be in (0, 1)")
-    sampler = _num(cfg, "train.sampler")
-    if sampler not in SAMPLERS:
-        raise ConfigError(f"train.sampler={sampler!r}; valid: {', '.join(SAMPLERS)}")
-    bs = _num(cfg, "train.batch_size")
-    if not isinstance(bs, (int, float)) or not bs > 0:
-        raise ConfigError(f"train.batch_size={bs!r} must be > 0")
-    clipping = cfg.get("train", {}).get("clipping", "ghost")
-    if clipping not in ENGINES:
-        raise ConfigError(f"train.clipping={clipping!r}; valid: {', '.join(ENGINES)}")
-    if sampler in ("poisson", "shuffle") and kind not in ("none", "independent"):
+    if correlated and sampler != "single_pass":
         raise ConfigError(
             f"noise.kind={kind!r} with train.sampler={sampler}: correlated noise is accounted here only without "
-            "amplification; use train.sampler=single_pass (cyclic batches, min-separation = steps per epoch)"
+            "amplification; use train.sampler=single_pass (cyclic batches, min-separation = steps per epoch), or "
+            "noise=independent for DP-SGD with Poisson sampling"
         )
-    budget = cfg.get("privacy", {}).get("epsilon_budget")
-    if budget is not None and (not isinstance(budget, (int, float)) or budget <= 0):
-        raise ConfigError(f"privacy.epsilon_budget={budget!r} must be > 0 or null")
-    if sampler in ("single_pass", "shuffle"):
-        epochs = _num(cfg, "train.epochs")
-        if not isinstance(epochs, int) or epochs < 1:
-            raise ConfigError(f"train.epochs={epochs!r} must be an integer >= 1")
-    else:
-        steps = _num(cfg, "train.steps")
-        target = cfg.get("privacy", {}).get("target_epsilon")
-        if steps is None and target is not None:
-            if not isinstance(target, (int, float)) or target <= 0:
-                raise ConfigError(f"privacy.target_epsilon={target!r} must be > 0")
-            if kind == "none" or not cfg["privacy"].get("sigma"):
-                raise ConfigError(
-                    "privacy.target_epsilon sets the number of steps only for a private run (sigma > 0)"
-                )
-        elif not isinstance(steps, int) or steps < 1:
+    if sigma is None:  # calibrated to privacy.target_epsilon over train.steps Poisson steps (Li et al.)
+        if target is None or sampler != "poisson" or steps is None:
             raise ConfigError(
-                f"train.steps={steps!r} must be an integer >= 1 with train.sampler=poisson "
-                "(or null with privacy.target_epsilon set)"
+                "privacy.sigma=null (calibrate sigma) needs privacy.target_epsilon, train.sampler=poisson "
+                f"and a fixed train.steps; got target_epsilon={target!r}, sampler={sampler!r}, steps={steps!r}"
             )
-    if kind == "bandmf":
-        bands = _num(cfg, "noise.bands")
-        if not isinstance(bands, int) or bands < 1:
-            raise ConfigError(f"noise.bands={bands!r} must be an integer >= 1")
-    if kind == "blt":
-        buffers = _num(cfg, "noise.buffers")
-        if not isinstance(buffers, int) or buffers < 1:
-            raise ConfigError(f"noise.buffers={buffers!r} must be an integer >= 1")
-    trials = cfg.get("task", {}).get("trials", 1)
-    if not isinstance(trials, int) or trials < 1:
-        raise ConfigError(f"task.trials={trials!r} must be an integer >= 1")
-
-
-def resolve_sigma(cfg, n: int) -> float:
-    """privacy.sigma, or — when it is null — the sigma that reaches privacy.target_epsilon after train.steps
-    Poisson steps under privacy.accountant (Li et al. calibrate sigma to eps = 3 / 8 this way, under RDP)."""
-    p = cfg.privacy
-    if p.sigma is not None:
-        return float(p.sigma)
-    from dp_adam_bench.privacy.accounting import calibrate_sigma
-
-    q = float(cfg.train.batch_size) / n
-    return calibrate_sigma(
-        float(p.target_epsilon), float(p.delta), q, int(cfg.train.steps), p.get("accountant", "rdp")
-    )
+    elif target is not None and not (sampler == "poisson" and steps is None):
+        raise ConfigError(
+            f"privacy.target_epsilon={target!r} with privacy.sigma={sigma!r} and a fixed schedule would be ignored: "
+            "set train.steps=null (Poisson) to train until it, privacy.sigma=null to calibrate sigma to it, or use "
+            "privacy.epsilon_budget to cap this schedule"
+        )
+    if budget is not None and target is not None:
+        raise ConfigError(
+            f"privacy.epsilon_budget={budget!r} and privacy.target_epsilon={target!r}: set one (the target already "
+            "bounds the run)"
+        )

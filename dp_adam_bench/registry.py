@@ -22,6 +22,8 @@ from typing import Any
 
 from dp_adam_bench.errors import ConfigError
 
+_MISSING = object()
+
 
 class Registry:
     """Names -> objects for one kind of piece (``what``), selected by the config field ``field``."""
@@ -63,6 +65,10 @@ class Registry:
     def names(self) -> tuple[str, ...]:
         return tuple(sorted(self._entries))
 
+    def items(self) -> list[tuple[str, Any]]:
+        """(name, object) pairs, sorted by name, lazy entries imported."""
+        return [(n, self.get(n)) for n in self.names()]
+
     def __contains__(self, name: object) -> bool:
         return name in self._entries
 
@@ -80,14 +86,27 @@ class Registry:
             )
         return name  # type: ignore[return-value]
 
-    def get(self, name: str) -> Any:
-        """The registered object, importing ``"module:attr"`` entries on first use."""
+    def get(self, name: str, default: Any = _MISSING) -> Any:
+        """The registered object, importing ``"module:attr"`` entries on first use; ``default`` (when given) for an
+        unknown name instead of the ConfigError."""
+        if default is not _MISSING and name not in self._entries:
+            return default
         obj = self._entries[self.check(name)]
         if isinstance(obj, str):
             module, attr = obj.split(":")
             obj = getattr(importlib.import_module(module), attr)
             self._entries[name] = obj
         return obj
+
+    # dict-style access, so tests can use ``monkeypatch.setitem(REGISTRY, name, obj)``
+    def __getitem__(self, name: str) -> Any:
+        return self.get(name)
+
+    def __setitem__(self, name: str, obj: Any) -> None:
+        self._entries[name] = obj
+
+    def __delitem__(self, name: str) -> None:
+        del self._entries[name]
 
     def build(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """``get(name)(*args, **kwargs)``."""

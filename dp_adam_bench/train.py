@@ -42,8 +42,12 @@ def run_config(cfg: DictConfig) -> dict:
 
 def train(cfg: DictConfig) -> dict | None:
     """Run one configuration (already composed); returns the summary, or None if the run was already complete
-    (or, data-parallel, on ranks other than 0: their result is rank 0's)."""
-    from dp_adam_bench.engine import distributed, loop, trainer
+    (or, data-parallel, on ranks other than 0: their result is rank 0's).
+
+    Everything that can be refused is refused before the run folder exists: the config (:func:`validate`), the
+    task's data, and the privacy plan (batch larger than the data set, a budget the run cannot meet, a noise
+    mechanism that cannot fit in memory, ...)."""
+    from dp_adam_bench.engine import distributed, trainer
     from dp_adam_bench.tasks.registry import build_task
 
     data = run_config(cfg)
@@ -53,13 +57,26 @@ def train(cfg: DictConfig) -> dict | None:
     folder_path = Path(root) / data["experiment_name"] / run_id(data)
     # rank 0 decides for all: its folder writes below must not change another rank's answer
     if ddp.broadcast_object(is_complete(folder_path) and not cfg.train.force):
-        log.info("skipping complete run %s", folder_path)
+        if ddp.is_main:
+            print(f"complete, skipped: {folder_path} (train.force=true reruns it)", file=sys.stderr)
         return None
-    if not ddp.is_main:  # trains its share of every step; the run folder and W&B are rank 0's
-        run_cfg = OmegaConf.create(data)
+    run_cfg = OmegaConf.create(data)
+    if run_cfg.train.get("threads"):
+        import torch
+
+        torch.set_num_threads(int(run_cfg.train.threads))
+    try:
+        import torch
+
+        torch.manual_seed(int(run_cfg.seed))
         task = build_task(run_cfg.task, trials=int(run_cfg.task.get("trials", 1)), seed=int(run_cfg.seed))
-        _refuse_toy_task(task, ddp)
-        trainer.run(run_cfg, folder_path, lambda step, metrics: None, task=task)
+        prepared = trainer.prepare(run_cfg, task)
+    except ConfigError:
+        raise
+    except ValueError as err:  # a task or variant refusing one of its fields
+        raise ConfigError(str(err)) from err
+    if not ddp.is_main:  # trains its share of every step; the run folder and W&B are rank 0's
+        trainer.run(run_cfg, folder_path, lambda step, metrics: None, prepared=prepared)
         return None
     folder = RunFolder.create(root, data["experiment_name"], data)
     tags = [
@@ -85,11 +102,7 @@ def train(cfg: DictConfig) -> dict | None:
         wb.log(step, metrics)
 
     try:
-        run_cfg = OmegaConf.create(data)
-        task = build_task(run_cfg.task, trials=int(run_cfg.task.get("trials", 1)), seed=int(run_cfg.seed))
-        engine = loop if hasattr(task, "per_example_grads") else trainer  # closed-form toy task or nn.Module
-        _refuse_toy_task(task, ddp)
-        result = engine.run(run_cfg, folder.path, log_both, task=task)
+        result = trainer.run(run_cfg, folder.path, log_both, prepared=prepared)
         folder.write_json("ledger.json", result["ledger"])
         summary = folder.finish(result, seed=int(data["seed"]))
         wb.summary({k: v for k, v in result["metrics"].items()})
@@ -97,14 +110,6 @@ def train(cfg: DictConfig) -> dict | None:
         wb.finish()
     log.info("run %s: %s", folder.path.name, summary["metrics"])
     return summary
-
-
-def _refuse_toy_task(task, ddp) -> None:
-    if ddp.active and hasattr(task, "per_example_grads"):
-        raise ValueError(
-            f"task {task.name!r} is a closed-form toy task that runs in one process; data-parallel training "
-            "(torchrun) is for model tasks"
-        )
 
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")

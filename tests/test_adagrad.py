@@ -26,7 +26,7 @@ def run_variant(name, steps=300, sigma=0.0, clip=None, mech=None, **hp):
     state = variant.init(params)
     mechs = []
     if sigma > 0:
-        for s in range(1 + variant.extra_noise_streams):
+        for s in range(variant.releases().streams):
             m = (mech or IndependentMechanism)()
             m = m if not callable(getattr(m, "reset", None)) else m
             mechs.append(m.reset([params[0].shape], seed=10 + s, dtype=torch.float64))
@@ -36,10 +36,10 @@ def run_variant(name, steps=300, sigma=0.0, clip=None, mech=None, **hp):
         expected_batch_size=1,
         mechanisms=mechs,
         trial_dims=1,
-        provide_clean=variant.needs_clean,
+        releases=variant.releases(),
     )
     for i in range(steps):
-        ctx = priv(t.per_example_grads(params, torch.tensor([i])))
+        ctx = priv.release_per_example(t.per_example_grads(params, torch.tensor([i]))).ctx
         variant.update(params, state, ctx)
     return t, params[0]
 
@@ -75,7 +75,7 @@ def test_ime_sigma0_follows_its_formula_by_hand():
     params = t.init_params()
     state = variant.init(params)
     priv = Privatizer(
-        clip=None, sigma=0.0, expected_batch_size=1, mechanisms=[], trial_dims=1, provide_clean=True
+        clip=None, sigma=0.0, expected_batch_size=1, mechanisms=[], trial_dims=1, releases=variant.releases()
     )
     theta, nu = 0.0, 0.0
     for i in range(2):
@@ -83,7 +83,9 @@ def test_ime_sigma0_follows_its_formula_by_hand():
         g = (1 / (1 + math.exp(-theta * x)) - y) * x
         nu += g * g
         theta -= 0.5 * g / max(1.0, math.sqrt(nu))
-        variant.update(params, state, priv(t.per_example_grads(params, torch.tensor([i]))))
+        variant.update(
+            params, state, priv.release_per_example(t.per_example_grads(params, torch.tensor([i]))).ctx
+        )
         assert params[0].item() == pytest.approx(theta, rel=1e-12)
 
 
@@ -105,9 +107,14 @@ def test_ime_noise_scales(name, factor):
     state = variant.init(params)
     mechs = [IndependentMechanism().reset([(trials,)], seed=s, dtype=torch.float64) for s in (1, 2)]
     priv = Privatizer(
-        clip=1.0, sigma=sigma, expected_batch_size=1, mechanisms=mechs, trial_dims=1, provide_clean=True
+        clip=1.0,
+        sigma=sigma,
+        expected_batch_size=1,
+        mechanisms=mechs,
+        trial_dims=1,
+        releases=variant.releases(),
     )
-    variant.update(params, state, priv([torch.zeros(1, trials, dtype=torch.float64)]))
+    variant.update(params, state, priv.release_per_example([torch.zeros(1, trials, dtype=torch.float64)]).ctx)
     g_noise = -params[0] * 1e6
     assert float(g_noise.std()) == pytest.approx(factor * sigma, rel=0.03)
     assert float(state["nu"][0].std()) == pytest.approx(factor * sigma * 1.0, rel=0.03)
@@ -119,7 +126,7 @@ def test_dpmf_noise_through_privatizer_has_row_variance():
     mech = strat.mechanism().reset([(trials,)], seed=0, dtype=torch.float64)
     priv = Privatizer(clip=2.0, sigma=sigma, expected_batch_size=4, mechanisms=[mech], trial_dims=1)
     for t in range(n):
-        ctx = priv([torch.zeros(4, trials, dtype=torch.float64)])
+        ctx = priv.release_per_example([torch.zeros(4, trials, dtype=torch.float64)]).ctx
         expected = (sigma * 2.0 / 4) ** 2 * strat.row_variance()[t]
         assert ctx.noise_variance == pytest.approx(expected)
         assert float(ctx.noisy[0].var()) == pytest.approx(expected, rel=0.04)

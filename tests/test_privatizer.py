@@ -26,7 +26,7 @@ def test_realized_noise_std_is_sigma_c_over_b():
     d, sigma, clip, B = 50000, 1.3, 0.5, 8
     mech = IndependentMechanism().reset([(d,)], seed=0)
     priv = Privatizer(clip=clip, sigma=sigma, expected_batch_size=B, mechanisms=[mech])
-    ctx = priv([torch.zeros(3, d)])
+    ctx = priv.release_per_example([torch.zeros(3, d)]).ctx
     assert ctx.noise_std == pytest.approx(sigma * clip / B)
     assert float(ctx.noisy[0].std()) == pytest.approx(sigma * clip / B, rel=0.02)
 
@@ -37,7 +37,9 @@ def test_realized_noise_std_is_sigma_c_over_b():
         (dict(clip=1.0, sigma=-0.1, expected_batch_size=1, mechanisms=[]), "sigma"),
         (dict(clip=0.0, sigma=0.0, expected_batch_size=1, mechanisms=[]), "clip"),
         (dict(clip=None, sigma=1.0, expected_batch_size=1, mechanisms=[]), "clip norm"),
-        (dict(clip=1.0, sigma=1.0, expected_batch_size=1, mechanisms=[]), "noise mechanism"),
+        (dict(clip=1.0, sigma=1.0, expected_batch_size=1, mechanisms=[]), "noise stream"),
+        (dict(clip=1.0, sigma=float("nan"), expected_batch_size=1, mechanisms=[]), "sigma"),
+        (dict(clip=float("inf"), sigma=1.0, expected_batch_size=1, mechanisms=[]), "clip"),
     ],
 )
 def test_bad_privatizer_settings_fail_clearly(kwargs, match):

@@ -1,33 +1,57 @@
-"""Clip, sum, add noise, divide by the *expected* batch size (Ganesh Alg. 1; Tang Alg. 1).
+"""The privatizer: clip, sum, add noise, divide by the *expected* batch size — and nothing noisy leaves a step any
+other way (Ganesh, McMahan & Thakurta, "On Design Principles for Private Adaptive Optimizers", Alg. 1 and 6;
+Tang & Lécuyer, "DP-Adam: Correcting DP Bias in Adam's Second Moment Estimation", 2023, Alg. 1).
 
-g~_t = (1/B) sum_i clip(s_t * g_i; C) / s_t-style scaling aside, plus (sigma C / B) w_t with w_t from the noise
-mechanism. Dividing by the realized batch size under Poisson sampling would leak the batch size, so B is always the
-expected batch size given at construction.
+Per step it makes every release the optimizer variant asked for (:class:`~dp_adam_bench.optim.base.Releases`):
+
+* the gradient, g~_t = (1/B) sum_i clip(s g_i; C) / s + k (sigma C / B) w_t, where w_t comes from the noise
+  mechanism's first stream, k is the variant's noise scale (sqrt 2 for independent moment estimation) and s the
+  scale of scale-then-privatize (Ganesh Alg. 8; 1 otherwise);
+* for independent moment estimation, g_t^2 + k sigma S2 w'_t on the mechanism's second, independent stream, with S2
+  the L2 sensitivity of g_t^2 (Ganesh §3.2);
+* the clean (un-noised) mean, only to a non-private baseline that asks for it, and separately to the diagnostics
+  (which log it under ``diag/``, never as a private output).
+
+Dividing by the realized batch size under Poisson sampling would leak the batch size, so B is always the expected
+batch size given at construction.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from dp_adam_bench.engine.grads import clip_factors
-from dp_adam_bench.optim.base import StepContext
+from dp_adam_bench.optim.base import Releases, StepContext
 from dp_adam_bench.privacy.mechanisms import NoiseMechanism
 
 
 def per_example_norms(per_example: list[torch.Tensor], lead_dims: int) -> torch.Tensor:
-    """L2 norm of each example's whole gradient; the first ``lead_dims`` dims index (example, trials...)."""
+    """L2 norm of each example's whole gradient; the first ``lead_dims`` dims index (example, trials...).
+    An empty batch (0 examples) gives an empty tensor of norms."""
     sq = None
     for g in per_example:
-        s = g.pow(2).reshape(*g.shape[:lead_dims], -1).sum(-1)
+        s = g.pow(2)
+        if g.dim() > lead_dims:  # flatten, not reshape(..., -1): a batch of 0 examples has 0 elements
+            s = s.flatten(lead_dims).sum(-1)
         sq = s if sq is None else sq + s
     return sq.sqrt()
 
 
+@dataclass
+class Release:
+    """One step's output: ``ctx`` holds only what the variant may read; ``clean`` is for diagnostics alone."""
+
+    ctx: StepContext
+    clean: list[torch.Tensor] | None
+
+
 class Privatizer:
-    """Turns per-example gradients into a :class:`StepContext` for the optimizer variant.
+    """Turns clipped gradients into a private :class:`StepContext` for the optimizer variant.
 
     ``trial_dims`` counts the dimensions after the batch dimension that index independent trials (vectorised toy
-    tasks); model tasks use 0.
+    tasks); model tasks use 0. ``keep_clean``: also return the clean mean for diagnostics.
     """
 
     def __init__(
@@ -37,36 +61,43 @@ class Privatizer:
         sigma: float,
         expected_batch_size: float,
         mechanisms: list[NoiseMechanism],
+        releases: Releases | None = None,
         trial_dims: int = 0,
-        provide_clean: bool = False,
+        keep_clean: bool = False,
     ):
-        if sigma < 0:
-            raise ValueError(f"privacy.sigma must be >= 0, got {sigma}")
-        if clip is not None and not clip > 0:
-            raise ValueError(f"privacy.clip must be > 0 or null (no clipping), got {clip}")
+        import math
+
+        if not (isinstance(sigma, (int, float)) and math.isfinite(sigma) and sigma >= 0):
+            raise ValueError(f"privacy.sigma must be a finite number >= 0, got {sigma}")
+        if clip is not None and not (math.isfinite(clip) and clip > 0):
+            raise ValueError(f"privacy.clip must be a finite number > 0 or null (no clipping), got {clip}")
         if sigma > 0 and clip is None:
             raise ValueError(
                 "privacy.sigma > 0 needs a clip norm: without clipping the sensitivity is unbounded"
             )
-        if sigma > 0 and not mechanisms:
-            raise ValueError("privacy.sigma > 0 needs a noise mechanism (noise=independent, dpmf_sqrt, ...)")
-        if not expected_batch_size > 0:
+        self.releases = releases or Releases()
+        if sigma > 0 and len(mechanisms) != self.releases.streams:
+            raise ValueError(
+                f"the variant's releases need {self.releases.streams} noise stream(s), got {len(mechanisms)} "
+                "(noise=independent, dpmf_sqrt, ... builds them)"
+            )
+        if not (math.isfinite(expected_batch_size) and expected_batch_size > 0):
             raise ValueError(f"expected batch size must be > 0, got {expected_batch_size}")
         self.clip, self.sigma, self.B = clip, float(sigma), float(expected_batch_size)
         self.mechanisms = mechanisms
         self.trial_dims = trial_dims
-        self.provide_clean = provide_clean
+        self.keep_clean = keep_clean
         self.step = 0
 
     @property
     def noise_std(self) -> float:
-        """Std of the noise on the averaged gradient, sigma * C / B (0 without noise)."""
-        return self.sigma * self.clip / self.B if self.sigma > 0 else 0.0
+        """Std of the noise on the averaged gradient, k sigma C / B (0 without noise)."""
+        return self.sigma * self.clip / self.B * self.releases.noise_scale if self.sigma > 0 else 0.0
 
     def clipped_mean(
         self, per_example: list[torch.Tensor], scale: list[torch.Tensor] | None = None
     ) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """(1/B) sum_i clip(s * g_i; C), and the per-example norms (before clipping) for diagnostics."""
+        """(1/B) sum_i clip(s * g_i; C), and the per-example norms (before clipping). Vectorised toy tasks."""
         lead = 1 + self.trial_dims
         if scale is not None:
             per_example = [g * s for g, s in zip(per_example, scale, strict=True)]
@@ -78,55 +109,52 @@ class Privatizer:
             out.append((g * f).sum(0) / self.B)
         return out, norms
 
-    def __call__(
+    def release_per_example(
         self, per_example: list[torch.Tensor], scale: list[torch.Tensor] | None = None
-    ) -> StepContext:
-        """Per-example gradients in (vectorised toy tasks), privatized step context out."""
+    ) -> Release:
+        """Per-example gradients in (vectorised toy tasks), the step's private releases out."""
         mean, _ = self.clipped_mean(per_example, scale)
-        return self.privatize_mean(mean, scale)
+        return self.release_mean(mean, scale)
 
-    def privatize_sum(
-        self, summed: list[torch.Tensor], scale: list[torch.Tensor] | None = None
-    ) -> StepContext:
-        """The sum of clipped per-example gradients of a whole logical batch in, privatized step context out."""
-        return self.privatize_mean([s / self.B for s in summed], scale)
+    def release_sum(self, summed: list[torch.Tensor], scale: list[torch.Tensor] | None = None) -> Release:
+        """The sum of clipped per-example gradients of a whole logical batch in, the step's private releases out."""
+        return self.release_mean([s / self.B for s in summed], scale)
 
-    def privatize_mean(
-        self, mean: list[torch.Tensor], scale: list[torch.Tensor] | None = None
-    ) -> StepContext:
+    def release_mean(self, mean: list[torch.Tensor], scale: list[torch.Tensor] | None = None) -> Release:
         """Add the step's noise to (1/B) sum_i clip(s g_i); undo the scale s for scale-then-privatize."""
         self.step += 1
-        unit = None
+        rel = self.releases
+        std = self.noise_std
+        noisy_square = None
         if self.sigma > 0:
             unit = self.mechanisms[0].next()
-            noisy = [m + self.noise_std * w for m, w in zip(mean, unit, strict=True)]
-            variance = self.noise_std**2 * self.mechanisms[0].variance(self.step - 1)
+            noisy = [m + std * w for m, w in zip(mean, unit, strict=True)]
+            variance = std**2 * self.mechanisms[0].variance(self.step - 1)
         else:
             noisy, variance = mean, 0.0
-        if (
-            scale is not None
-        ):  # scale-then-privatize: undo the scaling after the noise (Ganesh Alg. 8, line 6)
+        if rel.square_sensitivity is not None:
+            if scale is not None:
+                raise ValueError("a release of g^2 together with scale-then-privatize is not defined")
+            noisy_square = [m * m for m in mean]
+            if self.sigma > 0:
+                sq_std = rel.noise_scale * self.sigma * rel.square_sensitivity(self.clip, self.B)
+                w2 = self.mechanisms[1].next()
+                noisy_square = [q + sq_std * w for q, w in zip(noisy_square, w2, strict=True)]
+        if scale is not None:  # scale-then-privatize: undo the scaling after the noise (Ganesh Alg. 8, line 6)
             noisy = [g / s for g, s in zip(noisy, scale, strict=True)]
             mean = [m / s for m, s in zip(mean, scale, strict=True)]
-        return StepContext(
+        ctx = StepContext(
             step=self.step,
             noisy=noisy,
-            noise_std=self.noise_std,
+            noise_std=std,
             noise_variance=variance,
             sigma=self.sigma,
             clip=self.clip,
             expected_batch_size=self.B,
-            clean=mean if self.provide_clean else None,
-            unit_noise=unit if self.provide_clean else None,
-            noise=self._extra_noise,
+            noisy_square=noisy_square,
+            clean=mean if rel.clean else None,
         )
-
-    def _extra_noise(self, stream: int) -> list[torch.Tensor]:
-        if stream < 1 or stream >= len(self.mechanisms):
-            raise ValueError(
-                f"noise stream {stream} requested, but only {len(self.mechanisms)} streams exist"
-            )
-        return self.mechanisms[stream].next()
+        return Release(ctx, mean if self.keep_clean else None)
 
     def state_dict(self) -> dict:
         return {

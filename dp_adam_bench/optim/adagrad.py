@@ -18,11 +18,12 @@ with Poisson sampling the realized batch is unbounded, so IME is only private wi
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
-from dp_adam_bench.optim.base import StepContext, Variant
+from dp_adam_bench.optim.base import Releases, StepContext, Variant
 
 
 class AdaGradPP(Variant):
@@ -54,8 +55,6 @@ def square_sensitivity(clip: float, batch_size: float, form: str = "derived") ->
 
 class AdaGradIME(Variant):
     name = "adagrad_ime"
-    needs_clean = True  # g_t^2 is privatized here, with its own noise stream
-    extra_noise_streams = 1
     needs_fixed_batch = True
     split_factor = math.sqrt(2.0)
 
@@ -68,23 +67,20 @@ class AdaGradIME(Variant):
         square_sensitivity(1.0, 1.0, sq_sensitivity)  # validates the name
         self.floor, self.eps, self.sq_form = float(floor), float(eps), sq_sensitivity
 
+    def releases(self) -> Releases:
+        """g + k (C/B) sigma w1 and g^2 + k S2 sigma w2, both made by the privatizer (k = sqrt 2, or 1 "for free")."""
+        return Releases(
+            noise_scale=self.split_factor,
+            square_sensitivity=functools.partial(square_sensitivity, form=self.sq_form),
+        )
+
     def init(self, params):
         return {"nu": [torch.zeros_like(p) for p in params]}
 
     def update(self, params, state, ctx: StepContext):
-        if ctx.clean is None:
-            raise RuntimeError("adagrad_ime needs the clipped gradient from the privatizer")
-        noisy_sq = [c * c for c in ctx.clean]
-        if ctx.sigma > 0:
-            s2 = square_sensitivity(ctx.clip, ctx.expected_batch_size, self.sq_form)
-            k = self.split_factor
-            w2 = ctx.noise(1)
-            noisy_sq = [q + (k * ctx.sigma * s2) * w for q, w in zip(noisy_sq, w2, strict=True)]
-            # the first moment's noise is scaled by k too: g + k (C/B) sigma w1
-            grads = [c + (k * ctx.noise_std) * w for c, w in zip(ctx.clean, ctx.unit_noise, strict=True)]
-        else:
-            grads = ctx.noisy
-        for p, g, q, nu in zip(params, grads, noisy_sq, state["nu"], strict=True):
+        if ctx.noisy_square is None:
+            raise RuntimeError("adagrad_ime needs the privatizer's release of g^2 (StepContext.noisy_square)")
+        for p, g, q, nu in zip(params, ctx.noisy, ctx.noisy_square, state["nu"], strict=True):
             nu.add_(q)
             denom = nu.clamp(min=0).sqrt().clamp_(min=self.floor).add_(self.eps)
             p.addcdiv_(g, denom, value=-self.lr)

@@ -25,12 +25,13 @@ with Var[noise_t] = (sigma C / B)^2 ||row_t(C^{-1})||^2 — the closed form of G
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
 from dp_adam_bench.optim.adagrad import square_sensitivity
-from dp_adam_bench.optim.base import StepContext, Variant
+from dp_adam_bench.optim.base import Releases, StepContext, Variant
 
 
 class Adam(Variant):
@@ -130,11 +131,10 @@ class BiasCorrection(_SubtractBias):
 
 
 class AdamIME(Adam):
-    """Independent moment estimation: g and g^2 noised separately (Ganesh Alg. 6; Kalinin et al.)."""
+    """Independent moment estimation: g and g^2 released separately by the privatizer, each with sqrt(2) times the
+    noise (Ganesh Alg. 6; Kalinin et al.). The variant only reads the two private releases."""
 
     name = "ime"
-    needs_clean = True
-    extra_noise_streams = 1
     needs_fixed_batch = True  # the sensitivity of g^2, (2B - 1) C^2 / B^2, assumes at most B examples
     split_factor = math.sqrt(2.0)
 
@@ -143,24 +143,14 @@ class AdamIME(Adam):
         square_sensitivity(1.0, 1.0, sq_sensitivity)
         self.sq_form = sq_sensitivity
 
-    def first_moment_input(self, ctx):
-        if ctx.sigma == 0:
-            return ctx.clean
-        return [
-            c + (self.split_factor * ctx.noise_std) * w
-            for c, w in zip(ctx.clean, ctx.unit_noise, strict=True)
-        ]
+    def releases(self) -> Releases:
+        return Releases(
+            noise_scale=self.split_factor,
+            square_sensitivity=functools.partial(square_sensitivity, form=self.sq_form),
+        )
 
     def second_moment_input(self, ctx, first):
-        sq = [c * c for c in ctx.clean]
-        if ctx.sigma == 0:
-            return sq
-        scale = (
-            self.split_factor
-            * ctx.sigma
-            * square_sensitivity(ctx.clip, ctx.expected_batch_size, self.sq_form)
-        )
-        return [q + scale * w for q, w in zip(sq, ctx.noise(1), strict=True)]
+        return ctx.noisy_square
 
     def denominator(self, v, bc2_sqrt, state):
         return (v.clamp(min=0).sqrt() / bc2_sqrt).add_(self.eps)

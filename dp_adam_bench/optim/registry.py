@@ -1,4 +1,7 @@
-"""Variant names -> classes. Adding a variant: a class in one module, a line here, a YAML in configs/optimizer/."""
+"""Variant names -> classes. Adding a variant: a class in one module, a line here, a YAML in configs/optimizer/.
+
+A plug-in (or a test) registers its own with ``VARIANTS.register("name", MyVariant)``.
+"""
 
 from __future__ import annotations
 
@@ -16,28 +19,27 @@ from dp_adam_bench.optim.adam import (
 )
 from dp_adam_bench.optim.base import Variant
 from dp_adam_bench.optim.sgd import SGD
+from dp_adam_bench.registry import Registry
 
-VARIANTS: dict[str, type[Variant]] = {
-    cls.name: cls
-    for cls in (
-        SGD,
-        Adam,
-        AdamBC,
-        BiasCorrection,
-        AdamIME,
-        AdamIMEFree,
-        ScaleThenPrivatize,
-        NoiselessPreconditioner,
-        STPNoiselessPreconditioner,
-        SideInformation,
-        AdaGradPP,
-        AdaGradIME,
-        AdaGradIMEFree,
-    )
-}
+VARIANTS = Registry("optimizer variant", "optimizer.name")
+for _cls in (
+    SGD,
+    Adam,
+    AdamBC,
+    BiasCorrection,
+    AdamIME,
+    AdamIMEFree,
+    ScaleThenPrivatize,
+    NoiselessPreconditioner,
+    STPNoiselessPreconditioner,
+    SideInformation,
+    AdaGradPP,
+    AdaGradIME,
+    AdaGradIMEFree,
+):
+    VARIANTS.register(_cls.name, _cls)
 
 
 def build_variant(name: str, **hparams) -> Variant:
-    if name not in VARIANTS:
-        raise ValueError(f"unknown optimizer variant {name!r}; valid variants: {', '.join(sorted(VARIANTS))}")
-    return VARIANTS[name](**hparams)
+    """The variant ``name`` with its hyper-parameters; ConfigError for an unknown name."""
+    return VARIANTS.build(name, **hparams)

@@ -53,6 +53,11 @@ class NoiseMechanism(ABC):
     def _reset_buffers(self) -> None:  # noqa: B027 - optional hook, most mechanisms have no buffers
         """Subclasses allocate their streaming buffers here."""
 
+    def buffer_floats(self, numel: int) -> int:
+        """How many floats the streaming buffers hold for a model of ``numel`` coordinates (0: none beyond the
+        current draw). The plan checks this before allocating, so a run that cannot fit is refused up front."""
+        return 0
+
     def _draw_z(self) -> list[torch.Tensor]:
         if self._shapes is None or self._gen is None:
             raise RuntimeError(f"{type(self).__name__}.next() called before reset(shapes, seed)")
@@ -142,6 +147,9 @@ class DenseMechanism(NoiseMechanism):
         self.n = c_inverse.shape[0]
         self.name = name
         self._history: list[torch.Tensor] = []
+
+    def buffer_floats(self, numel: int) -> int:
+        return self.n * numel
 
     def _reset_buffers(self) -> None:
         # one (n, *shape) tensor per parameter, filled as the stream advances

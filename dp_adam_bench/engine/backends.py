@@ -1,0 +1,137 @@
+"""How one training step reaches the privatizer, for the two kinds of task the one trainer runs.
+
+* :class:`ModelBackend` — an ``nn.Module`` task: the logical batch is split into physical micro-batches (and, data
+  parallel, into each rank's share), a clipping engine returns each micro-batch's sum of clipped per-example
+  gradients, and the global sum goes to :meth:`Privatizer.release_sum`.
+* :class:`VectorBackend` — a closed-form toy task (``per_example_grads``) whose independent trials are vectorised
+  along a leading dimension of the parameters: per-example gradients go to :meth:`Privatizer.release_per_example`.
+
+Both give the trainer the same four things: the parameters, one private release per step, an evaluation, and the
+extra summary fields of their kind of task.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from dp_adam_bench.engine.grads import build_engine
+from dp_adam_bench.engine.privatizer import Privatizer, Release
+
+
+class VectorBackend:
+    """Closed-form toy tasks: parameters with a leading trials dimension, gradients from the task itself."""
+
+    kind = "vector"
+
+    def __init__(self, task):
+        self.task = task
+        self.params = task.init_params()
+        self.trial_dims = int(getattr(task, "trial_dims", 0))
+        self.device = self.params[0].device
+
+    @property
+    def numel_per_trial(self) -> int:
+        """Coordinates of all trials together (the noise mechanism's buffers hold every trial's noise)."""
+        return sum(p.numel() for p in self.params)
+
+    def release(self, idx: torch.Tensor, privatizer: Privatizer, scale, ddp) -> tuple[Release, torch.Tensor]:
+        per_ex = self.task.per_example_grads(self.params, idx)
+        mean, norms = privatizer.clipped_mean(per_ex, scale)
+        return privatizer.release_mean(mean, scale), _counts(norms, privatizer.clip)
+
+    def evaluate(self, *, final: bool) -> dict:
+        metrics = self.task.evaluate(self.params)
+        return {f"{k}_mean": float(v.mean()) for k, v in metrics.items()} | {
+            f"{k}_std": float(v.std(unbiased=False)) for k, v in metrics.items()
+        }
+
+    def final_summary(self, variant, state) -> dict:
+        final = self.task.evaluate(self.params)
+        if hasattr(self.task, "final_diagnostics"):  # optional: per-trial quantities of the final optimizer state
+            final = final | self.task.final_diagnostics(self.params, variant, state)
+        return {
+            "metrics": {k: float(v.mean()) for k, v in final.items()}
+            | {f"{k}_std": float(v.std(unbiased=False)) for k, v in final.items()},
+            "trials": {k: v.tolist() for k, v in final.items()},
+            "n_trials": int(final[next(iter(final))].numel()),
+            "ground_truth": self.task.ground_truth_loss() if hasattr(self.task, "ground_truth_loss") else None,
+        }
+
+    def close(self) -> None:
+        pass
+
+
+class ModelBackend:
+    """``nn.Module`` tasks: micro-batches through a clipping engine, sums all-reduced across data-parallel ranks."""
+
+    kind = "model"
+
+    def __init__(self, task, model, engine_name: str, physical_batch_size: int, ddp, device):
+        self.task, self.model, self.ddp, self.device = task, model, ddp, device
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.engine_name = engine_name
+        self.engine = build_engine(engine_name, model, task.loss_per_example)
+        self.physical = int(physical_batch_size)
+        self.trial_dims = 0
+
+    @property
+    def numel_per_trial(self) -> int:
+        return sum(p.numel() for p in self.params)
+
+    def release(self, idx: torch.Tensor, privatizer: Privatizer, scale, ddp) -> tuple[Release, torch.Tensor]:
+        summed = [torch.zeros_like(p) for p in self.params]
+        counts = torch.zeros(2, dtype=torch.float64, device=self.device)  # (examples, clipped ones) on this rank
+        self.model.train()
+        clip = privatizer.clip
+        for chunk in idx[ddp.rank :: ddp.world].split(self.physical):  # this rank's share of the logical batch
+            if not len(chunk):  # an empty Poisson batch, or fewer examples than ranks: noise only
+                continue
+            batch = {k: v.to(self.device) for k, v in self.task.get_batch(chunk).items()}
+            cs = self.engine.clipped_sum(batch, clip, scale)
+            for acc, s in zip(summed, cs.summed, strict=True):
+                acc.add_(s)
+            counts += _counts(cs.norms, clip).to(counts)
+        ddp.all_reduce_(summed)  # the global sum of clipped gradients, before any noise
+        return privatizer.release_sum(summed, scale), counts
+
+    def public_grad(self, pick: torch.Tensor) -> list[torch.Tensor]:
+        """Mean gradient of the public side-information batch ``pick`` (the same indices on every rank).
+        Data-parallel: rank r takes ``pick[r::world]`` and the count-weighted means are all-reduced."""
+        ddp = self.ddp
+        if not ddp.active:
+            return self.engine.mean_grad({k: v.to(self.device) for k, v in self.task.get_batch(pick).items()})
+        mine = pick[ddp.rank :: ddp.world]
+        if len(mine):
+            grads = self.engine.mean_grad({k: v.to(self.device) for k, v in self.task.get_batch(mine).items()})
+            grads = [g * len(mine) for g in grads]
+        else:
+            grads = [torch.zeros_like(p) for p in self.params]
+        ddp.all_reduce_(grads)
+        return [g / len(pick) for g in grads]
+
+    def evaluate(self, *, final: bool) -> dict:
+        """``task.evaluate(model)``, telling tasks whose ``evaluate`` takes ``final`` whether this is the run's
+        last evaluation (e2e_gpt2 decodes the test MRs, its costly part, only then)."""
+        self.model.eval()
+        with torch.no_grad():
+            if "final" in inspect.signature(self.task.evaluate).parameters:
+                return self.task.evaluate(self.model, final=final)
+            return self.task.evaluate(self.model)
+
+    def final_summary(self, variant, state) -> dict:
+        return {}
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def _counts(norms: torch.Tensor, clip: float | None) -> torch.Tensor:
+    """(examples, examples clipped) of one batch's per-example norms; with trial dims, clipped is averaged over
+    the trials."""
+    n = norms.shape[0]
+    clipped = 0.0
+    if clip and n:
+        clipped = float((norms > clip).sum()) / (norms.numel() // n)
+    return torch.tensor([float(n), clipped], dtype=torch.float64)

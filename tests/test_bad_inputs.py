@@ -1,0 +1,137 @@
+"""The bad-input catalogue: every bad value or combination fails before anything runs, with one line naming the
+field, exit code 2, and no run folder (nor W&B run) left behind."""
+
+from __future__ import annotations
+
+import pytest
+
+from dp_adam_bench import train as train_mod
+from dp_adam_bench.tasks import registry
+
+from helpers import compose_cfg
+
+TOY = ["task=logistic_1d", "task.n_train=60", "task.n_test=100", "task.trials=2", "optimizer=adagrad_pp"]
+TINY = ["task.name=tiny", "optimizer=adam", "noise=independent", "train.sampler=poisson", "train.batch_size=16",
+        "train.steps=4"]
+POISSON_TOY = [*TOY, "noise=independent", "train.sampler=poisson", "train.batch_size=5", "train.steps=10"]
+
+CASES = [
+    # (overrides, text the one-line error must contain)
+    ([*TOY, "privacy.sigma=nan"], "privacy.sigma=nan"),
+    ([*TOY, "privacy.sigma=inf"], "privacy.sigma=inf"),
+    ([*TOY, "privacy.sigma=-0.5"], "privacy.sigma=-0.5"),
+    ([*TOY, "privacy.sigma=abc"], "privacy.sigma='abc'"),
+    ([*TOY, "privacy.sigma=0"], "privacy.sigma=0 with noise=dpmf_sqrt adds no noise"),
+    ([*TOY, "privacy.clip=inf"], "privacy.clip=inf"),
+    ([*TOY, "privacy.clip=nan"], "privacy.clip=nan"),
+    ([*TOY, "privacy.clip=0"], "privacy.clip=0"),
+    ([*TOY, "privacy.clip=null"], "privacy.clip=None"),
+    ([*TOY, "privacy.delta=0"], "privacy.delta=0"),
+    ([*TOY, "privacy.delta=1"], "privacy.delta=1"),
+    ([*TOY, "privacy.delta=nan"], "privacy.delta=nan"),
+    ([*POISSON_TOY, "privacy.epsilon_budget=nan"], "privacy.epsilon_budget=nan"),
+    ([*POISSON_TOY, "privacy.epsilon_budget=-1"], "privacy.epsilon_budget=-1"),
+    ([*POISSON_TOY, "train.steps=null", "privacy.target_epsilon=nan"], "privacy.target_epsilon=nan"),
+    ([*POISSON_TOY, "privacy.target_epsilon=2"], "privacy.target_epsilon=2 with privacy.sigma=1.0"),
+    ([*TOY, "privacy.target_epsilon=2"], "privacy.target_epsilon=2"),
+    ([*POISSON_TOY, "train.steps=null", "privacy.target_epsilon=3", "privacy.epsilon_budget=2"], "epsilon_budget"),
+    ([*POISSON_TOY, "privacy.epsilon_budget=1", "privacy.accountant=gdp_clt"], "privacy.accountant='gdp_clt'"),
+    ([*POISSON_TOY, "train.steps=null", "privacy.target_epsilon=3", "privacy.accountant=gdp_clt"],
+     "privacy.accountant='gdp_clt'"),
+    ([*POISSON_TOY, "privacy.accountant=exact"], "privacy.accountant='exact'"),
+    ([*POISSON_TOY, "privacy.epsilon_budget=0.001"], "privacy.epsilon_budget=0.001 is below the epsilon of a single"),
+    ([*POISSON_TOY, "train.steps=null", "privacy.target_epsilon=0.001"], "privacy.target_epsilon=0.001 is below"),
+    ([*POISSON_TOY, "privacy.sigma=null", "privacy.target_epsilon=null"], "privacy.sigma=null (calibrate sigma)"),
+    ([*TOY, "privacy.secure_rng=maybe"], "privacy.secure_rng='maybe'"),
+    ([*TOY, "privacy.secure_rng=true", "train.checkpoint_every=10"], "privacy.secure_rng=true with"),
+    ([*TOY, "privacy.sigma=0.5", "privacy.epsilon_budget=0.01"], "privacy.epsilon_budget=0.01: the whole run costs"),
+    ([*TOY, "optimizer.lr=0"], "optimizer.lr=0"),
+    ([*TOY, "optimizer.lr=inf"], "optimizer.lr=inf"),
+    ([*TOY, "optimizer.lr=nan"], "optimizer.lr=nan"),
+    ([*TOY, "optimizer.lr=-1"], "optimizer.lr=-1"),
+    ([*TOY, "optimizer.name=adamw_magic"], "optimizer.name='adamw_magic'"),
+    ([*TOY, "optimizer=adam", "optimizer.beta1=1"], "optimizer.beta1"),
+    ([*TOY, "optimizer=adam", "optimizer.beta2=-0.1"], "optimizer.beta2"),
+    ([*TOY, "optimizer=adam", "optimizer.eps=nan"], "optimizer.eps=nan"),
+    ([*TOY, "optimizer=adambc", "optimizer.gamma=0"], "optimizer.gamma"),
+    ([*TOY, "optimizer=bc", "optimizer.eps_s=0"], "optimizer.eps_s"),
+    ([*TOY, "optimizer=sgd", "optimizer.momentum=1"], "optimizer.momentum"),
+    ([*TOY, "optimizer=stp", "optimizer.eps_s1=0"], "optimizer.eps_s1"),
+    ([*TOY, "optimizer=ime", "optimizer.sq_sensitivity=loose"], "sq_sensitivity"),
+    ([*TOY, "optimizer=adagrad_ime", "optimizer.floor=0", "optimizer.eps=0"], "optimizer.floor"),
+    ([*TOY, "noise.kind=laplace"], "noise.kind='laplace'"),
+    ([*TOY, "noise=bandmf", "noise.bands=0"], "noise.bands=0"),
+    ([*TOY, "noise=bandmf", "noise.bands=2.5"], "noise.bands=2.5"),
+    ([*TOY, "noise=blt", "noise.buffers=-1"], "noise.buffers=-1"),
+    ([*TOY, "noise.max_memory_gb=nan"], "noise.max_memory_gb=nan"),
+    ([*TOY, "noise.max_memory_gb=1e-9"], "noise=dpmf_sqrt keeps every past noise draw"),
+    ([*TOY, "train.sampler=poisson", "train.steps=5"], "noise.kind='dpmf_sqrt' with train.sampler=poisson"),
+    ([*TOY, "train.sampler=uniform"], "train.sampler='uniform'"),
+    ([*TOY, "train.batch_size=61"], "train.batch_size=61 is larger than the training set (60 examples)"),
+    ([*POISSON_TOY, "train.batch_size=61"], "train.batch_size=61 (expected batch size) is larger"),
+    ([*TOY, "train.batch_size=2.7"], "train.batch_size=2.7 must be an integer"),
+    ([*TOY, "train.batch_size=0"], "train.batch_size=0"),
+    ([*POISSON_TOY, "train.batch_size=nan"], "train.batch_size=nan"),
+    ([*POISSON_TOY, "train.batch_size=-3"], "train.batch_size=-3"),
+    ([*TOY, "train.epochs=0"], "train.epochs=0"),
+    ([*TOY, "train.epochs=1.5"], "train.epochs=1.5"),
+    ([*TOY, "train.steps=10"], "train.steps=10 is set, but train.sampler=single_pass"),
+    ([*POISSON_TOY, "train.steps=0"], "train.steps=0"),
+    ([*POISSON_TOY, "train.steps=2.5"], "train.steps=2.5"),
+    ([*POISSON_TOY, "train.steps=null"], "train.steps=None"),
+    ([*TOY, "train.physical_batch_size=0"], "train.physical_batch_size=0"),
+    ([*TOY, "train.log_every=0"], "train.log_every=0"),
+    ([*TOY, "train.checkpoint_every=-1"], "train.checkpoint_every=-1"),
+    ([*TOY, "train.eval_every=1.5"], "train.eval_every=1.5"),
+    ([*TOY, "train.threads=0"], "train.threads=0"),
+    ([*TOY, "train.clipping=magic"], "train.clipping='magic'"),
+    ([*TOY, "train.device=tpu"], "train.device='tpu'"),
+    ([*TOY, "train.distributed=always"], "train.distributed='always'"),
+    ([*TOY, "train.force=maybe"], "train.force='maybe'"),
+    ([*TOY, "diagnostics.every=-1"], "diagnostics.every=-1"),
+    ([*TOY, "diagnostics.reference_sigma=nan"], "diagnostics.reference_sigma=nan"),
+    ([*TOY, "seed=abc"], "seed='abc'"),
+    ([*TOY, "seed=-1"], "seed=-1"),
+    ([*TOY, "seed=1.5"], "seed=1.5"),
+    ([*TOY, "profile=gpu"], "profile='gpu'"),
+    ([*TOY, "task.name=imagenet"], "task.name='imagenet'"),
+    ([*TOY, "task.trials=0"], "task.trials=0"),
+    ([*TOY, "logger.wandb.mode=sometimes"], "logger.wandb.mode='sometimes'"),
+    ([*TINY, "optimizer=stp", "train.clipping=ghost"], "train.clipping=ghost cannot compute"),
+    ([*TINY, "optimizer=ime"], "Poisson batches are unbounded"),
+    ([*TINY, "optimizer=side_info", "train.side_info.public_examples=64"], "public_examples=64 must be in"),
+    ([*TINY, "train.side_info.batch_size=0"], "train.side_info.batch_size=0"),
+]
+
+
+@pytest.fixture(autouse=True)
+def tiny_task(monkeypatch):
+    monkeypatch.setitem(registry.TASKS, "tiny", "tiny_task:TinyTask")
+
+
+def _ids(case):
+    return " ".join(o for o in case[0] if o not in TOY and o not in TINY and o not in POISSON_TOY)[:80]
+
+
+@pytest.mark.parametrize("overrides,expected", CASES, ids=[_ids(c) for c in CASES])
+def test_bad_input_fails_before_anything_runs(isolated_dirs, capsys, overrides, expected):
+    with pytest.raises(SystemExit) as exc:
+        train_mod.main(compose_cfg(["experiment_name=bad", "logger.wandb.mode=offline", *overrides]))
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2, err
+    assert expected in err, err
+    assert len(err.splitlines()) == 1, err  # one line, no traceback
+    runs = isolated_dirs / "runs"
+    assert not runs.exists() or not any(runs.rglob("*")), sorted(runs.rglob("*"))  # nothing created
+
+
+def test_cuda_device_without_cuda_is_refused(isolated_dirs, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(SystemExit) as exc:
+        train_mod.main(compose_cfg([*TINY, "train.device=cuda", "experiment_name=bad"]))
+    assert exc.value.code == 2
+    assert "train.device='cuda' but no CUDA device is available" in capsys.readouterr().err
+    assert not (isolated_dirs / "runs").exists()
