@@ -11,8 +11,14 @@ from dp_adam_bench.tasks import registry
 from helpers import compose_cfg
 
 TOY = ["task=logistic_1d", "task.n_train=60", "task.n_test=100", "task.trials=2", "optimizer=adagrad_pp"]
-TINY = ["task.name=tiny", "optimizer=adam", "noise=independent", "train.sampler=poisson", "train.batch_size=16",
-        "train.steps=4"]
+TINY = [
+    "task.name=tiny",
+    "optimizer=adam",
+    "noise=independent",
+    "train.sampler=poisson",
+    "train.batch_size=16",
+    "train.steps=4",
+]
 POISSON_TOY = [*TOY, "noise=independent", "train.sampler=poisson", "train.batch_size=5", "train.steps=10"]
 
 CASES = [
@@ -34,17 +40,37 @@ CASES = [
     ([*POISSON_TOY, "train.steps=null", "privacy.target_epsilon=nan"], "privacy.target_epsilon=nan"),
     ([*POISSON_TOY, "privacy.target_epsilon=2"], "privacy.target_epsilon=2 with privacy.sigma=1.0"),
     ([*TOY, "privacy.target_epsilon=2"], "privacy.target_epsilon=2"),
-    ([*POISSON_TOY, "train.steps=null", "privacy.target_epsilon=3", "privacy.epsilon_budget=2"], "epsilon_budget"),
-    ([*POISSON_TOY, "privacy.epsilon_budget=1", "privacy.accountant=gdp_clt"], "privacy.accountant='gdp_clt'"),
-    ([*POISSON_TOY, "train.steps=null", "privacy.target_epsilon=3", "privacy.accountant=gdp_clt"],
-     "privacy.accountant='gdp_clt'"),
+    (
+        [*POISSON_TOY, "train.steps=null", "privacy.target_epsilon=3", "privacy.epsilon_budget=2"],
+        "epsilon_budget",
+    ),
+    (
+        [*POISSON_TOY, "privacy.epsilon_budget=1", "privacy.accountant=gdp_clt"],
+        "privacy.accountant='gdp_clt'",
+    ),
+    (
+        [*POISSON_TOY, "train.steps=null", "privacy.target_epsilon=3", "privacy.accountant=gdp_clt"],
+        "privacy.accountant='gdp_clt'",
+    ),
     ([*POISSON_TOY, "privacy.accountant=exact"], "privacy.accountant='exact'"),
-    ([*POISSON_TOY, "privacy.epsilon_budget=0.001"], "privacy.epsilon_budget=0.001 is below the epsilon of a single"),
-    ([*POISSON_TOY, "train.steps=null", "privacy.target_epsilon=0.001"], "privacy.target_epsilon=0.001 is below"),
-    ([*POISSON_TOY, "privacy.sigma=null", "privacy.target_epsilon=null"], "privacy.sigma=null (calibrate sigma)"),
+    (
+        [*POISSON_TOY, "privacy.epsilon_budget=0.001"],
+        "privacy.epsilon_budget=0.001 is below the epsilon of a single",
+    ),
+    (
+        [*POISSON_TOY, "train.steps=null", "privacy.target_epsilon=0.001"],
+        "privacy.target_epsilon=0.001 is below",
+    ),
+    (
+        [*POISSON_TOY, "privacy.sigma=null", "privacy.target_epsilon=null"],
+        "privacy.sigma=null (calibrate sigma)",
+    ),
     ([*TOY, "privacy.secure_rng=maybe"], "privacy.secure_rng='maybe'"),
     ([*TOY, "privacy.secure_rng=true", "train.checkpoint_every=10"], "privacy.secure_rng=true with"),
-    ([*TOY, "privacy.sigma=0.5", "privacy.epsilon_budget=0.01"], "privacy.epsilon_budget=0.01: the whole run costs"),
+    (
+        [*TOY, "privacy.sigma=0.5", "privacy.epsilon_budget=0.01"],
+        "privacy.epsilon_budget=0.01: the whole run costs",
+    ),
     ([*TOY, "optimizer.lr=0"], "optimizer.lr=0"),
     ([*TOY, "optimizer.lr=inf"], "optimizer.lr=inf"),
     ([*TOY, "optimizer.lr=nan"], "optimizer.lr=nan"),
