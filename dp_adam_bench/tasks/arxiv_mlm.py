@@ -1,9 +1,9 @@
 """Masked-token prediction with BERT-tiny on arXiv abstracts (Ganesh, McMahan & Thakurta §5.2, Fig. 3).
 
-A. Ganesh, H. B. McMahan, A. Thakurta, "On Design Principles for Private Adaptive Optimizers" (2025), §5.2: a
-pretrained TinyBERT (≈ 4.4M trainable parameters; BERT L = 2, H = 128, A = 2) fine-tuned on "the masked token
-prediction task as defined in [Devlin et al.]" on arXiv abstracts truncated to 512 tokens, split ≈ 1.7M / 0.1M /
-0.1M; 2000 steps of B = 2048, clip 1.0; metric: test loss (no fine-tuning: 4.955).
+A. Ganesh, H. B. McMahan, A. Thakurta, "On Design Principles for Private Adaptive Optimizers" (2025,
+arXiv:2507.01129), §5.2: a pretrained TinyBERT (≈ 4.4M trainable parameters; BERT L = 2, H = 128, A = 2)
+fine-tuned on "the masked token prediction task as defined in [Devlin et al.]" on arXiv abstracts truncated to 512
+tokens, split ≈ 1.7M / 0.1M / 0.1M; 2000 steps of B = 2048, clip 1.0; metric: test loss (no fine-tuning: 4.955).
 
 Masking (BERT, Devlin et al. 2019, ``create_pretraining_data.py``): of the non-special tokens of a sequence
 ([CLS] abstract [SEP]), max(1, round(15 %)) are chosen uniformly (``mask_prob``); each becomes [MASK] with

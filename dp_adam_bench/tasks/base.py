@@ -1,7 +1,7 @@
 """The interface of a model task (CIFAR-10 CNN, language tasks): what the DP engine needs and nothing more.
 
 A task knows data loading, the model builder, the per-example loss and the metrics; it knows nothing of privacy
-(DESIGN.md). The engine asks it for:
+(``docs/design.md``, "the one pipeline"). The engine asks it for:
 
 * ``dataset_size`` — N, the number of training examples (the sampler's population);
 * ``build_model()`` — a fresh ``nn.Module`` (deterministic given ``torch.manual_seed``);

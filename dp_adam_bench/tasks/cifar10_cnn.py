@@ -1,9 +1,11 @@
 """CIFAR-10 image classification with the 5-layer CNN of Tang & Lécuyer (DP-AdamBC).
 
-Q. Tang and M. Lécuyer, "DP-AdamBC: Your DP-Adam Is Actually DP-SGD (Unless You Apply Bias Correction)",
-AAAI 2024 (arXiv:2312.14334): the CIFAR-10 experiments train their ``CNN5`` from scratch (C = 1, sigma = 1,
-B = 2048). Data: A. Krizhevsky, "Learning Multiple Layers of Features from Tiny Images", tech. report, 2009
-(50,000 training and 10,000 test 32x32 RGB images, 10 classes).
+Q. Tang and M. Lécuyer, "DP-Adam: Correcting DP Bias in Adam's Second Moment Estimation", ICLR 2023 workshop
+(arXiv:2304.11208), §3 and Fig. 1 (left): "a 5-layer CNN model and all of the model parameters are initialized
+randomly", C = 1, sigma = 1, B = 2048. The architecture is the ``CNN5`` of the authors' code for the extended
+version, Q. Tang, F. Shpilevskiy, M. Lécuyer, "DP-AdamBC: Your DP-Adam Is Actually DP-SGD (Unless You Apply Bias
+Correction)", AAAI 2024 (arXiv:2312.14334). Data: A. Krizhevsky, "Learning Multiple Layers of Features from Tiny
+Images", tech. report, 2009 (50,000 training and 10,000 test 32x32 RGB images, 10 classes).
 
 Data sources (``load_cifar10``):
 

@@ -1,10 +1,10 @@
 """Table-to-text generation with GPT-2 on E2E NLG (Li, Tramèr, Liang & Hashimoto, full fine-tuning).
 
 X. Li, F. Tramèr, P. Liang, T. Hashimoto, "Large language models can be strong differentially private learners",
-ICLR 2022 (SPEC §3 ``e2e_gpt2``, §4): GPT-2 (124M) fully fine-tuned on the E2E restaurant data set (Novikova et al.
-2017; 42,061 train / 4,672 dev / 4,693 test (MR, reference) pairs, 630 test MRs) with DP-Adam and ghost clipping;
-BLEU 61.519 / ROUGE-L 65.670 at ε = 3. What their code (github.com/lxuechen/private-transformers,
-``examples/table2text``) does, and this task reproduces:
+ICLR 2022 (arXiv:2110.05679), E2E table-to-text results: GPT-2 (124M) fully fine-tuned on the E2E restaurant data
+set (Novikova et al. 2017, arXiv:1706.09254; 42,061 train / 4,672 dev / 4,693 test (MR, reference) pairs, 630 test
+MRs) with DP-Adam and ghost clipping; BLEU 61.519 / ROUGE-L 65.670 at ε = 3. What their code
+(github.com/lxuechen/private-transformers, ``examples/table2text``) does, and this task reproduces:
 
 * **Format** (``LineByLineE2ETextDataset``): ``" {mr} {bos} {ref} {eos}"``, where GPT-2's one special token
   ``<|endoftext|>`` (id 50256) is both bos and eos. Here the ids are built piecewise:
@@ -22,10 +22,10 @@ BLEU 61.519 / ROUGE-L 65.670 at ε = 3. What their code (github.com/lxuechen/pri
 * **Model**: ``GPT2LMHeadModel`` with ``tie_word_embeddings=False`` and the input embedding CLONED into the output
   layer ("Clone the embedding into the lm_head for better initialization"): ghost clipping (Opacus and the ``bk``
   engine) refuses tied parameters. Every transformers ``Conv1D`` is replaced by the equivalent ``nn.Linear``
-  (transposed weight): exact, and Opacus has no fast per-sample rule for Conv1D (shared/PITFALLS.md: 18 % / 31 %
+  (transposed weight): exact, and Opacus has no fast per-sample rule for Conv1D (``docs/pitfalls.md``: 18 % / 31 %
   faster GPT-2 steps with hooks / ghost). Dropout: the checkpoint's 0.1, in train mode, as in their runs.
-  ``position_ids`` of shape (B, T) and the attention mask are always passed (PITFALLS: (1, T) positions make
-  Opacus' position-embedding gradients silently wrong).
+  ``position_ids`` of shape (B, T) and the attention mask are always passed (``docs/pitfalls.md``: (1, T)
+  positions make Opacus' position-embedding gradients silently wrong).
 * **Decoding** (``decoding_utils.generate``): beam search with 5 beams, no sampling, up to 100 new tokens
   (``max_new_tokens``; cpu default 60), newline tokens banned (``bad_words_ids``; here every token whose text
   contains a newline, a superset of their ids 198 and 628), cut at the first eos, stripped (decoded without
@@ -50,7 +50,7 @@ model (``n_layer`` 2, ``n_embd`` 128, ``n_head`` 2, the full 50,257-token vocabu
 GPT-2 weights exist offline — with the offline GPT-2 tokenizer files (``shared/data/gpt2_tokenizer``); its BLEU is
 far below the paper's, so compare orderings of methods, not BLEU values (``data_note`` says so).
 
-Clipping engines: ghost (default), bk, hooks, loop; not functorch (vmap fails inside transformers' mask code).
+Clipping engines: bk (the default), ghost, hooks, loop; not functorch (vmap fails inside transformers' mask code).
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ PAPER_MODEL = "gpt2"
 TOKENIZER_FOLDER = "gpt2_tokenizer"
 # the cpu profile's GPT-2, trained from scratch (task.model=null); the vocabulary is always GPT-2's 50,257 tokens
 ARCH_DEFAULTS = {"n_layer": 2, "n_embd": 128, "n_head": 2, "n_positions": 256}
-# Li et al.'s numbers (SPEC §4), quoted in data_note
+# Li et al.'s E2E BLEU at eps = 3 (configs/paper/li.yaml), quoted in data_note
 PAPER_BLEU_EPS3 = 61.519
 MODEL_HINT = (
     "Set task.model to a local GPT-2 folder (config.json, plus model.safetensors when task.pretrained=true) or to a "

@@ -1,10 +1,11 @@
 """Corpus metrics of the E2E NLG Challenge as Li et al. report them: BLEU and ROUGE-L, on a 0-100 scale.
 
 X. Li, F. Tramèr, P. Liang, T. Hashimoto, "Large language models can be strong differentially private learners"
-(ICLR 2022), Table 1 / SPEC §4: GPT-2 on E2E, BLEU 61.519 and ROUGE-L 65.670 at ε = 3 (69.463 / 71.359
-non-private). Their numbers come from the official E2E scorer (J. Novikova, O. Dušek, V. Rieser, "The E2E dataset:
-new challenges for end-to-end generation", SIGDIAL 2017; ``e2e-metrics/measure_scores.py``), which scores each
-generated text against ALL human references of its meaning representation (MR). What that scorer computes, and what
+(ICLR 2022, arXiv:2110.05679), E2E table-to-text results (full fine-tuning): GPT-2 on E2E, BLEU 61.519 and
+ROUGE-L 65.670 at ε = 3 (69.463 / 71.359 non-private; ``configs/paper/li.yaml``). Their numbers come from the
+official E2E scorer (J. Novikova, O. Dušek, V. Rieser, "The E2E dataset: new challenges for end-to-end generation",
+SIGDIAL 2017, arXiv:1706.09254; ``e2e-metrics/measure_scores.py``), which scores each generated text against ALL
+human references of its meaning representation (MR). What that scorer computes, and what
 these functions reproduce with maintained packages:
 
 * **BLEU** — ``pymteval.BLEUScore`` / ``mteval-v13a.pl``: corpus-level BLEU-4 with the mteval-v13a tokenisation,

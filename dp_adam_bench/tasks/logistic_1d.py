@@ -1,5 +1,9 @@
 """1-D sparse logistic regression (Ganesh, McMahan & Thakurta §5.1, Fig. 2).
 
+A. Ganesh, H. B. McMahan, A. Thakurta, "On Design Principles for Private Adaptive Optimizers" (2025,
+arXiv:2507.01129), §5.1: "We generate 1000 training samples and do a single epoch with batch size 1"; published
+test losses in ``configs/paper/ganesh.yaml`` (``fig2``).
+
 x ~ N(0, 1), y ~ Bernoulli(sigmoid(x)); loss l(theta; x, y) = y log(1/p) + (1 - y) log(1/(1 - p)),
 p = sigmoid(theta x); the ground truth is theta = 1. 90 % of the *training* inputs are set to x = 0 (their gradient
 is 0), the 10,000 test points are not sparsified.

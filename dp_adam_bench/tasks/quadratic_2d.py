@@ -1,5 +1,8 @@
 """The 2-D quadratic of Ganesh, McMahan & Thakurta §4.1-4.3 (the running example of their §4).
 
+A. Ganesh, H. B. McMahan, A. Thakurta, "On Design Principles for Private Adaptive Optimizers" (2025,
+arXiv:2507.01129).
+
 Model (x, y); the loss on example (a, b) is (c_x / 2)(x - a)^2 + (c_y / 2)(y - b)^2 with (a, b) ~ N(0, I), a fresh
 example every step, c_x >> c_y. The paper's formula is \\frac{c_x}{2}(x-a)^2 (its HTML rendering reads "cx2(xa)2",
 which is easy to misread as c_x^2 (x - a)^2): with the 1/2 the per-example gradient is c (theta - a), so

