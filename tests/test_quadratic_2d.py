@@ -11,7 +11,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from dp_adam_bench.engine import loop
+from dp_adam_bench.engine import trainer
 from dp_adam_bench.optim.base import StepContext
 from dp_adam_bench.optim.preconditioner import effective_preconditioner
 from dp_adam_bench.optim.registry import build_variant
@@ -98,9 +98,8 @@ def _ctx(g, sigma=0.1):
         sigma=sigma,
         clip=1.0,
         expected_batch_size=4.0,
-        clean=[g],
-        unit_noise=[torch.zeros_like(g)],
-        noise=lambda stream: [torch.randn_like(g)],
+        noisy_square=[g * g],
+        clean=[g],  # read only by the non-private baselines
     )
 
 
@@ -160,7 +159,7 @@ def test_bias_correction_has_a_negative_nu_floored_when_noise_dominates():
 
 def _run(overrides):
     cfg = compose_cfg(["experiment=ganesh_quadratic", "logger.wandb.mode=disabled", *overrides])
-    return loop.run(cfg, Path(tempfile.mkdtemp()), lambda step, m: None)
+    return trainer.run(cfg, Path(tempfile.mkdtemp()), lambda step, m: None)
 
 
 def test_nonprivate_adam_learns_the_inverse_curvature_ratio():

@@ -96,7 +96,7 @@ def test_ime_for_free_is_accounted_at_its_real_cost(isolated_dirs, variant, fact
 
 
 def test_ime_with_poisson_batches_is_refused(isolated_dirs):
-    with pytest.raises(ValueError, match="needs fixed-size batches"):
+    with pytest.raises(ValueError, match="Poisson batches are unbounded"):
         train(
             compose_cfg(
                 [
