@@ -91,7 +91,7 @@ def gaussian_mu(epsilon: float, delta: float) -> float:
 
 def mf_epsilon(sigma: float, sensitivity: float, delta: float) -> float:
     """Epsilon of a DP-MF release without amplification (Choquette-Choo et al. 2022, "Multi-epoch matrix
-    factorization mechanisms for private machine learning", arXiv:2211.06530, Thm. 2.1; Ganesh et al. §5.2).
+    factorization mechanisms for private machine learning", arXiv:2211.06530; Ganesh et al. §5.2).
 
     The whole noisy stream C x + sigma z is one Gaussian mechanism whose L2 sensitivity is the strategy's
     sensitivity under the participation schedule, so eps = :func:`gaussian_epsilon` (mu = sensitivity /
