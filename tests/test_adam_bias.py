@@ -63,3 +63,56 @@ def test_monte_carlo_adam_second_moment_on_pure_correlated_noise():
 def test_rejects_bad_beta2():
     with pytest.raises(ValueError, match="beta2"):
         adam_v_bias(np.ones(3), 1.0)
+
+
+@pytest.mark.parametrize("variant_name", ["adam", "adambc", "bc"])
+@pytest.mark.parametrize("kind", ["bandmf", "dpmf_sqrt", "independent"])
+def test_online_phi_of_the_optimizer_equals_adam_phi(variant_name, kind):
+    """optim/adam.py keeps Phi_t online in state["phi"]; adam_phi computes it from the variance sequence."""
+    import torch
+
+    from dp_adam_bench.optim.adam import Adam, AdamBC, BiasCorrection
+    from dp_adam_bench.optim.base import StepContext
+    from dp_adam_bench.privacy.adam_bias import adam_phi
+
+    n, beta2, sigma, clip, batch = 60, 0.95, 1.3, 0.7, 16.0
+    if kind == "bandmf":
+        row_var = BandedToeplitzStrategy(n, 8).row_variance()
+    elif kind == "dpmf_sqrt":
+        row_var = sqrt_prefix_strategy(n).row_variance()
+    else:
+        row_var = np.ones(n)
+    variances = (sigma * clip / batch) ** 2 * row_var
+    cls = {"adam": Adam, "adambc": AdamBC, "bc": BiasCorrection}[variant_name]
+    variant = cls(lr=1e-3, beta2=beta2)
+    params = [torch.zeros(3, dtype=torch.float64)]
+    state = variant.init(params)
+    online = []
+    for t, var in enumerate(variances.tolist(), start=1):
+        grad = [torch.full((3,), 0.1 * t, dtype=torch.float64)]
+        ctx = StepContext(
+            step=t,
+            noisy=grad,
+            noise_std=sigma * clip / batch,
+            noise_variance=var,
+            sigma=sigma,
+            clip=clip,
+            expected_batch_size=batch,
+        )
+        variant.update(params, state, ctx)
+        online.append(state["phi"])
+    expected = adam_phi(variances, beta2)
+    np.testing.assert_allclose(online, expected, rtol=1e-12, atol=0)
+    # ... and adam_v_bias is the same function per unit (sigma clip / B)^2
+    np.testing.assert_allclose(
+        adam_v_bias(row_var, beta2) * (sigma * clip / batch) ** 2, expected, rtol=1e-12
+    )
+
+
+def test_adam_phi_rejects_bad_variances():
+    from dp_adam_bench.privacy.adam_bias import adam_phi
+
+    with pytest.raises(ValueError, match="variances"):
+        adam_phi([1.0, float("nan")], 0.9)
+    with pytest.raises(ValueError, match="variances"):
+        adam_phi([-1.0], 0.9)

@@ -1,4 +1,4 @@
-"""The lecture's mechanisms (seed 001): closed forms, hand examples and Monte-Carlo checks."""
+"""The lecture's mechanisms (Karimireddy, CSCI 699 week 3): closed forms, hand examples and Monte-Carlo checks."""
 
 from __future__ import annotations
 

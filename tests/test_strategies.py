@@ -228,3 +228,26 @@ def test_mechanisms_refuse_steps_beyond_the_strategy():
         mech.next()
     with pytest.raises(RuntimeError, match="covers 3 steps"):
         mech.next()
+
+
+def test_sqrt_prefix_strategy_is_toeplitz_and_equals_the_dense_construction():
+    from dp_adam_bench.privacy.mechanisms import DenseMechanism
+    from dp_adam_bench.privacy.strategies import DenseStrategy, ToeplitzStrategy, sqrt_prefix_coefficients
+    from dp_adam_bench.privacy.toeplitz import toeplitz_lower
+
+    n = 64
+    strat = sqrt_prefix_strategy(n)
+    dense = DenseStrategy(toeplitz_lower(sqrt_prefix_coefficients(n)), name="dpmf_sqrt")
+    assert isinstance(strat, ToeplitzStrategy) and strat.name == "dpmf_sqrt"
+    np.testing.assert_allclose(strat.matrix(), dense.matrix(), atol=1e-14)
+    np.testing.assert_allclose(strat.inverse_matrix(), dense.inverse_matrix(), atol=1e-12)
+    np.testing.assert_allclose(strat.row_variance(), dense.row_variance(), rtol=1e-12)
+    assert strat.prefix_rmse() == pytest.approx(dense.prefix_rmse(), rel=1e-12)
+    assert strat.max_column_norm() == pytest.approx(1.0, rel=1e-14)
+    for k, sep in [(1, None), (3, 20)]:
+        assert strat.sensitivity(participations=k, min_separation=sep) == pytest.approx(
+            dense.sensitivity(participations=k, min_separation=sep), rel=1e-12
+        )
+    mech = strat.mechanism()
+    assert isinstance(mech, DenseMechanism) and mech.name == "dpmf_sqrt"
+    np.testing.assert_allclose(mech.c_inverse, dense.inverse_matrix(), atol=1e-12)

@@ -9,7 +9,7 @@ v_t = beta2 v_{t-1} + (1 - beta2) g~_t^2 and v^_t = v_t / (1 - beta2^t) (1-based
 and E[v^_t] - (noise-free v^_t) = Tr((C^{-1}_{:t,:t})^T D(beta2, t) C^{-1}_{:t,:t}) * (sigma clip / B)^2
 (Ganesh et al., App. A, the closed form). Everything here is per unit of (sigma * clip / B)^2.
 
-**The printed recursion disagrees with the closed form; the closed form wins.** App. A (and SPEC §1) print
+**The printed recursion disagrees with the closed form; the closed form wins.** App. A print
 
     b_{t+1} = (beta2 - beta2^{t+1}) / (1 - beta2^{t+1}) b_t
               + beta2 (1 - beta2) / (1 - beta2^{t+1}) ((C^{-1})^T C^{-1})_{t+1,t+1},
@@ -42,20 +42,35 @@ def _check_beta2(beta2: float) -> float:
     return beta2
 
 
-def adam_v_bias(row_variance: np.ndarray, beta2: float) -> np.ndarray:
-    """Bias of v^_t for t = 1..n (returned 0-based, length n) per unit (sigma clip / B)^2, by the corrected
-    recursion b_{t+1} = (beta2 - beta2^{t+1}) / (1 - beta2^{t+1}) b_t + (1 - beta2) / (1 - beta2^{t+1})
-    r_{t+1} with r_s = Var((C^{-1} z)_s) = ||row s of C^{-1}||^2 (``Strategy.row_variance()``), b_0 = 0."""
+def adam_phi(noise_variance, beta2: float) -> np.ndarray:
+    """Phi_t, the exact bias of Adam's v^_t, for t = 1..n (returned 0-based) from the per-step noise variances
+    Var_t of one coordinate of the privatized gradient:
+
+        Phi_t = ((beta2 - beta2^t) Phi_{t-1} + (1 - beta2) Var_t) / (1 - beta2^t),   Phi_0 = 0,
+
+    the recursion of v^_t itself (Ganesh et al. App. A, corrected as in the module docstring; Tang & Lecuyer
+    2024, arXiv:2312.14334, Eq. 3 for constant Var_t). A pure function, evaluated in the same floating-point
+    order as the online update of :class:`dp_adam_bench.optim.adam.Adam` (``state["phi"]``), which
+    tests/test_adam_bias.py ties to it step by step."""
     beta2 = _check_beta2(beta2)
-    r = np.asarray(row_variance, dtype=np.float64).ravel()
-    out = np.empty_like(r)
-    b = 0.0
-    for i, var in enumerate(r):
-        t1 = i + 1  # the step being added, 1-based
-        denom = 1.0 - beta2**t1
-        b = (beta2 - beta2**t1) / denom * b + (1.0 - beta2) / denom * var
-        out[i] = b
+    variances = np.asarray(noise_variance, dtype=np.float64).ravel()
+    if not np.all(np.isfinite(variances)) or np.any(variances < 0):
+        raise ValueError(f"noise variances must be finite and >= 0, got {variances!r}")
+    out = np.empty_like(variances)
+    phi = 0.0
+    for i, var in enumerate(variances.tolist()):
+        t = i + 1
+        phi = ((beta2 - beta2**t) * phi + (1 - beta2) * var) / (1 - beta2**t)
+        out[i] = phi
     return out
+
+
+def adam_v_bias(row_variance: np.ndarray, beta2: float) -> np.ndarray:
+    """Bias of v^_t for t = 1..n (returned 0-based, length n) per unit (sigma clip / B)^2: :func:`adam_phi`
+    of r_s = Var((C^{-1} z)_s) = ||row s of C^{-1}||^2 (``Strategy.row_variance()``), i.e. the corrected
+    recursion b_{t+1} = (beta2 - beta2^{t+1}) / (1 - beta2^{t+1}) b_t + (1 - beta2) / (1 - beta2^{t+1})
+    r_{t+1}, b_0 = 0."""
+    return adam_phi(row_variance, beta2)
 
 
 def adam_v_bias_closed_form(c_inverse: np.ndarray, beta2: float) -> np.ndarray:

@@ -22,21 +22,13 @@ import functools
 import numpy as np
 import torch
 from scipy.optimize import minimize
-from scipy.signal import fftconvolve, lfilter
+from scipy.signal import fftconvolve
 
 from dp_adam_bench.privacy.mechanisms import NoiseMechanism
-from dp_adam_bench.privacy.strategies import (
-    ToeplitzStrategy,
-    _check_n,
-    sqrt_prefix_coefficients,
-)
+from dp_adam_bench.privacy.strategies import ToeplitzStrategy, _check_n
+from dp_adam_bench.privacy.toeplitz import inverse_series, sqrt_prefix_coefficients
 
-
-def inverse_series(coefs: np.ndarray, n: int) -> np.ndarray:
-    """First n coefficients of 1 / c(x): the Toeplitz coefficients of C^{-1} (C lower-triangular Toeplitz)."""
-    impulse = np.zeros(n)
-    impulse[0] = 1.0
-    return lfilter([1.0], np.asarray(coefs, dtype=np.float64), impulse)
+__all__ = ["BandedMechanism", "BandedToeplitzStrategy", "inverse_series", "optimize_bandmf"]
 
 
 def _bandmf_loss_and_grad(tail: np.ndarray, n: int) -> tuple[float, np.ndarray]:

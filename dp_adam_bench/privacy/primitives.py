@@ -1,4 +1,4 @@
-"""The lecture's building blocks (seed 001, Karimireddy, CSCI 699 week 3; SPEC §2 "Lecture utilities").
+"""The lecture's building blocks (Karimireddy, CSCI 699 lecture notes, week 3).
 
 Laplace and Gaussian mechanisms, the classic and the analytic Gaussian calibration, basic and advanced
 composition, amplification by Poisson subsampling, and private mean estimation with clipping. Small numpy
@@ -136,7 +136,7 @@ def advanced_composition(eps: float, delta: float, k: int, delta_prime: float) -
 
     eps~ = eps sqrt(2 k ln(1/delta')) + k eps (e^eps - 1) / (e^eps + 1), delta~ = k delta + delta'.
     The slide prints the second term as k (e^eps - 1)/(e^eps + 1), without the factor eps; the form used here
-    (with it, as in SPEC §2) is what the notes' Azuma argument proves: each privacy loss lies in [-eps, eps]
+    (with it) is what the notes' Azuma argument proves: each privacy loss lies in [-eps, eps]
     and has mean at most eps tanh(eps / 2) = eps (e^eps - 1)/(e^eps + 1) (Bun & Steinke 2016; Kairouz, Oh &
     Viswanath 2015). Dwork & Roth (2014, Thm. 3.20) state the looser k eps (e^eps - 1).
     """

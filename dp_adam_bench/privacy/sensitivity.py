@@ -13,7 +13,7 @@ differ by G_pi = sum_{i in pi} e_i g_i^T, so with X = C^T C
 * k = 1: sens = max column norm of C (the strategies' unit normalisation).
 * Banded C with ``bands <= min_separation``: the columns of a pattern have disjoint supports, so
   sens^2 = max_pi sum_{i in pi} ||C e_i||^2, i.e. sqrt(k) * max column norm whenever k max-norm columns fit
-  (Choquette-Choo et al. 2024; SPEC §2).
+  (Choquette-Choo et al. 2024, arXiv:2306.08153).
 * Lower-triangular Toeplitz C with non-negative, non-increasing coefficients: X_ij = sum_{m <= n-1-max(i,j)}
   c_m c_{m+|i-j|}. Mapping a pattern p to the earliest one, q_l = l * s, shrinks every index and every gap;
   each X entry only gains non-negative terms and each product c_m c_{m+d} only grows as d shrinks. So (0, s,
@@ -26,10 +26,21 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from typing import Protocol
 
 import numpy as np
 
-from dp_adam_bench.privacy.strategies import Strategy, toeplitz_lower
+from dp_adam_bench.privacy.toeplitz import first_column_if_toeplitz, nonneg_nonincreasing
+
+
+class StrategyLike(Protocol):
+    """What the sensitivity needs of a strategy (:class:`dp_adam_bench.privacy.strategies.Strategy`)."""
+
+    n: int
+
+    def matrix(self) -> np.ndarray: ...
+
+    def max_column_norm(self) -> float: ...
 
 
 def _check_args(n: int, participations: int, min_separation: int | None) -> tuple[int, int]:
@@ -163,25 +174,6 @@ def dp_sensitivity_bound(c_matrix: np.ndarray, k: int, min_sep: int | None = 1) 
     return float(np.sqrt(_best_pattern_sum(row_best, k, sep)))
 
 
-def _toeplitz_first_column(c: np.ndarray) -> np.ndarray | None:
-    """The coefficients if c is lower-triangular Toeplitz, else None."""
-    col = c[:, 0]
-    n = c.shape[0]
-    # compare a few diagonals cheaply before the full check
-    if not np.allclose(np.diag(c), col[0]):
-        return None
-    if n > 1 and not np.allclose(np.diag(c, -1), col[1]):
-        return None
-    if not np.allclose(c, toeplitz_lower(col), rtol=1e-10, atol=1e-13):
-        return None
-    return col
-
-
-def _nonneg_nonincreasing(c: np.ndarray) -> bool:
-    tol = 1e-12 * float(np.max(np.abs(c)))
-    return bool(np.all(c >= -tol) and np.all(np.diff(c) <= tol))
-
-
 def toeplitz_sensitivity(coefs: np.ndarray, n: int, k: int, min_sep: int | None = 1) -> float:
     """Exact sensitivity of the n x n lower-triangular Toeplitz C with non-negative, non-increasing
     coefficients: the earliest pattern (0, s, 2s, ...) is a worst case (see the module docstring)."""
@@ -189,7 +181,7 @@ def toeplitz_sensitivity(coefs: np.ndarray, n: int, k: int, min_sep: int | None 
     c = np.zeros(n)
     m = min(n, len(coefs))
     c[:m] = np.asarray(coefs, dtype=np.float64)[:m]
-    if not _nonneg_nonincreasing(c):
+    if not nonneg_nonincreasing(c):
         raise ValueError("toeplitz_sensitivity needs non-negative, non-increasing coefficients")
     pattern = np.arange(0, n, sep)[:k]
     total = 0.0
@@ -202,7 +194,7 @@ def toeplitz_sensitivity(coefs: np.ndarray, n: int, k: int, min_sep: int | None 
 
 
 def strategy_sensitivity(
-    strategy: Strategy, participations: int = 1, min_separation: int | None = None
+    strategy: StrategyLike, participations: int = 1, min_separation: int | None = None
 ) -> float:
     """L2 sensitivity of x -> C x when an example participates ``participations`` times at least
     ``min_separation`` steps apart (None: any pattern, i.e. separation 1). Exact for k = 1, for banded
@@ -217,7 +209,7 @@ def strategy_sensitivity(
         col_norm_sq = np.sum(strategy.matrix() ** 2, axis=0)
         return float(np.sqrt(_best_pattern_sum(col_norm_sq, k, sep)))
     c = strategy.matrix()
-    col = _toeplitz_first_column(c)
-    if col is not None and _nonneg_nonincreasing(col):
+    col = first_column_if_toeplitz(c)
+    if col is not None and nonneg_nonincreasing(col):
         return toeplitz_sensitivity(col, strategy.n, k, sep)
     return dp_sensitivity_bound(c, k, sep)

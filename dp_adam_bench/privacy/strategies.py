@@ -24,30 +24,25 @@ from functools import cached_property
 
 import numpy as np
 
+from dp_adam_bench.privacy import sensitivity as _sensitivity
+from dp_adam_bench.privacy.toeplitz import (
+    prefix_workload,
+    sqrt_prefix_coefficients,
+    sqrt_prefix_inverse_coefficients,
+    toeplitz_lower,
+)
 
-def prefix_workload(n: int) -> np.ndarray:
-    """A: the n x n all-ones lower-triangular prefix-sum matrix."""
-    return np.tril(np.ones((n, n)))
-
-
-def sqrt_prefix_coefficients(n: int) -> np.ndarray:
-    """Toeplitz coefficients of (1 - x)^{-1/2}: 1, 1/2, 3/8, 5/16, ... (so that C = A^{1/2})."""
-    c = np.empty(n)
-    c[0] = 1.0
-    for k in range(1, n):
-        c[k] = c[k - 1] * (2 * k - 1) / (2 * k)
-    return c
-
-
-def toeplitz_lower(coefs: np.ndarray, n: int | None = None) -> np.ndarray:
-    """Lower-triangular Toeplitz matrix whose k-th subdiagonal is ``coefs[k]`` (zero beyond len(coefs))."""
-    n = len(coefs) if n is None else n
-    c = np.zeros(n)
-    m = min(n, len(coefs))
-    c[:m] = coefs[:m]
-    idx = np.arange(n)
-    diff = idx[:, None] - idx[None, :]
-    return np.where(diff >= 0, c[np.clip(diff, 0, n - 1)], 0.0)
+__all__ = [
+    "DenseStrategy",
+    "IdentityStrategy",
+    "SqrtPrefixStrategy",
+    "Strategy",
+    "ToeplitzStrategy",
+    "prefix_workload",
+    "sqrt_prefix_coefficients",
+    "sqrt_prefix_strategy",
+    "toeplitz_lower",
+]
 
 
 def _check_n(n: int) -> int:
@@ -94,10 +89,10 @@ class Strategy(ABC):
 
     def sensitivity(self, participations: int = 1, min_separation: int | None = None) -> float:
         """L2 sensitivity of x -> C x when one example participates ``participations`` times, ``min_separation``
-        steps apart at least. Delegates to :mod:`dp_adam_bench.privacy.sensitivity` when that module exists."""
-        from dp_adam_bench.privacy import sensitivity as sens
-
-        return sens.strategy_sensitivity(self, participations=participations, min_separation=min_separation)
+        steps apart at least (:func:`dp_adam_bench.privacy.sensitivity.strategy_sensitivity`)."""
+        return _sensitivity.strategy_sensitivity(
+            self, participations=participations, min_separation=min_separation
+        )
 
     def mechanism(self):
         """The streaming noise mechanism generating w = C^{-1} z for this strategy."""
@@ -198,8 +193,25 @@ class DenseStrategy(Strategy):
         return self._c_inv
 
 
-def sqrt_prefix_strategy(n: int) -> DenseStrategy:
-    """The optimal single-epoch prefix-sum factorization C = A^{1/2} (Toeplitz coefficients of (1-x)^{-1/2}),
-    normalised to unit max column norm (Ganesh §5.1's "DP-MF optimized for single-epoch prefix sums")."""
-    n = _check_n(n)
-    return DenseStrategy(toeplitz_lower(sqrt_prefix_coefficients(n)), name="dpmf_sqrt")
+class SqrtPrefixStrategy(ToeplitzStrategy):
+    """The optimal single-epoch prefix-sum factorization C = A^{1/2}: Toeplitz coefficients of (1 - x)^{-1/2},
+    normalised to unit max column norm; C^{-1} is Toeplitz with the coefficients of (1 - x)^{1/2} times the
+    norm (Fichtenberger, Henzinger & Upadhyay 2023, arXiv:2202.11205; Ganesh §5.1's "DP-MF optimized for
+    single-epoch prefix sums"). Its noise stream is the dense one (every past z), as before."""
+
+    name = "dpmf_sqrt"
+
+    def __init__(self, n: int):
+        super().__init__(n)
+        raw = sqrt_prefix_coefficients(self.n)
+        self.scale = float(np.linalg.norm(raw))
+        self.coefs = raw / self.scale
+        self._inv_coefs = self.scale * sqrt_prefix_inverse_coefficients(self.n)
+
+    def inverse_coefficients(self) -> np.ndarray:
+        return self._inv_coefs
+
+
+def sqrt_prefix_strategy(n: int) -> SqrtPrefixStrategy:
+    """:class:`SqrtPrefixStrategy` over n steps."""
+    return SqrtPrefixStrategy(_check_n(n))
