@@ -215,3 +215,32 @@ def test_ime_releases_come_only_from_the_privatizer():
         releases=baseline.releases(),
     )
     assert priv.release_per_example([torch.randn(3, 4)]).ctx.clean is not None  # non-private baseline only
+
+
+def test_an_accountant_failing_never_loses_the_run(isolated_dirs, monkeypatch):
+    # was: a sigma = 0.001 run trained, then PRV tried to allocate 4.73 TiB while the summary was written
+    import json
+
+    from dp_adam_bench.tasks import registry
+
+    monkeypatch.setitem(registry.TASKS, "tiny", "tiny_task:TinyTask")
+    s = train(
+        compose_cfg(
+            [
+                "task.name=tiny",
+                "optimizer=adam",
+                "noise=independent",
+                "train.sampler=poisson",
+                "train.batch_size=8",
+                "train.steps=3",
+                "privacy.sigma=0.001",
+                "train.eval_every=1",
+                "experiment_name=tinysigma",
+                "logger.wandb.mode=disabled",
+            ]
+        )
+    )
+    assert "prv" in s["epsilon_errors"] and "rdp" in s["epsilon"]
+    (folder,) = (isolated_dirs / "runs" / "tinysigma").iterdir()
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["epsilon_errors"]["prv"]

@@ -86,20 +86,13 @@ class PrivacyPlan:
 
 
 def _check_accountant_is_guarantee(accountant: str, what: str) -> None:
-    from dp_adam_bench.privacy.accounting import ACCOUNTANTS
+    from dp_adam_bench.privacy.accounting import ACCOUNTANTS, guarantee_names
 
-    if accountant not in ACCOUNTANTS:
-        raise ConfigError(
-            f"privacy.accountant={accountant!r} is not a known accountant; valid: {', '.join(ACCOUNTANTS)}"
-        )
-    # every accountant but the CLT approximation bounds epsilon from above
-    guarantee = getattr(ACCOUNTANTS.get(accountant), "guarantee", True) if hasattr(ACCOUNTANTS, "get") else True
-    guarantee = guarantee and accountant != "gdp_clt"
-    if not guarantee:
-        valid = [a for a in ACCOUNTANTS if a != accountant and a != "gdp_clt"]
+    if not ACCOUNTANTS.get(accountant).guarantee:
         raise ConfigError(
             f"privacy.accountant={accountant!r} is an approximation (central limit theorem), not an upper bound on "
-            f"epsilon, so it cannot {what}; use one of {', '.join(valid)} (gdp_clt is still reported beside them)"
+            f"epsilon, so it cannot {what}; use one of {', '.join(guarantee_names())} (gdp_clt is still reported "
+            "beside them)"
         )
 
 
