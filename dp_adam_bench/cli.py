@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from dp_adam_bench.errors import ConfigError
+from dp_adam_bench.tracking.run_store import RunLockedError
+from dp_adam_bench.tracking.sources import RUN_SOURCES
 from dp_adam_bench.tracking.wandb_dashboard import DashboardError
 from dp_adam_bench.tracking.wandb_source import WandbSourceError
 
@@ -17,33 +20,39 @@ def _train(argv: list[str]) -> int:
     return 0
 
 
-def _report(args) -> int:
+def _context(args):
+    """The report context of the command line: ``--source`` (default ``$DP_ADAM_BENCH_RUN_SOURCE``, else local),
+    ``--wandb-project``, ``--profile``; the results folder and run store of :mod:`dp_adam_bench.paths`."""
     import os
 
+    from dp_adam_bench.report.context import ReportContext
+    from dp_adam_bench.tracking.sources import RUN_SOURCE_ENV
+
+    source = getattr(args, "source", None) or os.environ.get(RUN_SOURCE_ENV) or "local"
+    return ReportContext(
+        profile=args.profile, source=source, wandb_project=getattr(args, "wandb_project", None) or None
+    )
+
+
+def _report(args) -> int:
     from dp_adam_bench.report import registry
-    from dp_adam_bench.tracking.run_store import RUN_SOURCE_ENV
-    from dp_adam_bench.tracking.wandb_source import PROJECT_ENV
 
-    # the reports read runs through run_store.load_runs, which follows these variables
-    if args.source:
-        os.environ[RUN_SOURCE_ENV] = args.source
-    if args.wandb_project:
-        os.environ[PROJECT_ENV] = args.wandb_project
-
+    ctx = _context(args)
     if args.document:
         from dp_adam_bench.report.document import build_document
 
-        print(f"wrote {build_document()}")
+        print(f"wrote {build_document(ctx.out)}")
         return 0
     if args.list or not args.tables:
-        for tid, spec in registry.REPORTS.items():
+        for tid in registry.GROUPS["all"]:
+            spec = registry.spec(tid)
             print(f"{tid}: {spec.paper} — {spec.shows}")
             print(f"    runtime: cpu {spec.runtime_cpu}; paper {spec.runtime_paper}")
         print("groups: " + ", ".join(f"{g} = {' '.join(ids)}" for g, ids in registry.GROUPS.items()))
         return 0
     for table in args.tables:
         for tid in registry.resolve(table):
-            for path in registry.build(tid, profile=args.profile):
+            for path in registry.build(tid, ctx):
                 print(f"wrote {path}")
     return 0
 
@@ -76,21 +85,23 @@ def _wandb_dashboard(args) -> int:
 
 def _reproduce(args) -> int:
     from dp_adam_bench.report import registry
+    from dp_adam_bench.report.context import ReportContext
     from dp_adam_bench.sweep import run_sweep, set_aside_stale_runs
 
+    ctx = ReportContext(profile=args.profile)  # the runs it makes are local: the report reads the run store
     for tid in registry.resolve(args.table):
-        spec = registry.REPORTS[tid]
+        spec = registry.spec(tid)
         if spec.experiment:
-            for moved in set_aside_stale_runs(spec.experiment, args.profile):
+            for moved in set_aside_stale_runs(spec.experiment, args.profile, ctx.runs):
                 print(f"set aside (not part of the current preset): {moved}")
             rc = run_sweep(spec.experiment, args.profile, args.launcher)
             if rc:
                 return rc
-        for path in registry.build(tid, profile=args.profile):
+        for path in registry.build(tid, ctx):
             print(f"wrote {path}")
     from dp_adam_bench.report.document import build_document
 
-    print(f"wrote {build_document()}")
+    print(f"wrote {build_document(ctx.out)}")
     return 0
 
 
@@ -109,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", default="cpu", choices=["cpu", "paper"])
     p.add_argument(
         "--source",
-        choices=["local", "wandb", "both"],
+        choices=list(RUN_SOURCES),
         help="where runs are read: the run store (default; $DP_ADAM_BENCH_RUN_SOURCE), the W&B API (needs "
         "network and an API key), or both (the run store, completed by W&B runs it lacks)",
     )
@@ -128,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--dry-run",
         action="store_true",
-        help="print the multirun commands only (with --launcher slurm, also the sbatch parameters)",
+        help="print the multirun commands only, as shell lines to paste (with --launcher slurm, also the sbatch "
+        "parameters)",
     )
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
     p.set_defaults(func=_sweep)
@@ -167,7 +179,14 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError, WandbSourceError, DashboardError) as err:
+    except (
+        ValueError,
+        ConfigError,
+        FileNotFoundError,
+        WandbSourceError,
+        DashboardError,
+        RunLockedError,
+    ) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
 

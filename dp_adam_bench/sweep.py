@@ -1,12 +1,16 @@
 """Run an experiment preset's sweep: ``dp-adam-bench sweep <experiment> [--profile cpu|paper] [--launcher ...]``.
 
-A preset (``configs/experiment/<name>.yaml``) declares its sweep as data:
+A preset (``configs/experiment/<name>.yaml``) declares its sweep as data, under one ``sweep:`` node that is not
+part of any run's config (so it is not part of a run's id either)::
 
-    sweeps:   {<label>: {<override key>: [values...], ...}, ...}   # each entry a Cartesian product; an entry
-                                                                  # set to null is dropped (a preset that
-                                                                  # extends another removes its entries so)
-    grid:     {<override key>: [values...]}                         # crossed with every entry
-    seeds:    [0, 1, 2]                                             # optional; an entry may set its own `seed`
+    sweep:
+      entries:  {<label>: {<override key>: [values...], ...}, ...}  # each entry a Cartesian product; an entry
+                                                                    # set to null is dropped (a preset that
+                                                                    # extends another removes its entries so)
+      grid:     {<override key>: [values...]}                       # crossed with every entry
+      seeds:    [0, 1, 2]                                           # optional; an entry may set its own `seed`
+      selection: {metric: ..., mode: min|max, per: [...], tuned: [...]}   # what the reports select by
+      profiles: {cpu: {...}, paper: {...}}   # the sweep's own per-profile values: ${sweep.profiles.${profile}.x}
 
 Each entry becomes one Hydra multirun of ``dp_adam_bench.train``. Runs whose folders are complete are skipped by
 the training entry point, so an interrupted sweep is finished by launching it again.
@@ -15,45 +19,120 @@ the training entry point, so an interrupted sweep is finished by launching it ag
 from __future__ import annotations
 
 import itertools
+import shlex
 import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from dp_adam_bench.errors import ConfigError
 from dp_adam_bench.paths import CONFIG_DIR
 
 LAUNCHERS = ("basic", "joblib", "slurm")
 
 
 def load_preset(experiment: str, profile: str = "cpu", overrides: Sequence[str] = ()) -> dict:
-    """Compose the root config with ``experiment=<name>`` and return it as plain data."""
+    """Compose the root config with ``experiment=<name>`` and return it as plain data, its ``sweep`` node
+    resolved for ``profile`` (entries set to null removed)."""
     available = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
     if experiment not in available:
         raise ValueError(f"unknown experiment {experiment!r}; valid presets: {', '.join(available)}")
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("config", overrides=[f"experiment={experiment}", f"profile={profile}", *overrides])
     data = OmegaConf.to_container(cfg, resolve=False)
-    # The sweep's own keys may depend on the profile (e.g. ``seeds: ${profiles.${profile}.seeds}``): resolve them.
-    for key in ("sweeps", "grid", "seeds"):
-        if cfg.get(key) is not None:
-            data[key] = OmegaConf.to_container(cfg[key], resolve=True)
-    if data.get(
-        "sweeps"
-    ):  # entries set to null are removed (a preset extending another drops its entries so)
-        data["sweeps"] = {k: v for k, v in data["sweeps"].items() if v is not None}
+    sweep = OmegaConf.to_container(cfg.sweep, resolve=True) if cfg.get("sweep") is not None else {}
+    unknown = sorted(set(sweep) - set(SWEEP_KEYS))
+    if unknown:
+        raise ConfigError(
+            f"sweep.{unknown[0]} in configs/experiment/{experiment}.yaml is not a sweep key; valid: "
+            f"{', '.join(SWEEP_KEYS)}"
+        )
+    sweep["entries"] = {k: v for k, v in (sweep.get("entries") or {}).items() if v is not None}
+    data["sweep"] = sweep
+    data["experiment_name"] = str(cfg.experiment_name)  # the run store folder / W&B group, for this profile
     return data
 
 
-def _value(x) -> str:
+#: the keys of a preset's ``sweep:`` node
+SWEEP_KEYS = ("entries", "grid", "seeds", "selection", "profiles")
+SELECTION_KEYS = ("metric", "mode", "per", "tuned")
+
+
+@dataclass(frozen=True)
+class Selection:
+    """How a report picks a table cell from a tuning grid: within each group of runs equal in ``per``, the
+    ``tuned`` setting with the best mean final ``metric`` (``mode`` min or max)."""
+
+    metric: str
+    mode: str
+    per: tuple[str, ...]
+    tuned: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """A preset's ``sweep:`` node for one profile, resolved."""
+
+    experiment: str
+    profile: str
+    name: str  # the runs' experiment_name: their run store folder and W&B group
+    entries: dict[str, dict]
+    grid: dict
+    seeds: list | None
+    selection: Selection | None
+
+    def points(self) -> list[dict]:
+        """Every run of the sweep as ``{override key: value}`` (seed included when the sweep sets one), in the
+        order the multiruns launch them."""
+        out = []
+        for entry in (self.entries or {"all": {}}).values():
+            keys = ({"seed": self.seeds} if self.seeds is not None else {}) | {**entry, **self.grid}
+            values = [v if isinstance(v, list) else [v] for v in keys.values()]
+            out += [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*values)]
+        return out
+
+
+def sweep_spec(experiment: str, profile: str = "cpu") -> SweepSpec:
+    """The preset's sweep for ``profile``; a bad ``selection`` fails naming the key and the valid ones."""
+    preset = load_preset(experiment, profile)
+    sweep = preset["sweep"]
+    selection = sweep.get("selection")
+    if selection is not None:
+        where = f"sweep.selection of configs/experiment/{experiment}.yaml"
+        unknown = sorted(set(selection) - set(SELECTION_KEYS))
+        if unknown or "metric" not in selection or "per" not in selection:
+            raise ConfigError(
+                f"{where} = {selection!r}: needs metric and per (optional: mode, tuned); valid keys: "
+                f"{', '.join(SELECTION_KEYS)}"
+            )
+        mode = selection.get("mode", "min")
+        if mode not in ("min", "max"):
+            raise ConfigError(f"{where}: mode={mode!r}; valid: min, max")
+        selection = Selection(
+            str(selection["metric"]), mode, tuple(selection["per"]), tuple(selection.get("tuned") or ())
+        )
+    return SweepSpec(
+        experiment=experiment,
+        profile=profile,
+        name=preset["experiment_name"],
+        entries=sweep["entries"],
+        grid=sweep.get("grid") or {},
+        seeds=sweep.get("seeds"),
+        selection=selection,
+    )
+
+
+def override_value(x) -> str:
     return "null" if x is None else str(x)
 
 
 def _values(v) -> str:
-    return ",".join(_value(x) for x in (v if isinstance(v, list) else [v]))
+    return ",".join(override_value(x) for x in (v if isinstance(v, list) else [v]))
 
 
 def _override(key: str, value, keys: dict) -> str:
@@ -64,7 +143,7 @@ def _override(key: str, value, keys: dict) -> str:
     values = value if isinstance(value, list) else [value]
     swept_group = "." in key and isinstance(keys.get(group), list) and len(keys[group]) > 1
     if len(values) == 1 and swept_group:
-        return f"{key}=choice({_value(values[0])})"
+        return f"{key}=choice({override_value(values[0])})"
     return f"{key}={_values(value)}"
 
 
@@ -74,10 +153,8 @@ def sweep_commands(
     """The ``python -m dp_adam_bench.train -m ...`` command lines that make up the sweep."""
     if launcher not in LAUNCHERS:
         raise ValueError(f"unknown launcher {launcher!r}; valid: {', '.join(LAUNCHERS)}")
-    preset = load_preset(experiment, profile)
-    sweeps = preset.get("sweeps") or {"all": {}}
-    grid = preset.get("grid") or {}
-    seeds = preset.get("seeds")
+    spec = sweep_spec(experiment, profile)
+    sweeps, grid, seeds = spec.entries or {"all": {}}, spec.grid, spec.seeds
     given = {
         o.split("=", 1)[0].lstrip("+") for o in overrides if "=" in o
     }  # the user's keys replace swept ones
@@ -92,8 +169,18 @@ def sweep_commands(
             args += ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "train.threads=1"]
         elif launcher == "slurm":
             args += ["hydra/launcher=slurm"]
-        commands.append([sys.executable, "-m", "dp_adam_bench.train", "-m", *args, *overrides])
+        commands.append([python_executable(), "-m", "dp_adam_bench.train", "-m", *args, *overrides])
     return commands
+
+
+def python_executable() -> str:
+    """The interpreter a sweep launches its runs with: this one (``python`` if Python cannot tell)."""
+    return sys.executable or "python"
+
+
+def shell_line(cmd: Sequence[str]) -> str:
+    """A command as one line a POSIX shell runs as is (every argument quoted where it needs to be)."""
+    return shlex.join(cmd)
 
 
 def _is_hydra_override(override: str) -> bool:
@@ -185,7 +272,7 @@ def slurm_plan(
         k for k in params if k not in _SLURM_KEYS and k != "_target_" and params[k] not in (None, {}, [])
     )
     lines = [f"SLURM launcher (hydra.launcher composed for experiment={experiment} profile={profile}):"]
-    lines += [f"  {k}: {_value(params[k])}" for k in keys]
+    lines += [f"  {k}: {override_value(params[k])}" for k in keys]
     if not params.get("partition"):
         lines.append("  (partition null: the cluster's default partition; set hydra.launcher.partition=...)")
     counts = [count_jobs(cmd) for cmd in commands]
@@ -210,7 +297,7 @@ def run_sweep(
     if dry_run and launcher == "slurm":
         print(slurm_plan(experiment, profile, commands, overrides), flush=True)
     for cmd in commands:
-        print("+ " + " ".join(cmd[1:]), flush=True)
+        print("+ " + shell_line(cmd), flush=True)
         if dry_run:
             continue
         rc = subprocess.run(cmd, check=False).returncode
@@ -226,21 +313,15 @@ def expected_runs(experiment: str, profile: str = "cpu") -> tuple[str, set[str]]
     from dp_adam_bench.tracking.run_store import run_id
     from dp_adam_bench.train import run_config
 
-    preset = load_preset(experiment, profile)
-    sweeps = preset.get("sweeps") or {"all": {}}
-    grid = preset.get("grid") or {}
-    seeds = preset.get("seeds")
     ids, name = set(), None
+    points = sweep_spec(experiment, profile).points()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        for entry in sweeps.values():
-            keys = ({"seed": seeds} if seeds is not None else {}) | {**entry, **grid}
-            values = [v if isinstance(v, list) else [v] for v in keys.values()]
-            for combo in itertools.product(*values):
-                overrides = [f"experiment={experiment}", f"profile={profile}"]
-                overrides += [f"{k}={_value(v)}" for k, v in zip(keys, combo, strict=True)]
-                data = run_config(compose("config", overrides=overrides))
-                ids.add(run_id(data))
-                name = data["experiment_name"]
+        for point in points:
+            overrides = [f"experiment={experiment}", f"profile={profile}"]
+            overrides += [f"{k}={override_value(v)}" for k, v in point.items()]
+            data = run_config(compose("config", overrides=overrides))
+            ids.add(run_id(data))
+            name = data["experiment_name"]
     return name, ids
 
 

@@ -27,7 +27,7 @@ from dp_adam_bench.tracking.wandb_logger import WandbLogger
 log = logging.getLogger("dp_adam_bench.train")
 
 # Keys that configure the sweep or the report, not the run itself.
-_NOT_RUN_KEYS = ("sweeps", "grid", "selection", "profiles", "seeds")
+_NOT_RUN_KEYS = ("sweep", "profiles")
 
 
 def run_config(cfg: DictConfig) -> dict:

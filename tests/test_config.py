@@ -91,11 +91,12 @@ def _presets():
 @pytest.mark.parametrize("profile", ["cpu", "paper"])
 @pytest.mark.parametrize("preset", _presets())
 def test_every_experiment_preset_composes_and_every_sweep_point_validates(preset, profile):
-    from dp_adam_bench.sweep import _value, load_preset
+    from dp_adam_bench.sweep import override_value as _value
+    from dp_adam_bench.sweep import sweep_spec
 
-    data = load_preset(preset, profile)
-    sweeps = data.get("sweeps") or {"all": {}}
-    grid = data.get("grid") or {}
+    spec = sweep_spec(preset, profile)
+    sweeps = spec.entries or {"all": {}}
+    grid = spec.grid
     for entry in sweeps.values():
         # the first value of every swept key must give a valid run config
         overrides = [f"experiment={preset}", f"profile={profile}"]

@@ -199,8 +199,8 @@ def test_preset_composes_and_its_twin_matches_the_noise():
     preset = load_preset("ganesh_quadratic")
     assert preset["task"]["name"] == "quadratic_2d" and preset["train"]["sampler"] == "single_pass"
     s = preset["privacy"]["sigma"] * preset["privacy"]["clip"] / preset["train"]["batch_size"]
-    assert preset["sweeps"]["equivalent"]["task.equivalent_noise_std"] == [pytest.approx(s)]
-    assert len(sweep_commands("ganesh_quadratic")) == len(preset["sweeps"])
+    assert preset["sweep"]["entries"]["equivalent"]["task.equivalent_noise_std"] == [pytest.approx(s)]
+    assert len(sweep_commands("ganesh_quadratic")) == len(preset["sweep"]["entries"])
 
 
 def test_report_on_a_tiny_sweep_writes_table_figure_and_claims(isolated_dirs):
@@ -235,5 +235,6 @@ def test_report_on_a_tiny_sweep_writes_table_figure_and_claims(isolated_dirs):
     assert "## Paper claims checked here" in md
     claim_lines = [line for line in md.splitlines() if line.startswith("- §4")]
     assert len(claim_lines) == 11
-    assert all(("**holds**" in line) or ("**does not hold**" in line) for line in claim_lines)
+    # a tiny part of the preset's sweep (2 of 4 learning rates, one eps_s): 36 - 14 runs missing, so no verdict
+    assert all("**incomplete** (22 expected runs missing; so far: " in line for line in claim_lines)
     assert "lr=0.003" in md and "(chosen)" in md

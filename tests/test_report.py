@@ -1,14 +1,24 @@
-"""Report aggregation on synthetic run folders: selection rule, incomplete runs excluded and listed."""
+"""Report aggregation on synthetic run folders: selection rule, incomplete runs excluded and listed, claims
+incomplete while runs the preset expects are missing."""
 
 import json
+import math
 
 import pandas as pd
 import pytest
 import yaml
 
-from dp_adam_bench.report import ganesh_fig2
+from dp_adam_bench.report import expected, ganesh_fig2, registry
 from dp_adam_bench.report.aggregate import select_best, split_complete
-from dp_adam_bench.tracking.run_store import load_runs
+from dp_adam_bench.report.context import ReportContext
+from dp_adam_bench.sweep import sweep_spec
+from dp_adam_bench.tracking.run_store import load_local_runs
+
+
+@pytest.fixture
+def all_expected(monkeypatch):
+    """For a synthetic store that is not the preset's full sweep: no expected run counts as missing."""
+    monkeypatch.setattr(expected, "missing_runs", lambda spec, complete: [])
 
 
 def fake_run(root, name, opt, noise, lr, trials, complete=True, gt=0.6):
@@ -49,7 +59,7 @@ def store(isolated_dirs):
 
 
 def test_select_best_picks_lowest_mean_and_ignores_incomplete(store):
-    records = load_runs(store / "runs", "ganesh_fig2")
+    records = load_local_runs(store / "runs", "ganesh_fig2")
     complete, incomplete = split_complete(records)
     assert [r.path.name for r in incomplete] == ["broken"]
     cells = select_best(records, per=["optimizer", "noise"], tuned=["optimizer.lr"], metric="test_loss")
@@ -59,7 +69,7 @@ def test_select_best_picks_lowest_mean_and_ignores_incomplete(store):
     assert len(pp.candidates) == 2
 
 
-def test_ganesh_fig2_report_writes_table_claims_and_figure(store):
+def test_ganesh_fig2_report_writes_table_claims_and_figure(store, all_expected):
     paths = ganesh_fig2.build()
     names = sorted(p.name for p in paths)
     assert names == ["ganesh_fig2.csv", "ganesh_fig2.md", "ganesh_fig2.png"]
@@ -105,16 +115,14 @@ def fake_cifar_run(root, name, opt, seed, final, complete=True):
         (folder / "summary.json").write_text(json.dumps(summary))
 
 
-def test_tang_fig1_report_means_over_seeds_and_checks_claims(isolated_dirs):
-    from dp_adam_bench.report import tang_fig1_cifar10
-
+def test_tang_fig1_report_means_over_seeds_and_checks_claims(isolated_dirs, all_expected):
     root = isolated_dirs / "runs"
     for seed, (s, a, bc) in enumerate([(40.0, 30.0, 35.0), (42.0, 32.0, 37.0), (41.0, 31.0, 36.0)]):
         fake_cifar_run(root, f"sgd{seed}", "sgd", seed, s)
         fake_cifar_run(root, f"adam{seed}", "adam", seed, a)
         fake_cifar_run(root, f"bc{seed}", "adambc", seed, bc)
     fake_cifar_run(root, "killed", "adam", 9, 99.0, complete=False)
-    tang_fig1_cifar10.build("cpu")
+    registry.build("tang_fig1_cifar10")
     df = pd.read_csv(isolated_dirs / "results" / "tang_fig1_cifar10.csv")
     sgd = df[df.row == "sgd"].iloc[0]
     assert sgd.ours == pytest.approx(41.0) and sgd.ours_std == pytest.approx(1.0) and sgd.n == 3
@@ -126,9 +134,7 @@ def test_tang_fig1_report_means_over_seeds_and_checks_claims(isolated_dirs):
     assert (isolated_dirs / "results" / "tang_fig1_cifar10.png").exists()
 
 
-def test_tang_fig1_report_repeats_the_runs_privacy_notes(isolated_dirs):
-    from dp_adam_bench.report import tang_fig1_cifar10
-
+def test_tang_fig1_report_repeats_the_runs_privacy_notes(isolated_dirs, all_expected):
     root = isolated_dirs / "runs"
     fake_cifar_run(root, "sgd0", "sgd", 0, 40.0)
     summary_file = root / "tang_fig1_cifar10_cpu" / "sgd0" / "summary.json"
@@ -137,7 +143,7 @@ def test_tang_fig1_report_repeats_the_runs_privacy_notes(isolated_dirs):
         "fixed-size shuffled batches: accounted as Poisson sampling (not DP-faithful)"
     ]
     summary_file.write_text(json.dumps(summary))
-    tang_fig1_cifar10.build("cpu")
+    registry.build("tang_fig1_cifar10", ReportContext(profile="cpu"))
     md = (isolated_dirs / "results" / "tang_fig1_cifar10.md").read_text()
     assert "From the run folders: fixed-size shuffled batches" in md
 
@@ -165,21 +171,34 @@ def test_report_document_collects_every_claim(isolated_dirs):
     assert "Not generated yet:" in text and "`tang_budget`" in text
 
 
-def test_paper_profile_tables_go_to_their_own_folder(isolated_dirs, monkeypatch):
-    from dp_adam_bench.report import registry
-
+def test_paper_profile_tables_go_to_their_own_folder(isolated_dirs, monkeypatch, tmp_path):
     seen = {}
 
-    def fake_build(profile):
-        from dp_adam_bench.paths import results_dir
-
-        seen[profile] = results_dir()
+    def fake_build(ctx):
+        seen[ctx.profile] = ctx.out
         return []
 
     monkeypatch.setattr(ganesh_fig2, "build", fake_build)
-    registry.build("ganesh_fig2", "paper")
-    registry.build("ganesh_fig2", "cpu")
+    registry.build("ganesh_fig2", ReportContext(profile="paper"))
+    registry.build("ganesh_fig2", ReportContext(profile="cpu"))
     assert seen == {"paper": isolated_dirs / "results" / "paper", "cpu": isolated_dirs / "results"}
+    # the context, not the environment, says where: another folder, and an exact table goes to the folder itself
+    registry.build("ganesh_fig2", ReportContext(profile="paper", out=tmp_path / "elsewhere"))
+    assert seen["paper"] == tmp_path / "elsewhere" / "paper"
+    assert not (isolated_dirs / "results").exists()
+
+
+def test_every_table_names_a_build_function_and_bad_names_fail_clearly():
+    for tid in registry.GROUPS["all"]:
+        spec = registry.spec(tid)
+        assert callable(spec.function()), tid
+    assert sorted(registry.GROUPS["all"]) == list(registry.REPORTS.names())
+    with pytest.raises(ValueError, match=r"table='tang_fig9' is not a known table; valid: ganesh_fig2"):
+        registry.spec("tang_fig9")
+    with pytest.raises(ValueError, match=r"run source 'cloud' is not one of: local, wandb, both"):
+        ReportContext(source="cloud")
+    with pytest.raises(ValueError, match=r"profile 'gpu' is not one of: cpu, paper"):
+        ReportContext(profile="gpu")
 
 
 def test_runs_outside_the_current_preset_are_set_aside_not_deleted(isolated_dirs):
@@ -194,4 +213,89 @@ def test_runs_outside_the_current_preset_are_set_aside_not_deleted(isolated_dirs
     moved = set_aside_stale_runs("ganesh_fig2", "cpu")
     assert [m.name for m in moved] == ["adagrad_pp-none-lr0.01-s0-oldgrid0"]
     assert (root / "ganesh_fig2" / "_stale" / "adagrad_pp-none-lr0.01-s0-oldgrid0" / "summary.json").exists()
-    assert [r.path.name for r in load_runs(root, "ganesh_fig2")] == [keep]
+    assert [r.path.name for r in load_local_runs(root, "ganesh_fig2")] == [keep]
+
+
+# --------------------------------------------------------------------------- a report while its sweep runs
+
+
+FIG2_BASE = {  # (optimizer, noise kind) -> final test loss at lr = 1 (the best lr: the loss grows away from it)
+    ("adagrad_pp", "none"): 0.601,
+    ("adagrad_pp", "dpmf_sqrt"): 0.606,
+    ("adagrad_ime", "dpmf_sqrt"): 0.603,
+    ("adagrad_ime_free", "dpmf_sqrt"): 0.6035,
+    ("adagrad_pp", "independent"): 0.607,
+    ("adagrad_ime", "independent"): 0.604,
+    ("adagrad_ime_free", "independent"): 0.605,
+}
+
+
+def fig2_point_run(root, point):
+    opt, noise, lr = point["optimizer"], point["noise"], point["optimizer.lr"]
+    loss = FIG2_BASE[(opt, noise)] + 0.01 * abs(math.log10(lr))
+    fake_run(root, f"{opt}-{noise}-lr{lr:g}", opt, noise, lr, [loss - 0.001, loss + 0.001])
+
+
+def fig2_claims(md):
+    return [line for line in md.split("## Paper claims checked here")[1].split("##")[0].splitlines() if line]
+
+
+def test_a_report_of_a_running_sweep_says_incomplete_and_lists_every_missing_run(isolated_dirs):
+    """The sweep is still running: every run of one cell (IME, dpmf noise) and two others are missing, one of
+    them in flight (a folder without summary). No claim may say 'does not hold' on the empty cell's NaN; every
+    claim is incomplete, and every missing run is listed, not only the one in flight."""
+    root = isolated_dirs / "runs"
+    points = sweep_spec("ganesh_fig2", "cpu").points()
+    assert len(points) == 91
+    lacking = [p for p in points if (p["optimizer"], p["noise"]) == ("adagrad_ime", "dpmf_sqrt")]
+    lacking += [points[0], points[-1]]
+    for p in points:
+        if p not in lacking:
+            fig2_point_run(root, p)
+    fake_run(root, "in-flight", "adagrad_ime", "dpmf_sqrt", 1.0, [0.6], complete=False)
+
+    ganesh_fig2.build(ReportContext())
+    md = (isolated_dirs / "results" / "ganesh_fig2.md").read_text()
+    claims = fig2_claims(md)
+    assert len(claims) == 5  # ground truth; IME and IME for free vs post-processing, in each column
+    assert all(": **incomplete** (15 expected runs missing; so far: " in c for c in claims), claims
+    assert (
+        "- IME beats post-processing (dpmf noise): **incomplete** (15 expected runs missing; so far: no finite "
+        "result for IME)" in claims
+    )
+    assert "does not hold" not in md and "nan" not in md.split("## Notes")[0].lower()
+    section = md.split("## Missing runs (15: the claims above are incomplete until they are complete)")[1]
+    listed = [line for line in section.split("##")[0].splitlines() if line.startswith("- `")]
+    assert listed == [f"- `{expected.point_text(p)}`" for p in points if p in lacking]
+    assert "- `optimizer=adagrad_ime noise=dpmf_sqrt optimizer.lr=0.0316`" in listed
+    assert "Incomplete runs left out: in-flight" in md
+
+    # the sweep finishes: the same report checks every claim
+    for p in lacking:
+        fig2_point_run(root, p)
+    ganesh_fig2.build(ReportContext())
+    md = (isolated_dirs / "results" / "ganesh_fig2.md").read_text()
+    claims = fig2_claims(md)
+    assert len(claims) == 5 and "incomplete" not in md and "Missing runs" not in md
+    assert "- IME beats post-processing (dpmf noise): **holds** (0.6030 vs 0.6060" in md
+    assert "- IME for free beats post-processing (independent noise, our extra column" in md
+
+
+def test_missing_runs_are_matched_on_the_swept_values_only():
+    spec = sweep_spec("ganesh_fig2", "cpu")
+    point = spec.points()[0]
+    assert point == {"optimizer": "adagrad_pp", "noise": "none", "optimizer.lr": 0.0316}
+
+    class Run:
+        def __init__(self, cfg):
+            self.config = cfg
+
+    cfg = {
+        "optimizer": {"name": "adagrad_pp", "lr": 3.16e-2, "eps": 1e-8},
+        "noise": {"kind": "none"},
+        "seed": 0,
+    }
+    missing = expected.missing_runs(spec, [Run(cfg)])
+    assert len(missing) == 90 and point not in missing  # 0.0316 == 3.16e-2; unswept keys do not matter
+    other = {**cfg, "optimizer": {"name": "adagrad_pp", "lr": 0.0317}}
+    assert len(expected.missing_runs(spec, [Run(other)])) == 91

@@ -87,3 +87,24 @@ def test_other_launchers_print_only_the_commands(capsys, no_launch):
     assert run_sweep("tang_fig1_cifar10", "cpu", "joblib", dry_run=True) == 0
     out = capsys.readouterr().out
     assert "SLURM" not in out and "#SBATCH" not in out and out.count("+ ") == 3
+
+
+def test_dry_run_prints_lines_a_shell_runs_as_they_are(capsys):
+    """Each printed command starts with the interpreter and survives a POSIX shell unchanged: ``choice(...)``
+    (parentheses) and an override with a space or quotes come back as the same arguments."""
+    import shlex
+    import sys
+
+    overrides = ["+tags=['a b']"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(subprocess, "run", lambda *_, **__: pytest.fail("a dry run must not launch anything"))
+        assert run_sweep("ganesh_fig3", "cpu", dry_run=True, overrides=overrides) == 0
+    printed = [line[2:] for line in capsys.readouterr().out.splitlines() if line.startswith("+ ")]
+    commands = sweep_commands("ganesh_fig3", "cpu", overrides=overrides)
+    assert len(printed) == len(commands) == 17
+    assert any("choice(0.001)" in line for line in printed)
+    for line, cmd in zip(printed, commands, strict=True):
+        assert cmd[:4] == [sys.executable, "-m", "dp_adam_bench.train", "-m"]
+        assert line.startswith(shlex.quote(sys.executable) + " -m dp_adam_bench.train -m ")
+        echoed = subprocess.check_output(["bash", "-c", f"printf '%s\\n' {line}"], text=True)
+        assert echoed.splitlines() == cmd

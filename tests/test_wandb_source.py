@@ -7,6 +7,7 @@ would upload) or runs made from run folders the way the logger sends them.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -18,17 +19,13 @@ import yaml
 from dp_adam_bench.cli import main
 from dp_adam_bench.report.aggregate import select_best
 from dp_adam_bench.tracking import wandb_dashboard as dash
-from dp_adam_bench.tracking.run_store import RUN_SOURCE_ENV, load_local_runs, load_runs
+from dp_adam_bench.tracking.run_store import load_local_runs
+from dp_adam_bench.tracking.sources import RUN_SOURCE_ENV, load_runs, merge_records
 from dp_adam_bench.tracking.wandb_logger import SUMMARY_JSON_KEY, WandbLogger, run_labels
-from dp_adam_bench.tracking.wandb_source import (
-    PROJECT_ENV,
-    WandbSourceError,
-    load_wandb_runs,
-    merge_records,
-)
+from dp_adam_bench.tracking.wandb_source import PROJECT_ENV, WandbSourceError, load_wandb_runs
 
 from helpers import TINY_1D, compose_cfg
-from wandb_reader import _records, history
+from wandb_reader import history, records
 
 PROJECT = "ent/dp-adam-bench"
 
@@ -60,10 +57,9 @@ class FakeApi:
 
 @pytest.fixture
 def sources(monkeypatch):
-    """Restores the source variables, which the CLI sets in os.environ (setenv records them for the restore;
-    delenv of an absent variable would not)."""
-    monkeypatch.setenv(RUN_SOURCE_ENV, "local")
-    monkeypatch.setenv(PROJECT_ENV, "")
+    """No source or project from the environment (the CLI's defaults); the tests set them where they mean to."""
+    monkeypatch.delenv(RUN_SOURCE_ENV, raising=False)
+    monkeypatch.delenv(PROJECT_ENV, raising=False)
     return monkeypatch
 
 
@@ -236,7 +232,7 @@ def offline_wandb_run(folder: Path) -> FakeRun:
     from wandb.proto import wandb_internal_pb2 as pb
 
     meta, config, summary = {}, {}, {}
-    for raw in _records(wandb_file):
+    for raw in records(wandb_file):
         rec = pb.Record()
         rec.ParseFromString(raw)
         kind = rec.WhichOneof("record_type")
@@ -310,6 +306,7 @@ def test_report_from_wandb_writes_the_same_table_as_from_the_run_store(fig2_stor
     md_store = (fig2_store / "results" / "ganesh_fig2.md").read_text()
     assert main(["report", "ganesh_fig2", "--source", "wandb", "--wandb-project", PROJECT]) == 0
     assert api.calls == [(PROJECT, {"group": "ganesh_fig2"})]
+    assert RUN_SOURCE_ENV not in os.environ and PROJECT_ENV not in os.environ  # the CLI passes a context
     pd.testing.assert_frame_equal(pd.read_csv(fig2_store / "results" / "ganesh_fig2.csv"), from_store)
     assert (fig2_store / "results" / "ganesh_fig2.md").read_text() == md_store
 
@@ -359,8 +356,7 @@ def test_both_completes_the_run_store_with_wandb_runs_it_lacks(fig2_store, sourc
     }
     extra = write_run(fig2_store / "elsewhere", "ganesh_fig2", "zz-extra", "adagrad_pp", "none", 3.0, [0.7])
     serve(sources, [*remote, as_wandb_run(extra, "ganesh_fig2")])
-    sources.setenv(RUN_SOURCE_ENV, "both")
-    merged = load_runs(root, "ganesh_fig2")
+    merged = load_runs(root, "ganesh_fig2", "both", PROJECT)
     names = [r.path.name for r in merged]
     assert names == sorted([r.path.name for r in local] + ["zz-extra"])
     assert all(r.complete for r in merged)
@@ -389,21 +385,21 @@ def test_wandb_source_without_api_key_or_network_says_so(fig2_store, sources, ca
     with pytest.raises(WandbSourceError, match=r"cannot reach W&B .*network unreachable"):
         load_wandb_runs("ganesh_fig2", PROJECT)
     # local stays the default, and needs no network
-    sources.setenv(RUN_SOURCE_ENV, "local")
     assert len(load_runs(fig2_store / "runs", "ganesh_fig2")) == 11
 
 
 def test_wandb_source_with_no_runs_in_the_group_names_group_and_project(isolated_dirs, sources):
     serve(sources, [])
-    sources.setenv(RUN_SOURCE_ENV, "wandb")
-    sources.setenv(PROJECT_ENV, PROJECT)
+    sources.setenv(PROJECT_ENV, PROJECT)  # the default project when none is given
     with pytest.raises(
         WandbSourceError, match=r"no W&B runs in group 'ganesh_fig2' of project 'ent/dp-adam-bench'"
     ):
-        load_runs(isolated_dirs / "runs", "ganesh_fig2")
+        load_runs(isolated_dirs / "runs", "ganesh_fig2", "wandb")
+    with pytest.raises(ValueError, match=r"run source 'cloud' is not one of: local, wandb, both"):
+        load_runs(isolated_dirs / "runs", "ganesh_fig2", "cloud")
+    # the CLI's default source comes from the environment, checked the same way
     sources.setenv(RUN_SOURCE_ENV, "cloud")
-    with pytest.raises(ValueError, match=r"DP_ADAM_BENCH_RUN_SOURCE='cloud'.*valid: local, wandb, both"):
-        load_runs(isolated_dirs / "runs", "ganesh_fig2")
+    assert main(["report", "ganesh_fig2"]) == 2
 
 
 # --- part 3: the dashboard ---------------------------------------------------------------------------------------

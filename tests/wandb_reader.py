@@ -15,7 +15,7 @@ BLOCK = 32768
 HEADER = 7
 
 
-def _records(path: Path):
+def records(path: Path):
     data = Path(path).read_bytes()
     ident, _magic, _version = struct.unpack("<4sHB", data[:HEADER])
     assert ident == b":W&B", f"not a W&B run file: {path}"
@@ -46,7 +46,7 @@ def history(path: Path) -> list[dict]:
     from wandb.proto import wandb_internal_pb2 as pb
 
     rows = []
-    for raw in _records(path):
+    for raw in records(path):
         rec = pb.Record()
         rec.ParseFromString(raw)
         if rec.WhichOneof("record_type") == "history":

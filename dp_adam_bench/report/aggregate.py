@@ -1,7 +1,8 @@
 """Aggregating run folders into table cells: tuning-grid selection and spread over trials/seeds.
 
-Selection rule (what the papers do when they "tune eta"): within each group of runs that differ only in the tuned
-hyper-parameters, keep the setting with the best mean final metric and report that setting's mean and std.
+Selection rule (what the papers do when they "tune eta"; each preset states its own under ``sweep.selection``):
+within each group of runs that differ only in the tuned hyper-parameters, keep the setting with the best mean final
+metric and report that setting's mean and std.
 Incomplete runs are never aggregated; they are returned so the report can list them.
 """
 
@@ -23,6 +24,19 @@ def get(cfg: dict, dotted: str):
 
 
 GROUP_KEYS = {"optimizer": "optimizer.name", "noise": "noise.kind"}
+
+
+def key_config(per: list[str], key: tuple) -> dict:
+    """The nested config a group key of :func:`select_best` stands for: ``key_config(["optimizer",
+    "privacy.sigma"], ("adam", 0.1)) == {"optimizer": {"name": "adam"}, "privacy": {"sigma": 0.1}}``."""
+    cfg: dict = {}
+    for short, value in zip(per, key, strict=True):
+        *parents, leaf = GROUP_KEYS.get(short, short).split(".")
+        node = cfg
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return cfg
 
 
 @dataclass

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
 import yaml
 
-from dp_adam_bench.paths import PAPER_DIR, results_dir
+from dp_adam_bench.paths import PAPER_DIR
 
 
 def load_paper(name: str) -> dict:
@@ -27,17 +27,41 @@ def load_paper(name: str) -> dict:
         return yaml.safe_load(fh)
 
 
+VERDICTS = ("holds", "does not hold", "not checked", "incomplete")
+
+
 @dataclass(frozen=True)
 class Claim:
-    """A paper claim stated as a checkable inequality, with whether it holds in our numbers."""
+    """A paper claim stated as a checkable inequality, with whether it holds in our numbers.
+
+    ``from_runs``: checked on numbers from runs (False for a check of the paper's own numbers), so it is
+    ``incomplete`` while runs the preset expects are missing (:meth:`incomplete`).
+    """
 
     text: str
     holds: bool | None
     detail: str = ""
+    from_runs: bool = True
+    missing: int = 0  # expected runs missing when it was checked: > 0 makes the verdict "incomplete"
+
+    def incomplete(self, missing: int) -> Claim:
+        """This claim checked on a table that lacks ``missing`` expected runs."""
+        return replace(self, missing=missing) if self.from_runs and missing else self
+
+    @property
+    def verdict(self) -> str:
+        if self.missing:
+            return "incomplete"
+        return {True: "holds", False: "does not hold", None: "not checked"}[
+            None if self.holds is None else bool(self.holds)
+        ]
 
     def line(self) -> str:
-        verdict = {True: "**holds**", False: "**does not hold**", None: "**not checked**"}[self.holds]
-        return f"- {self.text}: {verdict}" + (f" ({self.detail})" if self.detail else "")
+        detail = self.detail
+        if self.missing:
+            lacking = f"{self.missing} expected run{'s' if self.missing != 1 else ''} missing"
+            detail = f"{lacking}; so far: {detail}" if detail else lacking
+        return f"- {self.text}: **{self.verdict}**" + (f" ({detail})" if detail else "")
 
 
 def fmt(x: object, digits: int = 4) -> str:
@@ -65,6 +89,7 @@ def write_table(
     table_id: str,
     df: pd.DataFrame,
     *,
+    out: Path,
     title: str,
     command: str,
     setting: str = "",
@@ -73,13 +98,25 @@ def write_table(
     figure: Path | None = None,
     digits: int = 4,
     extra_sections: Sequence[tuple[str, str]] = (),
+    missing: Sequence[str] = (),
 ) -> list[Path]:
-    """Write ``results/<table_id>.csv`` and ``results/<table_id>.md``; return the paths written.
+    """Write ``<out>/<table_id>.csv`` and ``<out>/<table_id>.md``; return the paths written.
 
     The markdown opens with the command that regenerates it, then the setting, the table (paper beside ours),
-    the claim checks and the notes.
+    the claim checks and the notes. ``missing``: the runs the preset expects and the table lacks
+    (:mod:`dp_adam_bench.report.expected`); with any, every claim checked on runs is ``incomplete`` and a section
+    lists them.
     """
-    out = results_dir()
+    claims = [c.incomplete(len(missing)) for c in claims]
+    if missing:
+        extra_sections = [
+            *extra_sections,
+            (
+                f"Missing runs ({len(missing)}: the claims above are incomplete until they are complete)",
+                "\n".join(f"- `{m}`" for m in missing),
+            ),
+        ]
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     csv_path = out / f"{table_id}.csv"
     md_path = out / f"{table_id}.md"
@@ -103,11 +140,11 @@ def write_table(
     return written
 
 
-def save_figure(fig, table_id: str) -> Path:
-    """Write ``results/<table_id>.png`` and close the figure."""
+def save_figure(fig, table_id: str, out: Path) -> Path:
+    """Write ``<out>/<table_id>.png`` and close the figure."""
     import matplotlib.pyplot as plt
 
-    path = results_dir() / f"{table_id}.png"
+    path = Path(out) / f"{table_id}.png"
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -10,10 +10,11 @@ import re
 from pathlib import Path
 
 from dp_adam_bench.paths import results_dir
-from dp_adam_bench.report.registry import REPORTS, results_for
+from dp_adam_bench.report.common import VERDICTS
+from dp_adam_bench.report.registry import GROUPS, results_for, spec
 
 CLAIM = re.compile(
-    r"^- (?P<text>.+?): \*\*(?P<verdict>holds|does not hold|not checked)\*\*(?: \((?P<detail>.*)\))?$"
+    r"^- (?P<text>.+?): \*\*(?P<verdict>" + "|".join(VERDICTS) + r")\*\*(?: \((?P<detail>.*)\))?$"
 )
 
 
@@ -41,18 +42,20 @@ def _command(markdown: str) -> str:
 PROFILES = ("cpu", "paper")
 
 
-def build_document(out: Path | None = None) -> Path:
-    res = results_dir()
-    out = out or res / "REPORT.md"
+def build_document(results: Path | None = None) -> Path:
+    """Write ``<results>/REPORT.md`` (default: the results folder) from the tables found there."""
+    res = Path(results) if results is not None else results_dir()
+    out = res / "REPORT.md"
     present, missing = [], []
-    for tid, spec in REPORTS.items():
+    for tid in GROUPS["all"]:
+        table = spec(tid)
         found = False
-        for profile in PROFILES if spec.experiment else ("cpu",):
+        for profile in PROFILES if table.experiment else ("cpu",):
             p = results_for(profile, res) / f"{tid}.md"
             if p.exists():
                 found = True
-                label = profile if spec.experiment else "exact"
-                present.append((tid, spec, label, p.read_text(), p.relative_to(res)))
+                label = profile if table.experiment else "exact"
+                present.append((tid, table, label, p.read_text(), p.relative_to(res)))
         if not found:
             missing.append(tid)
     lines = [
@@ -66,29 +69,33 @@ def build_document(out: Path | None = None) -> Path:
         "| table | profile | claim | verdict | detail |",
         "|---|---|---|---|---|",
     ]
-    n_hold = n_fail = 0
+    n_hold = n_fail = n_incomplete = 0
     for tid, _, label, md, _ in present:
         for text, verdict, detail in claims_of(md):
             n_hold += verdict == "holds"
             n_fail += verdict == "does not hold"
+            n_incomplete += verdict == "incomplete"
             lines.append(
                 f"| [{tid}](#{tid}-{label}) | {label} | {text} | **{verdict}** | {detail.replace('|', '/')} |"
             )
-    lines += ["", f"{n_hold} claims hold, {n_fail} do not.", ""]
+    counts = f"{n_hold} claims hold, {n_fail} do not" + (
+        f", {n_incomplete} are incomplete (runs missing)" if n_incomplete else ""
+    )
+    lines += ["", counts + ".", ""]
     if missing:
         lines += [
             "Not generated yet: " + ", ".join(f"`{t}` (`make reproduce-table TABLE={t}`)" for t in missing),
             "",
         ]
     lines += ["## Tables", ""]
-    for tid, spec, label, md, rel in present:
+    for tid, table, label, md, rel in present:
         body = md.split("\n", 1)[1] if md.startswith("# ") else md
         title = md.splitlines()[0].lstrip("# ") if md.startswith("# ") else tid
         lines += [
             f'<a id="{tid}-{label}"></a>',
             f"### {title} ({label})",
             "",
-            f"*{spec.paper}* — `{_command(md)}` — [{rel}]({rel})",
+            f"*{table.paper}* — `{_command(md)}` — [{rel}]({rel})",
             "",
         ]
         prefix = "" if rel.parent == Path(".") else f"{rel.parent.as_posix()}/"

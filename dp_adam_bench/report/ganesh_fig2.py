@@ -1,22 +1,24 @@
 """Ganesh, McMahan & Thakurta §5.1, Fig. 2: private AdaGrad on 1-D sparse logistic regression.
 
-Reads the run store (``runs/ganesh_fig2``), selects the best learning rate per (variant, mechanism) by mean final
-test loss over the trials, and writes ``results/ganesh_fig2.{csv,md,png}`` with the paper's numbers beside ours.
+Reads the runs of ``runs/ganesh_fig2``, selects the best learning rate per (variant, mechanism) by mean final
+test loss over the trials (the preset's ``sweep.selection``), and writes ``ganesh_fig2.{csv,md,png}`` with the
+paper's numbers beside ours.
 Paper column: DP-MF (the paper's setting). Our extra column: independent noise (DP-SGD), paper empty.
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from dp_adam_bench.paths import results_dir, runs_dir
-from dp_adam_bench.report.aggregate import select_best, split_complete
+from dp_adam_bench.report.aggregate import select_best
 from dp_adam_bench.report.common import Claim, incomplete_note, load_paper, write_table
+from dp_adam_bench.report.context import ReportContext
+from dp_adam_bench.report.expected import preset_runs
 from dp_adam_bench.tasks.logistic_1d import population_ground_truth_loss
-from dp_adam_bench.tracking.run_store import load_runs
 
 EXPERIMENT = "ganesh_fig2"
 COMMAND = "make reproduce-table TABLE=ganesh_fig2"
@@ -33,16 +35,22 @@ def _sem(std: float, n: int) -> float:
     return std / math.sqrt(n) if n > 1 else 0.0
 
 
-def build(profile: str = "cpu") -> list:
+def _known(x) -> bool:
+    return x is not None and math.isfinite(float(x))
+
+
+def build(ctx: ReportContext | None = None) -> list[Path]:
+    ctx = ctx or ReportContext()
     paper = load_paper("ganesh")["fig2"]
-    records = load_runs(runs_dir(), EXPERIMENT)
-    complete, incomplete = split_complete(records)
+    runs = preset_runs(ctx, EXPERIMENT)
+    complete, incomplete = runs.complete, runs.incomplete
     if not complete:
         raise FileNotFoundError(
-            f"no complete runs in {runs_dir() / EXPERIMENT}; run `dp-adam-bench sweep {EXPERIMENT}` first "
+            f"no complete runs in {ctx.where(runs.spec.name)}; run `dp-adam-bench sweep {EXPERIMENT}` first "
             f"(or `{COMMAND}`)"
         )
-    cells = select_best(complete, per=["optimizer", "noise"], tuned=["optimizer.lr"], metric="test_loss")
+    sel = runs.spec.selection
+    cells = select_best(complete, per=list(sel.per), tuned=list(sel.tuned), metric=sel.metric, mode=sel.mode)
     gt_sample = next((r.summary.get("ground_truth") for r in complete if r.summary.get("ground_truth")), None)
 
     rows = []
@@ -85,7 +93,7 @@ def build(profile: str = "cpu") -> list:
     claims = []
     gt, _, _ = val("ground_truth")
     npv, _, _ = val("nonprivate")
-    if gt is not None and npv is not None:
+    if _known(gt) and _known(npv):
         claims.append(
             Claim(
                 "non-private AdaGrad reaches the ground-truth loss (within 0.001)",
@@ -97,14 +105,17 @@ def build(profile: str = "cpu") -> list:
         pp, pps, ppn = val("postprocessing", col)
         for row, label in (("ime", "IME"), ("ime_free", "IME for free")):
             v, s, n = val(row, col)
-            if v is None or pp is None:
+            scope = "" if col == "dpmf" else ", our extra column: the paper ran DP-MF only"
+            text = f"{label} beats post-processing ({col} noise{scope})"
+            if not (_known(v) and _known(pp)):
+                absent = label if not _known(v) else "post-processing"
+                claims.append(Claim(text, None, f"no finite result for {absent}"))
                 continue
             margin = pp - v
             se = math.hypot(_sem(s, n), _sem(pps, ppn))
-            scope = "" if col == "dpmf" else ", our extra column: the paper ran DP-MF only"
             claims.append(
                 Claim(
-                    f"{label} beats post-processing ({col} noise{scope})",
+                    text,
                     bool(margin > 0),
                     f"{v:.4f} vs {pp:.4f}, margin {margin:+.4f}, "
                     f"{margin / se if se > 0 else float('inf'):.1f} standard errors",
@@ -138,12 +149,16 @@ def build(profile: str = "cpu") -> list:
         )
     notes += incomplete_note(incomplete)
 
+    # every learning rate any cell has (a cell lacks the ones whose runs are missing or diverged: left blank)
+    lrs = sorted({c[0]["optimizer.lr"] for cell in cells.values() for c in cell.candidates})
     sweep_lines = []
     for key, cell in sorted(cells.items()):
+        by_lr = {c[0]["optimizer.lr"]: c[1] for c in cell.candidates}
         sweep_lines.append(
-            f"| {key[0]} | {key[1]} | " + " | ".join(f"{m:.4f}" for _, m in cell.candidates) + " |"
+            f"| {key[0]} | {key[1]} | "
+            + " | ".join(f"{by_lr[lr]:.4f}" if lr in by_lr else "" for lr in lrs)
+            + " |"
         )
-    lrs = [c[0]["optimizer.lr"] for c in next(iter(cells.values())).candidates]
     sweep_md = "\n".join(
         [
             "| optimizer | noise | " + " | ".join(f"lr={lr:g}" for lr in lrs) + " |",
@@ -152,10 +167,11 @@ def build(profile: str = "cpu") -> list:
         + sweep_lines
     )
 
-    fig = _figure(df)
+    fig = _figure(df, ctx.out)
     return write_table(
         EXPERIMENT,
         df,
+        out=ctx.out,
         title="Ganesh et al. Fig. 2 — private AdaGrad, 1-D sparse logistic regression (test loss)",
         command=COMMAND,
         setting=paper["setting"] + f" (ours: {complete[0].summary.get('n_trials')} trials per run)",
@@ -163,10 +179,11 @@ def build(profile: str = "cpu") -> list:
         notes=notes,
         figure=fig,
         extra_sections=[("Learning-rate sweep (mean final test loss)", sweep_md)],
+        missing=runs.missing,
     )
 
 
-def _figure(df: pd.DataFrame):
+def _figure(df: pd.DataFrame, out: Path):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -202,7 +219,7 @@ def _figure(df: pd.DataFrame):
     ax.set_title("Private AdaGrad on 1-D logistic regression (Ganesh et al. Fig. 2)")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    path = results_dir() / "ganesh_fig2.png"
+    path = Path(out) / "ganesh_fig2.png"
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -3,7 +3,8 @@
 Reads ``runs/ganesh_fig3_<profile>`` (preset ``configs/experiment/ganesh_fig3.yaml``). A cell is (row, column):
 the row is the optimizer (private or not), the column the mechanism (DP-SGD at BandMF's RMSE, BandMF, DP-SGD at
 BandMF's epsilon), told apart by ``noise.kind`` and ``privacy.sigma``. Within a cell the tuned settings (eta,
-eps_s, clip, momentum) are selected by the lowest mean final test loss over seeds, as the paper does; the table
+eps_s, clip, momentum) are selected by the preset's ``sweep.selection`` (the lowest mean final test loss over
+seeds, as the paper does); the table
 prints that setting's mean ± std beside the paper's number, and the paper's claims are checked on ours (and, as a
 sanity check of their wording, on the paper's own numbers).
 """
@@ -11,14 +12,17 @@ sanity check of their wording, on the paper's own numbers).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from dp_adam_bench.paths import runs_dir
-from dp_adam_bench.report.aggregate import get, select_best, split_complete
+from dp_adam_bench.report.aggregate import Cell, get, key_config, select_best
 from dp_adam_bench.report.common import Claim, incomplete_note, load_paper, markdown_table, write_table
-from dp_adam_bench.tracking.run_store import load_runs
+from dp_adam_bench.report.context import ReportContext
+from dp_adam_bench.report.expected import preset_runs
+from dp_adam_bench.sweep import Selection, load_preset
 
 TABLE_ID = "ganesh_fig3"
 #: the paper's columns, in its order
@@ -54,14 +58,6 @@ ROW_LABELS = {
 }
 #: the DP rows that only use private statistics (the two "noiseless" rows are non-private baselines)
 DP_ROWS = ("postprocessing", "ime", "bc", "stp", "dpsgd_momentum")
-TUNED = [
-    "optimizer.lr",
-    "optimizer.momentum",
-    "optimizer.eps",
-    "optimizer.eps_s",
-    "optimizer.eps_s1",
-    "privacy.clip",
-]
 
 
 def column_of(cfg: dict, sigma_low: float, sigma_high: float) -> str | None:
@@ -89,20 +85,31 @@ def row_of(cfg: dict) -> str | None:
 
 
 def profile_setting(profile: str) -> dict:
-    from dp_adam_bench.sweep import load_preset
-
+    """The run settings of ``profile`` in the preset (its top-level ``profiles`` node)."""
     return load_preset("ganesh_fig3", profile)["profiles"][profile]
 
 
-def cells_for(records, sigma_low: float, sigma_high: float) -> dict[tuple[str, str], object]:
-    """{(row, column): Cell} with the selection rule applied per cell."""
-    tagged = []
-    for r in records:
-        row, col = row_of(r.config), column_of(r.config, sigma_low, sigma_high)
+def cells_for(
+    records, selection: Selection, sigma_low: float, sigma_high: float
+) -> dict[tuple[str, str], Cell]:
+    """{(row, column): Cell}: the preset's selection rule within each of its groups (optimizer, noise, sigma),
+    each group being one cell of the paper's table."""
+    cells = select_best(
+        records,
+        per=list(selection.per),
+        tuned=list(selection.tuned),
+        metric=selection.metric,
+        mode=selection.mode,
+    )
+    out = {}
+    for key, cell in cells.items():
+        cfg = key_config(list(selection.per), key)
+        row, col = row_of(cfg), column_of(cfg, sigma_low, sigma_high)
         if row is not None and col is not None:
-            r.config["_cell"] = {"row": row, "column": col}
-            tagged.append(r)
-    return select_best(tagged, per=["_cell.row", "_cell.column"], tuned=TUNED, metric="test_loss", mode="min")
+            if (row, col) in out:
+                raise ValueError(f"two selection groups of ganesh_fig3 fall in cell ({row}, {col}): {key}")
+            out[(row, col)] = cell
+    return out
 
 
 def initial_loss(records) -> tuple[float | None, float | None, int]:
@@ -181,15 +188,19 @@ def _claims(values: dict[tuple[str, str], float], std: dict[tuple[str, str], flo
     return out
 
 
-def build(profile: str = "cpu") -> list:
+def build(ctx: ReportContext | None = None) -> list[Path]:
+    ctx = ctx or ReportContext()
+    profile = ctx.profile
     paper = load_paper("ganesh")["fig3"]["test_loss"]
-    experiment = f"{TABLE_ID}_{profile}"
     command = f"make reproduce-table TABLE={TABLE_ID} PROFILE={profile}"
-    complete, incomplete = split_complete(load_runs(runs_dir(), experiment))
+    runs = preset_runs(ctx, TABLE_ID)
+    complete, incomplete = runs.complete, runs.incomplete
     if not complete:
-        raise FileNotFoundError(f"no complete runs in {runs_dir() / experiment}; run `{command}`")
+        raise FileNotFoundError(f"no complete runs in {ctx.where(runs.spec.name)}; run `{command}`")
     setting = profile_setting(profile)
-    cells = cells_for(complete, float(setting["sigma_low"]), float(setting["sigma_high"]))
+    cells = cells_for(
+        complete, runs.spec.selection, float(setting["sigma_low"]), float(setting["sigma_high"])
+    )
     init_mean, init_std, init_n = initial_loss(complete)
 
     long_rows, ours, ours_std, paper_vals = [], {}, {}, {}
@@ -236,14 +247,17 @@ def build(profile: str = "cpu") -> list:
         wide.append(line)
 
     eps = _column_epsilons(complete, float(setting["sigma_low"]), float(setting["sigma_high"]))
-    claims = _claims(ours, ours_std, "ours") + _claims(paper_vals, {}, "paper")
+    # the checks on the paper's own numbers do not depend on our runs: never incomplete
+    paper_claims = [replace(c, from_runs=False) for c in _claims(paper_vals, {}, "paper")]
+    claims = _claims(ours, ours_std, "ours") + paper_claims
     notes = _notes(profile, setting, incomplete, complete)
     return write_table(
         TABLE_ID,
         df,
+        out=ctx.out,
         title="Ganesh et al. Fig. 3 — BERT-tiny masked-token prediction on arXiv abstracts: test loss",
         command=command,
-        setting=_setting_text(profile, setting, complete),
+        setting=_setting_text(profile, setting, complete, len(runs.spec.seeds or [0])),
         claims=claims,
         notes=notes,
         digits=3,
@@ -251,6 +265,7 @@ def build(profile: str = "cpu") -> list:
             ("The table as the paper prints it (mean ± std over seeds)", markdown_table(pd.DataFrame(wide))),
             ("Privacy of each column (ours, from the run ledgers)", eps),
         ],
+        missing=runs.missing,
     )
 
 
@@ -273,13 +288,13 @@ def _column_epsilons(records, sigma_low: float, sigma_high: float) -> str:
     return "\n".join(lines)
 
 
-def _setting_text(profile: str, s: dict, records) -> str:
+def _setting_text(profile: str, s: dict, records, n_seeds: int) -> str:
     cfg = records[0].config
     return (
         f"profile {profile}: {get(cfg, 'task.name')}, {s['max_length']} tokens, B = {s['batch_size']}, "
         f"{s['epochs']} epochs of {s['train_subset'] or 'all'} training abstracts (cyclic fixed batches, "
         f"{records[0].summary.get('steps')} steps), clip {get(cfg, 'privacy.clip')}, BandMF b = {s['bands']}, "
-        f"sigma {s['sigma_low']:g} / {s['sigma_high']:g} / {s['sigma_high']:g}, {len(s['seeds'])} seeds per "
+        f"sigma {s['sigma_low']:g} / {s['sigma_high']:g} / {s['sigma_high']:g}, {n_seeds} seeds per "
         f"setting. Paper: pretrained BERT-tiny, 512 tokens, B = 2048, 2000 steps, sigma 0.134 / 1 / 1, b = 128, "
         "30 trials, every variant tuned."
     )

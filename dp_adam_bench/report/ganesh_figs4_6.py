@@ -15,16 +15,17 @@ All three figures use the DP-SGD column at BandMF's RMSE (paper: sigma = 0.134, 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from dp_adam_bench.paths import runs_dir
-from dp_adam_bench.report.aggregate import get, split_complete
+from dp_adam_bench.report.aggregate import get
 from dp_adam_bench.report.common import Claim, incomplete_note, load_paper, save_figure, write_table
+from dp_adam_bench.report.context import ReportContext
+from dp_adam_bench.report.expected import preset_runs
 from dp_adam_bench.report.ganesh_fig3 import COLUMNS, column_of, profile_setting
 from dp_adam_bench.sweep import load_preset
-from dp_adam_bench.tracking.run_store import load_runs
 
 TABLE_ID = "ganesh_figs4_6"
 
@@ -62,14 +63,16 @@ def _last_histogram(records, array: str) -> np.ndarray | None:
     return None
 
 
-def build(profile: str = "cpu") -> list:
+def build(ctx: ReportContext | None = None) -> list[Path]:
+    ctx = ctx or ReportContext()
+    profile = ctx.profile
     paper = load_paper("ganesh")["figs4_6"]
-    experiment = f"ganesh_fig3_{profile}"
     command = f"make reproduce-table TABLE={TABLE_ID} PROFILE={profile}"
-    complete, incomplete = split_complete(load_runs(runs_dir(), experiment))
+    runs = preset_runs(ctx, "ganesh_fig3")
+    complete, incomplete = runs.complete, runs.incomplete
     if not complete:
         raise FileNotFoundError(
-            f"no complete runs in {runs_dir() / experiment}; run `make reproduce-table TABLE=ganesh_fig3 "
+            f"no complete runs in {ctx.where(runs.spec.name)}; run `make reproduce-table TABLE=ganesh_fig3 "
             f"PROFILE={profile}` first"
         )
     s = profile_setting(profile)
@@ -157,11 +160,11 @@ def build(profile: str = "cpu") -> list:
                 + (f" ({below_note})" if below_note else ""),
             )
         )
-    fig = _figure(neg, norm, v_sample, bias, batch, (lo, hi))
+    fig = _figure(neg, norm, v_sample, bias, batch, (lo, hi), ctx.out)
     notes = [
         "Diagnostic quantities: computed from clean (un-noised) clipped gradients and logged under diag/; "
         "they are not private outputs.",
-        f"Runs: the '{COLUMNS[0]}' column of {experiment} (sigma = {s['sigma_low']:g}, B = {s['batch_size']}); "
+        f"Runs: the '{COLUMNS[0]}' column of {runs.spec.name} (sigma = {s['sigma_low']:g}, B = {s['batch_size']}); "
         "see results/ganesh_fig3.md for the setting and how it differs from the paper.",
     ]
     if profile == "cpu":
@@ -173,6 +176,7 @@ def build(profile: str = "cpu") -> list:
     return write_table(
         TABLE_ID,
         df,
+        out=ctx.out,
         title="Ganesh et al. Figs. 4-6 — second-moment diagnostics (DP-SGD noise at BandMF's RMSE)",
         command=command,
         setting=f"profile {profile}, from the runs of ganesh_fig3 (bias correction, post-processing, non-private "
@@ -181,10 +185,11 @@ def build(profile: str = "cpu") -> list:
         notes=notes,
         figure=fig,
         digits=3,
+        missing=runs.lacking(optimizer="adam") + runs.lacking(optimizer="bc"),  # the runs these figures read
     )
 
 
-def _figure(neg, norm, v_hist, bias, batch, band):
+def _figure(neg, norm, v_hist, bias, batch, band, out: Path):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -213,4 +218,4 @@ def _figure(neg, norm, v_hist, bias, batch, band):
         xlabel="log10 v (non-private Adam)", ylabel="coordinates (sample)", title="Fig. 6: v vs the bias"
     )
     fig.tight_layout()
-    return save_figure(fig, TABLE_ID)
+    return save_figure(fig, TABLE_ID, out)

@@ -4,7 +4,8 @@ Setting (``configs/paper/ganesh.yaml``, ``mechanisms``): n = 2000 steps, B = 204
 participates at most k = 3 times (min separation n // k = 666 >= b = 128), delta = 1e-7, no amplification.
 
 * RMSE of prefix sums of the privatised *averaged* gradients, in units of the clip norm:
-  sigma / B * sqrt(mean_t ||(A C^{-1})_t||^2) = sigma / B * ``strategy.prefix_rmse()`` (SPEC §2).
+  sigma / B * sqrt(mean_t ||(A C^{-1})_t||^2) = sigma / B * ``strategy.prefix_rmse()`` (the definition in
+  docs/design.md).
 * epsilon: the whole stream is one Gaussian mechanism with mu = sensitivity / sigma
   (:func:`~dp_adam_bench.privacy.accounting.mf_epsilon`); the sensitivity under k participations is sqrt(k)
   for DP-SGD and for BandMF with b <= min separation, and the exact Toeplitz value for BLT.
@@ -28,6 +29,7 @@ from dp_adam_bench.privacy.bandmf import BandedToeplitzStrategy
 from dp_adam_bench.privacy.blt import optimize_blt
 from dp_adam_bench.privacy.strategies import IdentityStrategy, Strategy
 from dp_adam_bench.report.common import Claim, load_paper, write_table
+from dp_adam_bench.report.context import ReportContext
 
 TABLE_ID = "ganesh_mechanisms"
 COMMAND = "make reproduce-table TABLE=ganesh_mechanisms"
@@ -108,9 +110,9 @@ def _fmt(x: float | None) -> str:
     return f"{x:.5g}"
 
 
-def build(profile: str = "cpu") -> list[Path]:
+def build(ctx: ReportContext | None = None) -> list[Path]:
     """Exact computation (no training): the same at every profile; about 2 s."""
-    del profile
+    ctx = ctx or ReportContext()
     paper = load_paper("ganesh")["mechanisms"]
     setting, rows = paper["setting"], paper["rows"]
     small_id = next(r for r, v in rows.items() if v["kind"] == "independent" and v["sigma"] < 1)
@@ -228,7 +230,7 @@ def build(profile: str = "cpu") -> list[Path]:
         f"{rows[big_id]['rmse'] / defs_big[USED]:.3f} (DP-SGD) and "
         f"{rows[band_id]['rmse'] / defs_band[USED]:.3f} (BandMF) that none of these "
         "definitions explains (sqrt(2) = 1.414 is the nearest simple constant; max over t gives the DP-SGD "
-        "value to 1.6 % but changes the ratio to 0.12). We report the SPEC definition."
+        "value to 1.6 % but changes the ratio to 0.12). We report the mean-over-t definition of docs/design.md."
     )
     display = df.copy()
     for col in ("paper", "ours", "ours_over_paper"):
@@ -259,6 +261,7 @@ def build(profile: str = "cpu") -> list[Path]:
     paths = write_table(
         TABLE_ID,
         display,
+        out=ctx.out,
         title="Ganesh et al. §5.2: RMSE of prefix sums and epsilon of the noise mechanisms",
         command=COMMAND,
         setting=setting_text,

@@ -1,7 +1,8 @@
 """Ganesh, McMahan & Thakurta §4.1-4.3: per-coordinate learning rates of DP-Adam variants on the 2-D quadratic.
 
 Reads ``runs/ganesh_quadratic``; per row (variant x noise x data distribution) keeps the setting (eta, and eps_s for
-bc / ime) with the lowest mean final excess loss, and writes ``results/ganesh_quadratic.{csv,md,png}``.
+bc / ime) with the lowest mean final excess loss (the preset's ``sweep.selection``), and writes
+``ganesh_quadratic.{csv,md,png}``.
 
 What is compared. Every run ends with the optimizer's per-coordinate *effective learning rates*
 lr_i = eta / denominator_i (denominator of the variant: sqrt(v^) + eps for post-processing, noiseless and stp,
@@ -21,18 +22,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from dp_adam_bench.paths import results_dir, runs_dir
-from dp_adam_bench.report.aggregate import get, split_complete
+from dp_adam_bench.report.aggregate import get
 from dp_adam_bench.report.common import Claim, incomplete_note, load_paper, write_table
-from dp_adam_bench.tracking.run_store import RunRecord, load_runs
+from dp_adam_bench.report.context import ReportContext
+from dp_adam_bench.report.expected import preset_runs
+from dp_adam_bench.sweep import Selection
+from dp_adam_bench.tracking.run_store import RunRecord
 
 EXPERIMENT = "ganesh_quadratic"
 COMMAND = "dp-adam-bench sweep ganesh_quadratic && dp-adam-bench report ganesh_quadratic"
-METRIC = "excess_loss"
+METRIC = "excess_loss"  # the loss the table prints; the selection metric is the preset's
 TOL = 0.15  # relative tolerance of every "matches the prediction" check
 FAR = 1.5  # "different": off by more than this factor
 # row -> (optimizer, noise kind, twin data distribution?, label)
@@ -50,7 +54,6 @@ ROWS = {
     "stp": ("stp", "independent", False, "scale-then-privatize"),
     "twin_nonprivate_adam": ("adam", "none", True, "non-private Adam on the §4.2 twin data"),
 }
-TUNED = ("optimizer.lr", "optimizer.eps_s")
 # settings every run of the table must share (privacy ones among the private runs only)
 PHYSICS_KEYS = (
     "task.c_x",
@@ -84,17 +87,21 @@ def _row_of(cfg: dict) -> str | None:
     return None
 
 
-def _mean_metric(r: RunRecord) -> float:
-    vals = (r.summary.get("trials") or {}).get(METRIC)
+def _mean_metric(r: RunRecord, metric: str, mode: str) -> float:
+    """Mean over trials, signed so that lower is better; a diverged run (non-finite in any trial) is +inf."""
+    vals = (r.summary.get("trials") or {}).get(metric)
     if vals is None:
-        vals = [r.summary["metrics"].get(METRIC)]
+        vals = [r.summary["metrics"].get(metric)]
     arr = np.array([np.nan if v is None else float(v) for v in vals], dtype=float)
-    return float(arr.mean()) if np.all(np.isfinite(arr)) else math.inf
+    if not np.all(np.isfinite(arr)):
+        return math.inf
+    return float(arr.mean()) * (1.0 if mode == "min" else -1.0)
 
 
-def select(records: list[RunRecord]) -> dict[str, Chosen]:
-    """Per row, the run (one seed) whose tuned setting has the lowest mean final excess loss; diverged runs
-    (non-finite loss in any trial) lose."""
+def select(records: list[RunRecord], selection: Selection) -> dict[str, Chosen]:
+    """Per row, the run (one seed) whose ``selection.tuned`` setting has the best mean final
+    ``selection.metric``; diverged runs (non-finite in any trial) lose. Candidates carry the unsigned mean."""
+    sign = 1.0 if selection.mode == "min" else -1.0
     by_row: dict[str, list[RunRecord]] = {}
     for r in records:
         row = _row_of(r.config)
@@ -102,23 +109,33 @@ def select(records: list[RunRecord]) -> dict[str, Chosen]:
             by_row.setdefault(row, []).append(r)
     chosen = {}
     for row, runs in by_row.items():
-        scored = [(r, {k: get(r.config, k) for k in TUNED}, _mean_metric(r)) for r in runs]
+        scored = [
+            (
+                r,
+                {k: get(r.config, k) for k in selection.tuned},
+                _mean_metric(r, selection.metric, selection.mode),
+            )
+            for r in runs
+        ]
         best = min(scored, key=lambda x: x[2])
-        cands = sorted(((s, m) for _, s, m in scored), key=lambda c: tuple(str(v) for v in c[0].values()))
+        cands = sorted(
+            ((s, sign * m) for _, s, m in scored), key=lambda c: tuple(str(v) for v in c[0].values())
+        )
         chosen[row] = Chosen(best[0], best[1], cands)
     return chosen
 
 
-def build(profile: str = "cpu") -> list:
+def build(ctx: ReportContext | None = None) -> list[Path]:
+    ctx = ctx or ReportContext()
     paper = load_paper("ganesh").get("quadratic", {})
     quotes = paper.get("quotes", {})
-    records = load_runs(runs_dir(), EXPERIMENT)
-    complete, incomplete = split_complete(records)
+    runs = preset_runs(ctx, EXPERIMENT)
+    complete, incomplete = runs.complete, runs.incomplete
     if not complete:
         raise FileNotFoundError(
-            f"no complete runs in {runs_dir() / EXPERIMENT}; run `dp-adam-bench sweep {EXPERIMENT}` first"
+            f"no complete runs in {ctx.where(runs.spec.name)}; run `dp-adam-bench sweep {EXPERIMENT}` first"
         )
-    chosen = select(complete)
+    chosen = select(complete, runs.spec.selection)
     any_cfg = complete[0].config
     c_x, c_y = float(get(any_cfg, "task.c_x")), float(get(any_cfg, "task.c_y"))
     B = float(get(any_cfg, "train.batch_size"))
@@ -259,10 +276,11 @@ def build(profile: str = "cpu") -> list:
             text = ", ".join(f"{k.split('.')[-1]}={v:g}" for k, v in setting.items() if v is not None)
             sweep_lines.append(f"| {row} | {text}{mark} | {m:.4g} |")
 
-    fig = _figure(chosen, df, ratio_np, ratio_pp)
+    fig = _figure(chosen, df, ratio_np, ratio_pp, ctx.out)
     return write_table(
         EXPERIMENT,
         df,
+        out=ctx.out,
         title="Ganesh et al. §4.1-4.3 — per-coordinate learning rates on the 2-D quadratic",
         command=COMMAND,
         setting=(
@@ -274,6 +292,7 @@ def build(profile: str = "cpu") -> list:
         notes=notes,
         figure=fig,
         extra_sections=[("Tuning sweep (mean final excess loss)", "\n".join(sweep_lines))],
+        missing=runs.missing,
     )
 
 
@@ -422,7 +441,7 @@ def _claims(stats, c_x, c_y, s, nu_star, ratio_np, ratio_pp, stp_factor, quotes)
     return claims
 
 
-def _figure(chosen: dict[str, Chosen], df: pd.DataFrame, ratio_np: float, ratio_pp: float):
+def _figure(chosen: dict[str, Chosen], df: pd.DataFrame, ratio_np: float, ratio_pp: float, out: Path):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -469,7 +488,7 @@ def _figure(chosen: dict[str, Chosen], df: pd.DataFrame, ratio_np: float, ratio_
     ax1.set_title("Per-coordinate learning-rate ratio")
     ax1.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    path = results_dir() / f"{EXPERIMENT}.png"
+    path = Path(out) / f"{EXPERIMENT}.png"
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)

@@ -1,4 +1,4 @@
-"""Lecture notes (seed 001): Gaussian calibration, composition theorems and amplification, in numbers.
+"""Lecture notes on DP mechanisms: Gaussian calibration, composition theorems and amplification, in numbers.
 
 Three parts, all exact computations (the same at every profile) with :mod:`dp_adam_bench.privacy.primitives`
 beside the accountants of dp-accounting and Opacus:
@@ -35,6 +35,7 @@ from dp_adam_bench.privacy.primitives import (
     poisson_amplification,
 )
 from dp_adam_bench.report.common import Claim, markdown_table, write_table
+from dp_adam_bench.report.context import ReportContext
 
 TABLE_ID = "lecture_mechanisms"
 COMMAND = "make reproduce-table TABLE=lecture_mechanisms"
@@ -218,8 +219,9 @@ def _crossover(eps0: float, delta_prime: float) -> int:
     return k
 
 
-def build(profile: str = "cpu") -> list[Path]:
-    """Write ``results/lecture_mechanisms.{csv,md}``. ``profile`` is accepted for the registry and unused."""
+def build(ctx: ReportContext | None = None) -> list[Path]:
+    """Write ``<ctx.out>/lecture_mechanisms.{csv,md}``. Exact: the same at every profile."""
+    ctx = ctx or ReportContext()
     df = pd.DataFrame(calibration_rows() + composition_rows() + amplification_rows())
     wide = (
         df[df.part == "composition"]
@@ -239,7 +241,7 @@ def build(profile: str = "cpu") -> list[Path]:
         f"All parts: sensitivity {SENSITIVITY:g}, total delta {DELTA:g} (except the amplification part).",
         "Basic composition for the Gaussian splits delta evenly (delta_0 = delta / k); advanced composition "
         "takes the best split delta = k delta_0 + delta' over a grid of 19 fractions for delta'.",
-        "Advanced composition: eps sqrt(2 k ln(1/delta')) + k eps (e^eps - 1)/(e^eps + 1), as in SPEC §2. "
+        "Advanced composition: eps sqrt(2 k ln(1/delta')) + k eps (e^eps - 1)/(e^eps + 1), as in docs/design.md. "
         "The slide prints the second term without the factor eps; with eps = 0.1 and delta' = 1e-3 (the "
         f"slide's graph) advanced beats basic from k = {k_star} with the factor, from k = "
         f"{_slide_crossover(0.1, 1e-3)} with the slide's typo.",
@@ -255,7 +257,8 @@ def build(profile: str = "cpu") -> list[Path]:
     return write_table(
         TABLE_ID,
         df,
-        title="Lecture notes (seed 001) — Gaussian calibration, composition and amplification",
+        out=ctx.out,
+        title="Lecture notes on DP mechanisms — Gaussian calibration, composition and amplification",
         command=COMMAND,
         setting=setting,
         claims=_claims(df),

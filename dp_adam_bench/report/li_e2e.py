@@ -9,13 +9,15 @@ every accountant, beside the paper's. The exact accounting for the paper's own s
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 
-from dp_adam_bench.paths import runs_dir
-from dp_adam_bench.report.aggregate import get, split_complete
+from dp_adam_bench.report.aggregate import get
 from dp_adam_bench.report.common import Claim, incomplete_note, load_paper, write_table
-from dp_adam_bench.tracking.run_store import load_runs
+from dp_adam_bench.report.context import ReportContext
+from dp_adam_bench.report.expected import preset_runs
 
 TABLE_ID = "li_e2e"
 COLUMNS = ("eps3", "eps8", "nonprivate")
@@ -35,13 +37,15 @@ def column_of(cfg: dict) -> str | None:
     return {3.0: "eps3", 8.0: "eps8"}.get(float(target)) if target is not None else None
 
 
-def build(profile: str = "cpu") -> list:
+def build(ctx: ReportContext | None = None) -> list[Path]:
+    ctx = ctx or ReportContext()
+    profile = ctx.profile
     paper = load_paper("li")["e2e"]
-    experiment = f"{TABLE_ID}_{profile}"
     command = f"make reproduce-table TABLE={TABLE_ID} PROFILE={profile}"
-    complete, incomplete = split_complete(load_runs(runs_dir(), experiment))
+    runs = preset_runs(ctx, TABLE_ID)
+    complete, incomplete = runs.complete, runs.incomplete
     if not complete:
-        raise FileNotFoundError(f"no complete runs in {runs_dir() / experiment}; run `{command}`")
+        raise FileNotFoundError(f"no complete runs in {ctx.where(runs.spec.name)}; run `{command}`")
     by_col: dict[str, list] = {c: [] for c in COLUMNS}
     for r in complete:
         col = column_of(r.config)
@@ -149,10 +153,12 @@ def build(profile: str = "cpu") -> list:
     return write_table(
         TABLE_ID,
         df,
+        out=ctx.out,
         title="Li et al. — GPT-2 on E2E: BLEU / ROUGE-L at eps = 3, 8 and non-private",
         command=command,
         setting=setting,
         claims=claims,
         notes=notes,
         digits=3,
+        missing=runs.missing,
     )

@@ -16,6 +16,7 @@ import pandas as pd
 
 from dp_adam_bench.privacy.accounting import calibrate_sigma, epsilon
 from dp_adam_bench.report.common import Claim, load_paper, write_table
+from dp_adam_bench.report.context import ReportContext
 
 TABLE_ID = "li_e2e_accounting"
 COMMAND = "make reproduce-table TABLE=li_e2e_accounting"
@@ -149,7 +150,7 @@ def _notes(n: int, delta: float, accounting: dict) -> list[str]:
         f"{alt_id}: the same run with delta = 1/(2N), the default of private-transformers' PrivacyEngine "
         "(target_delta = 1 / (2 * sample_size)). It reproduces every published epsilon to the printed "
         "digits, which suggests that this, not li.yaml's 1e-5, is the delta behind the paper's numbers (the "
-        "1e-5 in the slides of seed 000 sits on another paper's CIFAR-10 slide).",
+        "1e-5 in the lecture slides sits on another paper's CIFAR-10 slide).",
         "B1024_E10 (ours only): another configuration (B = 1024, 10 epochs, ten times fewer steps) at the "
         "same RDP budget. The gap between accountants changes with q and T, so the GDP + CLT and PRV numbers "
         "identify the configuration, not only the target epsilon.",
@@ -162,8 +163,9 @@ def _notes(n: int, delta: float, accounting: dict) -> list[str]:
     ]
 
 
-def build(profile: str = "cpu") -> list[Path]:
-    """Write ``results/li_e2e_accounting.{csv,md}``. ``profile`` is accepted for the registry and unused."""
+def build(ctx: ReportContext | None = None) -> list[Path]:
+    """Write ``<ctx.out>/li_e2e_accounting.{csv,md}``. Exact: the same at every profile."""
+    ctx = ctx or ReportContext()
     paper = load_paper("li")["e2e"]
     n, delta = int(paper["N"]), float(paper["delta"])
     accounting = paper["accounting"]  # {"eps3": {"rdp": 3.0, "gdp_clt": ..., "prv": ...}, ...}
@@ -177,6 +179,7 @@ def build(profile: str = "cpu") -> list[Path]:
     return write_table(
         TABLE_ID,
         df,
+        out=ctx.out,
         title="Li et al. (E2E, GPT-2) — epsilon under RDP, GDP + CLT, PRV and PLD",
         command=COMMAND,
         setting=setting,

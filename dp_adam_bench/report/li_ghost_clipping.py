@@ -11,17 +11,21 @@ training of its own.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 
 from dp_adam_bench.paths import REPO_ROOT
 from dp_adam_bench.report.common import Claim, save_figure, write_table
+from dp_adam_bench.report.context import ReportContext
 
 TABLE_ID = "li_ghost_clipping"
 CSV = REPO_ROOT / "benchmarks" / "results_engines.csv"
 MODES = ("nonprivate", "hooks", "ghost", "bk")
 
 
-def build(profile: str = "cpu") -> list:
+def build(ctx: ReportContext | None = None) -> list[Path]:
+    ctx = ctx or ReportContext()
     if not CSV.exists():
         raise FileNotFoundError(f"{CSV} not found: run `make bench` first")
     eng = pd.read_csv(CSV)
@@ -73,10 +77,11 @@ def build(profile: str = "cpu") -> list:
                         ", ".join(f"B={b}: {r.bk:.1f} vs {r.ghost:.1f} ex/s" for b, r in both.iterrows()),
                     )
                 )
-    fig = _figure(df)
+    fig = _figure(df, ctx.out)
     return write_table(
         TABLE_ID,
         df,
+        out=ctx.out,
         title="Li et al. — memory and throughput of ghost clipping vs per-example gradients (CPU benchmark)",
         command="make bench && make reproduce-table TABLE=li_ghost_clipping",
         setting="from benchmarks/results_engines.csv (one full training step per configuration, median of the "
@@ -92,7 +97,7 @@ def build(profile: str = "cpu") -> list:
     )
 
 
-def _figure(df: pd.DataFrame):
+def _figure(df: pd.DataFrame, out: Path):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -111,4 +116,4 @@ def _figure(df: pd.DataFrame):
         axes[1][j].set(xlabel="batch size", ylabel="examples / s", xscale="log")
         axes[0][j].legend(fontsize=7)
     fig.tight_layout()
-    return save_figure(fig, TABLE_ID)
+    return save_figure(fig, TABLE_ID, out)

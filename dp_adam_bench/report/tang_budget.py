@@ -15,6 +15,7 @@ import pandas as pd
 
 from dp_adam_bench.privacy.accounting import epsilon, steps_to_epsilon
 from dp_adam_bench.report.common import Claim, load_paper, write_table
+from dp_adam_bench.report.context import ReportContext
 
 TABLE_ID = "tang_budget"
 COMMAND = "make reproduce-table TABLE=tang_budget"
@@ -33,8 +34,9 @@ def _printed(value: float, paper: float) -> bool:
     return f"{value:.3e}" == f"{paper:.3e}"
 
 
-def build(profile: str = "cpu") -> list[Path]:
-    """Write ``results/tang_budget.{csv,md}``. ``profile`` is accepted for the registry and unused."""
+def build(ctx: ReportContext | None = None) -> list[Path]:
+    """Write ``<ctx.out>/tang_budget.{csv,md}``. Exact: the same at every profile."""
+    ctx = ctx or ReportContext()
     paper = load_paper("tang")
     settings = paper["settings"]
     target, delta = float(settings["target_epsilon"]), float(settings["delta"])
@@ -120,6 +122,7 @@ def build(profile: str = "cpu") -> list[Path]:
     return write_table(
         TABLE_ID,
         df,
+        out=ctx.out,
         title="Tang & Lecuyer — steps to eps = 7 and the DP bias Phi",
         command=COMMAND,
         setting=setting,

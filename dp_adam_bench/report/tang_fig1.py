@@ -1,21 +1,21 @@
 """Tang & Lecuyer Fig. 1: final test accuracy of DP-SGD, DP-Adam-Biased (post-processing) and DP-AdamBC.
 
-Shared by the CIFAR-10 and (later) SNLI tables: reads ``runs/tang_fig1_<dataset>_<profile>``, averages the final
-test accuracy over seeds per optimizer, draws accuracy against steps and against epsilon, and checks the paper's
-two claims with the seeds' spread.
+Shared by the CIFAR-10 and SNLI tables (``build(ctx, dataset)``): reads ``runs/tang_fig1_<dataset>_<profile>``,
+averages the preset's selection metric (final test accuracy) over seeds per optimizer, draws accuracy against
+steps and against epsilon, and checks the paper's orderings with the seeds' spread.
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from dp_adam_bench.paths import runs_dir
-from dp_adam_bench.report.aggregate import split_complete
 from dp_adam_bench.report.common import Claim, incomplete_note, load_paper, save_figure, write_table
-from dp_adam_bench.tracking.run_store import load_runs
+from dp_adam_bench.report.context import ReportContext
+from dp_adam_bench.report.expected import preset_runs
 
 LABELS = {"sgd": "DP-SGD", "adam": "DP-Adam-Biased", "adambc": "DP-AdamBC"}
 #: the paper's orderings per dataset, as (better, worse, text, strict): on CIFAR-10 DP-SGD stays ahead (61.94 vs
@@ -33,20 +33,18 @@ CLAIMS = {
 }
 
 
-def _curves(records) -> dict[str, pd.DataFrame]:
-    """Per optimizer: mean and std over seeds of test accuracy (and epsilon) at each evaluated step."""
+def _curves(records, metric: str) -> dict[str, pd.DataFrame]:
+    """Per optimizer: mean and std over seeds of the metric (and epsilon) at each evaluated step."""
     out = {}
     for opt in LABELS:
         frames = []
         for r in records:
             if r.config["optimizer"]["name"] != opt:
                 continue
-            rows = [m for m in r.metrics() if "test_accuracy" in m]
+            rows = [m for m in r.metrics() if metric in m]
             if rows:
                 frames.append(
-                    pd.DataFrame(rows)[
-                        ["step", "test_accuracy"] + (["epsilon"] if "epsilon" in rows[0] else [])
-                    ]
+                    pd.DataFrame(rows)[["step", metric] + (["epsilon"] if "epsilon" in rows[0] else [])]
                 )
         if frames:
             df = pd.concat(frames).groupby("step").agg(["mean", "std"])
@@ -54,28 +52,33 @@ def _curves(records) -> dict[str, pd.DataFrame]:
     return out
 
 
-def build_for(dataset: str, profile: str) -> list:
+def build(ctx: ReportContext, dataset: str) -> list[Path]:
+    """The table of ``dataset`` (cifar10 or snli) from the runs of preset ``tang_fig1_<dataset>``."""
+    if dataset not in CLAIMS:
+        raise ValueError(f"dataset {dataset!r} is not one of: {', '.join(CLAIMS)}")
+    profile = ctx.profile
     paper = load_paper("tang")
     table_id = f"tang_fig1_{dataset}"
-    experiment = f"{table_id}_{profile}"
     command = f"make reproduce-table TABLE={table_id} PROFILE={profile}"
-    complete, incomplete = split_complete(load_runs(runs_dir(), experiment))
+    found = preset_runs(ctx, table_id)
+    complete, incomplete = found.complete, found.incomplete
     if not complete:
         raise FileNotFoundError(
-            f"no complete runs in {runs_dir() / experiment}; run `{command}` (or `dp-adam-bench sweep {table_id} "
-            f"--profile {profile}`)"
+            f"no complete runs in {ctx.where(found.spec.name)}; run `{command}` (or `dp-adam-bench sweep "
+            f"{table_id} --profile {profile}`)"
         )
+    metric = found.spec.selection.metric
     published = paper["fig1_test_accuracy_percent"][dataset]
     rows, finals = [], {}
     for opt, label in LABELS.items():
         runs = [r for r in complete if r.config["optimizer"]["name"] == opt]
-        acc = [float(r.summary["metrics"]["test_accuracy"]) for r in runs]
+        acc = [float(r.summary["metrics"][metric]) for r in runs]
         finals[opt] = acc
         eps = [r.summary.get("epsilon", {}).get("rdp") for r in runs]
         rows.append(
             {
                 "row": opt,
-                "column": "test_accuracy",
+                "column": metric,
                 "label": label,
                 "paper": published[opt],
                 "ours": float(np.mean(acc)) if acc else None,
@@ -142,10 +145,11 @@ def build_for(dataset: str, profile: str) -> list:
     if any(not r.summary.get("private", True) for r in complete):
         notes.append("Some runs are NOT private (they use clean statistics): see their summary.json.")
     notes += incomplete_note(incomplete)
-    fig = _figure(_curves(complete), table_id, published)
+    fig = _figure(_curves(complete, metric), table_id, published, metric, ctx.out)
     return write_table(
         table_id,
         df,
+        out=ctx.out,
         title=f"Tang & Lecuyer Fig. 1 — {dataset}: final test accuracy (%)",
         command=command,
         setting=setting,
@@ -153,10 +157,11 @@ def build_for(dataset: str, profile: str) -> list:
         notes=notes,
         figure=fig,
         digits=2,
+        missing=found.missing,
     )
 
 
-def _figure(curves: dict, table_id: str, published: dict):
+def _figure(curves: dict, table_id: str, published: dict, metric: str, out: Path):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -165,7 +170,7 @@ def _figure(curves: dict, table_id: str, published: dict):
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for i, (opt, df) in enumerate(curves.items()):
         color = f"C{i}"
-        mean, std = df[("test_accuracy", "mean")], df[("test_accuracy", "std")].fillna(0)
+        mean, std = df[(metric, "mean")], df[(metric, "std")].fillna(0)
         axes[0].plot(df.index, mean, color=color, label=f"{LABELS[opt]} (ours)")
         axes[0].fill_between(df.index, mean - std, mean + std, color=color, alpha=0.2)
         axes[0].axhline(published[opt], color=color, ls=":", lw=1)
@@ -179,4 +184,4 @@ def _figure(curves: dict, table_id: str, published: dict):
     axes[1].set_ylabel("test accuracy (%)")
     axes[1].set_title("accuracy against privacy spent")
     fig.tight_layout()
-    return save_figure(fig, table_id)
+    return save_figure(fig, table_id, out)

@@ -10,10 +10,13 @@ here is diagnostic (clean gradients), not a private output.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 
 from dp_adam_bench.report.common import Claim, save_figure, write_table
+from dp_adam_bench.report.context import ReportContext
 from dp_adam_bench.report.tang_table1 import diag_runs
 
 TABLE_ID = "tang_fig2"
@@ -42,8 +45,10 @@ def load_sample(runs) -> tuple[dict[str, np.ndarray], int, str]:
     )
 
 
-def build(profile: str = "cpu") -> list:
-    runs, _ = diag_runs(profile)
+def build(ctx: ReportContext | None = None) -> list[Path]:
+    ctx = ctx or ReportContext()
+    profile = ctx.profile
+    runs, _, missing = diag_runs(ctx)
     a, step, run_name = load_sample(runs)
     keep = a["v_private_minus_phi"] > 0  # m^c / sqrt(v^p - Phi) is defined there only
     rows = []
@@ -76,10 +81,11 @@ def build(profile: str = "cpu") -> list:
             f"{keep.mean():.1%} of coordinates where v^p > Phi",
         ),
     ]
-    fig = _figure(a, keep, step)
+    fig = _figure(a, keep, step, ctx.out)
     return write_table(
         TABLE_ID,
         df,
+        out=ctx.out,
         title="Tang & Lecuyer Fig. 2 — clean vs private Adam moments and updates (SNLI, DP-Adam-Biased)",
         command=f"make reproduce-table TABLE={TABLE_ID} PROFILE={profile}",
         setting=f"profile {profile}: run {run_name}, step {step}, a seeded sample of {a['m_clean'].size} "
@@ -92,10 +98,11 @@ def build(profile: str = "cpu") -> list:
         ],
         figure=fig,
         digits=4,
+        missing=missing,
     )
 
 
-def _figure(a: dict, keep: np.ndarray, step: int):
+def _figure(a: dict, keep: np.ndarray, step: int, out: Path):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -124,4 +131,4 @@ def _figure(a: dict, keep: np.ndarray, step: int):
         ax.legend(fontsize=8)
         ax.set_ylabel("coordinates (sample)")
     fig.tight_layout()
-    return save_figure(fig, TABLE_ID)
+    return save_figure(fig, TABLE_ID, out)

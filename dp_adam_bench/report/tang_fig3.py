@@ -1,6 +1,6 @@
 """Tang & Lecuyer Fig. 3: ablations of DP-AdamBC and DP-Adam-Biased (CIFAR-10 or SNLI).
 
-Reads ``runs/tang_fig3_<dataset>_<profile>`` and sorts each run into the ablation it belongs to:
+``build(ctx, dataset)`` reads ``runs/tang_fig3_<dataset>_<profile>`` and sorts each run into the ablation it belongs to:
 
 * ``phi``: DP-AdamBC subtracting Phi' instead of the true Phi = (sigma C / B)^2 (``optimizer.phi`` or
   ``optimizer.phi_scale``), at the dataset's gamma';
@@ -14,14 +14,15 @@ Each point is the final test accuracy (mean over seeds). The claims are the pape
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from dp_adam_bench.paths import runs_dir
-from dp_adam_bench.report.aggregate import get, split_complete
+from dp_adam_bench.report.aggregate import get
 from dp_adam_bench.report.common import Claim, incomplete_note, load_paper, save_figure, write_table
-from dp_adam_bench.tracking.run_store import load_runs
+from dp_adam_bench.report.context import ReportContext
+from dp_adam_bench.report.expected import preset_runs
 
 CHANCE = {"snli": 100 / 3, "cifar10": 10.0}  # accuracy of a constant prediction, %
 ABLATIONS = {
@@ -64,14 +65,18 @@ def classify(cfg: dict, gamma_bc: float, gamma_biased: float) -> list[tuple[str,
     return out
 
 
-def build_for(dataset: str, profile: str) -> list:
-    paper = load_paper("tang")["settings"]["cifar10" if dataset == "cifar10" else "snli"]
+def build(ctx: ReportContext, dataset: str) -> list[Path]:
+    """The ablations of ``dataset`` (cifar10 or snli) from the runs of preset ``tang_fig3_<dataset>``."""
+    if dataset not in CHANCE:
+        raise ValueError(f"dataset {dataset!r} is not one of: {', '.join(CHANCE)}")
+    profile = ctx.profile
+    paper = load_paper("tang")["settings"][dataset]
     table_id = f"tang_fig3_{dataset}"
-    experiment = f"{table_id}_{profile}"
     command = f"make reproduce-table TABLE={table_id} PROFILE={profile}"
-    complete, incomplete = split_complete(load_runs(runs_dir(), experiment))
+    runs = preset_runs(ctx, table_id)
+    complete, incomplete = runs.complete, runs.incomplete
     if not complete:
-        raise FileNotFoundError(f"no complete runs in {runs_dir() / experiment}; run `{command}`")
+        raise FileNotFoundError(f"no complete runs in {ctx.where(runs.spec.name)}; run `{command}`")
     points: dict[tuple[str, float], list[float]] = {}
     for r in complete:
         for ab, x in classify(r.config, paper["gamma"]["adambc"], paper["gamma"]["adam"]):
@@ -86,7 +91,7 @@ def build_for(dataset: str, profile: str) -> list:
         float(cfg["privacy"]["sigma"]) * float(cfg["privacy"]["clip"]) / float(cfg["train"]["batch_size"])
     ) ** 2
     claims = _claims(df, phi_true)
-    fig = _figure(df, table_id, phi_true)
+    fig = _figure(df, table_id, phi_true, ctx.out)
     notes = [
         f"One seed per point on the cpu profile: a claim whose two sides differ by less than {NOISE_POINTS:g} "
         f"points is marked not checked (see the std of the tang_fig1_{dataset} runs).",
@@ -102,6 +107,7 @@ def build_for(dataset: str, profile: str) -> list:
     return write_table(
         table_id,
         df,
+        out=ctx.out,
         title=f"Tang & Lecuyer Fig. 3 — ablations on {dataset}: final test accuracy (%)",
         command=command,
         setting=f"profile {profile}: C = {cfg['privacy']['clip']}, sigma = {cfg['privacy']['sigma']}, expected "
@@ -110,6 +116,7 @@ def build_for(dataset: str, profile: str) -> list:
         notes=notes,
         figure=fig,
         digits=3,
+        missing=runs.missing,
     )
 
 
@@ -172,7 +179,7 @@ def _claims(df: pd.DataFrame, phi_true: float) -> list[Claim]:
     return out
 
 
-def _figure(df: pd.DataFrame, table_id: str, phi_true: float):
+def _figure(df: pd.DataFrame, table_id: str, phi_true: float, out: Path):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -190,4 +197,4 @@ def _figure(df: pd.DataFrame, table_id: str, phi_true: float):
         ax.set(title=title, xlabel=ab, ylabel="test accuracy (%)")
         ax.title.set_fontsize(9)
     fig.tight_layout()
-    return save_figure(fig, table_id)
+    return save_figure(fig, table_id, out)

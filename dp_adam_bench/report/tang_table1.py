@@ -9,28 +9,31 @@ mostly noise. v^c is a diagnostic (it is computed from clean gradients), never a
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 
-from dp_adam_bench.paths import runs_dir
-from dp_adam_bench.report.aggregate import get, split_complete
+from dp_adam_bench.report.aggregate import get
 from dp_adam_bench.report.common import Claim, incomplete_note, load_paper, write_table
-from dp_adam_bench.tracking.run_store import load_runs
+from dp_adam_bench.report.context import ReportContext
+from dp_adam_bench.report.expected import preset_runs
 
 TABLE_ID = "tang_table1"
 STATS = ("min", "q1", "median", "q3", "max", "mean")
 QUANTITIES = {"v_clean": "v^c", "v_private": "v^p", "v_private_minus_phi": "v^p - Phi"}
 
 
-def diag_runs(profile: str, optimizer: str = "adam"):
-    experiment = f"tang_fig1_snli_{profile}"
-    complete, incomplete = split_complete(load_runs(runs_dir(), experiment))
-    runs = [r for r in complete if get(r.config, "optimizer.name") == optimizer]
+def diag_runs(ctx: ReportContext, optimizer: str = "adam"):
+    """(complete runs of ``optimizer`` in preset tang_fig1_snli, its incomplete runs, its missing runs of
+    ``optimizer``)."""
+    found = preset_runs(ctx, "tang_fig1_snli")
+    runs = [r for r in found.complete if get(r.config, "optimizer.name") == optimizer]
     if not runs:
         raise FileNotFoundError(
-            f"no complete {optimizer} runs in {runs_dir() / experiment}; run "
-            f"`make reproduce-table TABLE=tang_fig1_snli PROFILE={profile}` first"
+            f"no complete {optimizer} runs in {ctx.where(found.spec.name)}; run "
+            f"`make reproduce-table TABLE=tang_fig1_snli PROFILE={ctx.profile}` first"
         )
-    return runs, incomplete
+    return runs, found.incomplete, found.lacking(optimizer=optimizer)
 
 
 def diag_rows(runs) -> pd.DataFrame:
@@ -43,9 +46,11 @@ def diag_rows(runs) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def build(profile: str = "cpu") -> list:
+def build(ctx: ReportContext | None = None) -> list[Path]:
+    ctx = ctx or ReportContext()
+    profile = ctx.profile
     paper = load_paper("tang")["table1"]
-    runs, incomplete = diag_runs(profile)
+    runs, incomplete, missing = diag_runs(ctx)
     d = diag_rows(runs)
     if d.empty:
         raise ValueError("the runs logged no diagnostics: set diagnostics.every > 0 (the preset does)")
@@ -111,6 +116,7 @@ def build(profile: str = "cpu") -> list:
     return write_table(
         TABLE_ID,
         df,
+        out=ctx.out,
         title="Tang & Lecuyer Table 1 — clean vs private second moments of DP-Adam on SNLI",
         command=f"make reproduce-table TABLE={TABLE_ID} PROFILE={profile}",
         setting=f"profile {profile}: C = {clip:g}, sigma = {sigma:g}, expected B = {batch:g}, beta2 = "
@@ -118,4 +124,5 @@ def build(profile: str = "cpu") -> list:
         claims=claims,
         notes=notes,
         digits=4,
+        missing=missing,
     )

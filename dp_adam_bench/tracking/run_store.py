@@ -16,10 +16,12 @@ folders and skips complete runs.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import math
 import os
+import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -100,31 +102,121 @@ def run_id(cfg: dict) -> str:
     return f"{opt.get('name', 'opt')}-{noise.get('kind', 'noise')}-{lr_part}-s{cfg.get('seed', 0)}-{digest}"
 
 
-def _clean(obj):
+def json_safe(obj):
     """JSON-safe: tensors/arrays to lists, NaN/inf to None."""
     if hasattr(obj, "tolist"):
         obj = obj.tolist()
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
+        return {str(k): json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
+        return [json_safe(v) for v in obj]
     return obj
 
 
-class RunFolder:
-    """Writer for one run folder."""
+class RunLockedError(RuntimeError):
+    """Another live process holds the run folder's lock: the same run is already running."""
 
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self.start = time.time()
+    def __init__(self, path: Path, holder: dict | None):
+        self.path, self.holder = Path(path), holder or {}
+        if holder:
+            started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(holder.get("started", 0))))
+            who = f"pid {holder.get('pid')} on host {holder.get('host')}, started {started}"
+        else:
+            who = "a process that has not written its name yet"
+        super().__init__(
+            f"run folder {self.path} is locked by {who}: the same run is already running. Wait for it, or stop "
+            "that process (a killed run releases the lock and can be resumed)."
+        )
+
+
+LOCK_FILE = ".lock"
+
+
+class RunLock:
+    """An exclusive ``fcntl.flock`` on ``<run folder>/.lock``, held for the life of a run.
+
+    The kernel drops the lock when the process exits, however it exits, so a killed run never leaves a stale
+    lock behind; the file itself stays (deleting it would let two processes lock two different files). The
+    holder's pid, host and start time are written into the file so that a refused launch can name it.
+    """
+
+    def __init__(self, path: Path, fh):
+        self.path, self._fh = Path(path), fh
 
     @classmethod
-    def create(cls, root: Path, experiment: str, cfg: dict) -> RunFolder:
-        path = Path(root) / experiment / run_id(cfg)
-        path.mkdir(parents=True, exist_ok=True)
-        folder = cls(path)
+    def acquire(cls, folder: Path) -> RunLock:
+        """Lock ``folder`` (created if missing), or raise :class:`RunLockedError` naming the holder."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        fh = open(folder / LOCK_FILE, "a+")  # noqa: SIM115 - kept open for the life of the lock
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            text = fh.read()
+            fh.close()
+            try:
+                holder = json.loads(text) if text.strip() else None
+            except json.JSONDecodeError:
+                holder = None
+            raise RunLockedError(folder, holder) from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}))
+        fh.flush()
+        return cls(folder, fh)
+
+    @property
+    def held(self) -> bool:
+        return self._fh is not None
+
+    def release(self) -> None:
+        """Unlock (idempotent). Closing the file releases the flock."""
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def __enter__(self) -> RunLock:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+class RunFolder:
+    """Writer for one run folder; holds the folder's :class:`RunLock` until :meth:`finish` or :meth:`close`."""
+
+    def __init__(self, path: Path, lock: RunLock | None = None):
+        self.path = Path(path)
+        self.lock = lock
+        self.start = time.time()
+
+    @staticmethod
+    def folder(root: Path, experiment: str, run: str) -> Path:
+        """``<root>/<experiment>/<run id>``."""
+        return Path(root) / experiment / run
+
+    @classmethod
+    def acquire(cls, root: Path, experiment: str, run: str) -> RunLock:
+        """Lock the folder of run id ``run`` before anything is written to it (and before deciding whether the
+        run is complete, so that the answer cannot change under the caller). Raises :class:`RunLockedError`
+        when another process holds it."""
+        return RunLock.acquire(cls.folder(root, experiment, run))
+
+    @classmethod
+    def create(cls, root: Path, experiment: str, cfg: dict, lock: RunLock | None = None) -> RunFolder:
+        """Lock the run's folder (or take over ``lock``, from :meth:`acquire` on the same folder), then start the
+        run in it: the old summary is removed and the config written."""
+        path = cls.folder(root, experiment, run_id(cfg))
+        if lock is None:
+            lock = RunLock.acquire(path)
+        elif lock.path != path or not lock.held:
+            raise ValueError(
+                f"the lock given is for {lock.path} (held: {lock.held}), not for the run folder {path}"
+            )
+        folder = cls(path, lock)
         # metrics.jsonl is kept: a resumed run truncates it to its checkpoint; a fresh start removes it
         (path / "summary.json").unlink(missing_ok=True)
         with open(path / "config.yaml", "w") as fh:
@@ -133,11 +225,11 @@ class RunFolder:
 
     def log(self, step: int, metrics: dict) -> None:
         with open(self.path / "metrics.jsonl", "a") as fh:
-            fh.write(json.dumps(_clean({"step": step, **metrics})) + "\n")
+            fh.write(json.dumps(json_safe({"step": step, **metrics})) + "\n")
 
     def write_json(self, name: str, payload: dict) -> None:
         tmp = self.path / f".{name}.tmp"
-        tmp.write_text(json.dumps(_clean(payload), indent=2))
+        tmp.write_text(json.dumps(json_safe(payload), indent=2))
         tmp.replace(self.path / name)
 
     def finish(self, summary: dict, seed: int) -> dict:
@@ -149,7 +241,19 @@ class RunFolder:
             **summary,
         }
         self.write_json("summary.json", payload)  # last: its presence marks the run complete
+        self.close()
         return payload
+
+    def close(self) -> None:
+        """Release the folder's lock (a failed run calls this too; finish() does it itself)."""
+        if self.lock is not None:
+            self.lock.release()
+
+    def __enter__(self) -> RunFolder:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 @dataclass
@@ -179,44 +283,6 @@ def is_complete(path: Path) -> bool:
         return json.loads(f.read_text()).get("status") == "complete"
     except json.JSONDecodeError:
         return False
-
-
-RUN_SOURCES = ("local", "wandb", "both")
-RUN_SOURCE_ENV = "DP_ADAM_BENCH_RUN_SOURCE"
-
-
-def run_source() -> str:
-    """Where :func:`load_runs` reads runs: ``$DP_ADAM_BENCH_RUN_SOURCE`` = ``local`` (the default: the run store,
-    no network), ``wandb`` (the W&B API only) or ``both`` (the run store, completed by W&B runs it lacks)."""
-    source = os.environ.get(RUN_SOURCE_ENV) or "local"
-    if source not in RUN_SOURCES:
-        raise ValueError(f"{RUN_SOURCE_ENV}={source!r} is not a run source; valid: {', '.join(RUN_SOURCES)}")
-    return source
-
-
-def load_runs(root: Path, experiment: str) -> list[RunRecord]:
-    """Every run of an experiment, complete or not, from the source :func:`run_source` names.
-
-    Reports call this one function, so switching the source switches every table at once; with ``wandb`` the
-    experiment is the W&B group and the project is ``$DP_ADAM_BENCH_WANDB_PROJECT``
-    (see :mod:`dp_adam_bench.tracking.wandb_source`).
-    """
-    source = run_source()
-    if source == "local":
-        return load_local_runs(root, experiment)
-    from dp_adam_bench.tracking.wandb_source import WandbSourceError, load_wandb_runs, merge_records
-
-    remote = load_wandb_runs(experiment)
-    if source == "both":
-        return merge_records(load_local_runs(root, experiment), remote)
-    if not remote:
-        from dp_adam_bench.tracking.wandb_source import default_project
-
-        raise WandbSourceError(
-            f"no W&B runs in group {experiment!r} of project {default_project()!r} "
-            f"(set {RUN_SOURCE_ENV}=local to read the run store)"
-        )
-    return remote
 
 
 def load_local_runs(root: Path, experiment: str) -> list[RunRecord]:

@@ -98,7 +98,7 @@ def experiment_info(presets: Sequence[str], profile: str = "cpu") -> list[dict]:
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         for preset in presets:
             cfg = compose("config", overrides=[f"experiment={preset}", f"profile={profile}"])
-            selection = cfg.get("selection") or {}
+            selection = (cfg.get("sweep") or {}).get("selection") or {}
             infos.append(
                 {"experiment": preset, "group": str(cfg.experiment_name), "metric": selection.get("metric")}
             )

@@ -2,7 +2,7 @@
 
 Mode: ``logger.wandb.mode`` if set (``offline``, ``online``, ``disabled``); otherwise ``online`` when
 ``WANDB_API_KEY`` is set and ``offline`` when not (without a key, ``wandb.init`` in its default mode fails at once
-with a UsageError, see PITFALLS.md).
+with a UsageError, see docs/pitfalls.md).
 
 Labels (:func:`run_labels`), so that the W&B UI and the saved dashboard (``configs/wandb/dashboard.yaml``) can slice
 a sweep without reading configs:

@@ -17,9 +17,8 @@ W&B runs of one name are folded into one record: the summary of the latest compl
 history that, like ``metrics.jsonl`` after a resume, keeps the earlier runs' rows only up to the step where the
 next run started.
 
-Which source the reports read is chosen by :func:`dp_adam_bench.tracking.run_store.load_runs`
-(``DP_ADAM_BENCH_RUN_SOURCE=local|wandb|both``, or ``dp-adam-bench report --source``); the local store stays the
-default and needs no network.
+Which source the reports read (``dp-adam-bench report --source local|wandb|both``) is chosen by
+:func:`dp_adam_bench.tracking.sources.load_runs`; the local store stays the default and needs no network.
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ from pathlib import Path
 import yaml
 
 from dp_adam_bench.paths import CONFIG_DIR
-from dp_adam_bench.tracking.run_store import RunRecord, _clean
+from dp_adam_bench.tracking.run_store import RunRecord, json_safe
 from dp_adam_bench.tracking.wandb_logger import SUMMARY_JSON_KEY
 
 PROJECT_ENV = "DP_ADAM_BENCH_WANDB_PROJECT"
@@ -45,8 +44,8 @@ class WandbSourceError(RuntimeError):
 
 
 def default_project() -> str:
-    """``ENTITY/PROJECT`` (or ``PROJECT``) to read: ``$DP_ADAM_BENCH_WANDB_PROJECT``, else the project the
-    trainer logs to (``configs/logger/default.yaml``)."""
+    """``ENTITY/PROJECT`` (or ``PROJECT``) to read when none is given: ``$DP_ADAM_BENCH_WANDB_PROJECT``, else the
+    project the trainer logs to (``configs/logger/default.yaml``)."""
     if os.environ.get(PROJECT_ENV):
         return os.environ[PROJECT_ENV]
     with open(CONFIG_DIR / "logger" / "default.yaml") as fh:
@@ -88,7 +87,7 @@ def history_rows(run) -> list[dict]:
         values = {k: v for k, v in dict(row).items() if not k.startswith("_")}
         if not values or row.get("_step") is None:
             continue
-        rows.append(_clean({"step": int(row["_step"]), **values}))
+        rows.append(json_safe({"step": int(row["_step"]), **values}))
     rows.sort(key=lambda r: r["step"])
     return rows
 
@@ -106,7 +105,7 @@ def run_summary(run) -> dict | None:
         except json.JSONDecodeError:
             pass
     summary = {k: v for k, v in raw.items() if not k.startswith("_") and k != SUMMARY_JSON_KEY}
-    return _clean(summary) if "status" in summary else None
+    return json_safe(summary) if "status" in summary else None
 
 
 def run_config(run) -> dict:
@@ -160,14 +159,3 @@ def load_wandb_runs(experiment: str, project: str | None = None, *, api=None) ->
     except (wandb.errors.Error, ValueError) as err:
         raise WandbSourceError(f"cannot list the runs of W&B project {project!r}: {err}") from err
     return records_from_runs(runs, Path(f"wandb:{project}") / experiment)
-
-
-def merge_records(local: list[RunRecord], remote: list[RunRecord]) -> list[RunRecord]:
-    """Local and W&B records of one experiment, one per run id (the folder / W&B run name): the local one when it
-    is complete (it also has the diagnostics files), else a complete W&B one, else whichever exists."""
-    merged: dict[str, RunRecord] = {r.path.name: r for r in remote}
-    for r in local:
-        other = merged.get(r.path.name)
-        if other is None or r.complete or not other.complete:
-            merged[r.path.name] = r
-    return [merged[k] for k in sorted(merged)]
