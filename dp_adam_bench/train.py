@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dp_adam_bench.config import ConfigError, validate
 from dp_adam_bench.paths import CONFIG_DIR, runs_dir
-from dp_adam_bench.tracking.run_store import RunFolder, is_complete, run_id
+from dp_adam_bench.tracking.run_store import RunFolder, RunLockedError, is_complete, run_id
 from dp_adam_bench.tracking.wandb_logger import WandbLogger
 
 log = logging.getLogger("dp_adam_bench.train")
@@ -78,7 +78,14 @@ def train(cfg: DictConfig) -> dict | None:
     if not ddp.is_main:  # trains its share of every step; the run folder and W&B are rank 0's
         trainer.run(run_cfg, folder_path, lambda step, metrics: None, prepared=prepared)
         return None
-    folder = RunFolder.create(root, data["experiment_name"], data)
+    lock = RunFolder.acquire(
+        root, data["experiment_name"], run_id(data)
+    )  # RunLockedError if it runs elsewhere
+    if is_complete(lock.path) and not cfg.train.force:  # finished by another launch while this one prepared
+        lock.release()
+        print(f"complete, skipped: {lock.path} (train.force=true reruns it)", file=sys.stderr)
+        return None
+    folder = RunFolder.create(root, data["experiment_name"], data, lock=lock)
     tags = [
         data["experiment_name"],
         data["task"]["name"],
@@ -108,6 +115,7 @@ def train(cfg: DictConfig) -> dict | None:
         wb.summary({k: v for k, v in result["metrics"].items()})
     finally:
         wb.finish()
+        folder.close()
     log.info("run %s: %s", folder.path.name, summary["metrics"])
     return summary
 
@@ -121,7 +129,7 @@ def main(cfg: DictConfig) -> None:
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         sys.exit(2)
-    except (CheckpointError, FileNotFoundError) as err:
+    except (CheckpointError, FileNotFoundError, RunLockedError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
 

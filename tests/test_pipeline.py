@@ -244,3 +244,35 @@ def test_an_accountant_failing_never_loses_the_run(isolated_dirs, monkeypatch):
     (folder,) = (isolated_dirs / "runs" / "tinysigma").iterdir()
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["epsilon_errors"]["prv"]
+
+
+def test_a_second_launch_of_a_running_run_is_refused_naming_the_holder(isolated_dirs, capsys):
+    # was: two copies of the same run wrote one folder (every metrics line twice, two W&B runs)
+    import os
+
+    from omegaconf import OmegaConf
+
+    from dp_adam_bench import train as train_mod
+    from dp_adam_bench.tracking.run_store import RunFolder, run_id
+
+    cfg = compose_cfg(
+        poisson_logistic(
+            "task.n_train=100",
+            "train.batch_size=10",
+            "train.steps=5",
+            "privacy.sigma=1.0",
+            "experiment_name=locked",
+        )
+    )
+    data = train_mod.run_config(cfg)
+    holder = RunFolder.acquire(isolated_dirs / "runs", "locked", run_id(data))  # "the first launch"
+    try:
+        with pytest.raises(SystemExit) as exc:
+            train_mod.main(OmegaConf.create(cfg))
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert f"pid {os.getpid()}" in err or str(os.getpid()) in err
+        assert not (holder.path / "metrics.jsonl").exists()
+    finally:
+        holder.release()
+    assert train(cfg)["steps"] == 5  # once the holder is gone, the run goes ahead
