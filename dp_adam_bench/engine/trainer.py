@@ -31,7 +31,7 @@ from dp_adam_bench.engine import checkpoint as ckpt
 from dp_adam_bench.engine import distributed
 from dp_adam_bench.engine.diagnostics import Diagnostics
 from dp_adam_bench.engine.distributed import SharedNoise
-from dp_adam_bench.engine.grads import build_engine
+from dp_adam_bench.engine.engines import build_engine
 from dp_adam_bench.engine.privatizer import Privatizer
 from dp_adam_bench.engine.sampling import PoissonSampler, ShuffleSampler, SinglePassSampler
 from dp_adam_bench.optim.registry import build_variant
