@@ -441,7 +441,7 @@ def build_step(spec: dict, label: Callable = no_label) -> Step:
 
         return Step(step, None, "torch.optim.Adam", b, **common)
 
-    from dp_adam_bench.engine.grads import build_engine
+    from dp_adam_bench.engine.engines import build_engine
     from dp_adam_bench.engine.privatizer import Privatizer
     from dp_adam_bench.optim.registry import build_variant
     from dp_adam_bench.privacy.mechanisms import IndependentMechanism

@@ -76,7 +76,7 @@ def choice(cfg: Mapping, dotted: str, valid, default=_MISSING):
 
 def validate(cfg: Mapping) -> None:
     """Raise :class:`ConfigError` on the first invalid field (or combination of fields)."""
-    from dp_adam_bench.engine.grads import ENGINES
+    from dp_adam_bench.engine.engines import ENGINES
     from dp_adam_bench.optim.registry import VARIANTS
     from dp_adam_bench.privacy.accounting import ACCOUNTANTS
     from dp_adam_bench.privacy.noise_factory import NOISE

@@ -6,7 +6,8 @@ import torch
 from torch import nn
 
 from dp_adam_bench.engine.bk import BKEngine, use_gram
-from dp_adam_bench.engine.grads import build_engine, clip_factors
+from dp_adam_bench.engine.engines import build_engine
+from dp_adam_bench.engine.grads import clip_factors
 from dp_adam_bench.tasks import registry
 from dp_adam_bench.tasks.cifar10_cnn import CNN5
 from dp_adam_bench.train import train
@@ -159,7 +160,7 @@ class TinySeqClassifier(nn.Module):
 
     def forward(self, ids):
         b, t = ids.shape
-        kw = {"position_ids": torch.arange(t).repeat(b, 1)}  # (B, T), see PITFALLS.md
+        kw = {"position_ids": torch.arange(t).repeat(b, 1)}  # (B, T): bk needs the examples along dim 0
         if self.kind == "bert":
             kw["token_type_ids"] = torch.zeros_like(ids)
         return self.head(self.body(input_ids=ids, **kw).last_hidden_state[:, -1])

@@ -335,7 +335,7 @@ def test_augment_is_a_flip_and_crop_of_each_image(tmp_path):
 
 
 def test_cnn5_per_example_gradients_match_loop_engine(tmp_path, arrays):
-    from dp_adam_bench.engine.grads import build_engine
+    from dp_adam_bench.engine.engines import build_engine
 
     task = make_task(tmp_path, arrays)
     batch = task.get_batch(torch.arange(3))

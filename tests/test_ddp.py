@@ -42,36 +42,47 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def rank_env(rank: int, world: int, port: int, **extra: str) -> dict:
+    """The environment torchrun gives rank ``rank`` of ``world``."""
+    return {
+        **os.environ,
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(world),
+        "LOCAL_WORLD_SIZE": str(world),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "WANDB_MODE": "disabled",
+        **extra,
+    }
+
+
+def start_ranks(argv: list[str], world: int, **extra: str) -> list[subprocess.Popen]:
+    port = free_port()
+    return [
+        subprocess.Popen(
+            argv,
+            env=rank_env(rank, world, port, **extra),
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in range(world)
+    ]
+
+
 def launch(overrides: list[str], runs: Path, out: Path, world: int = 2, timeout: float = 120) -> list[dict]:
     """Run ``tests/ddp_worker.py`` as ``world`` ranks; their reports (noise draws, summary), in rank order."""
     out.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    procs = []
-    for rank in range(world):
-        env = {
-            **os.environ,
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "WORLD_SIZE": str(world),
-            "LOCAL_WORLD_SIZE": str(world),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "OMP_NUM_THREADS": "1",
-            "DP_ADAM_BENCH_RUNS": str(runs),
-            "DDP_TEST_OUT": str(out),
-            "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT), os.environ.get("PYTHONPATH", "")]),
-            "WANDB_MODE": "disabled",
-        }
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, str(TESTS / "ddp_worker.py"), *overrides],
-                env=env,
-                cwd=ROOT,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
+    procs = start_ranks(
+        [sys.executable, str(TESTS / "ddp_worker.py"), *overrides],
+        world,
+        DP_ADAM_BENCH_RUNS=str(runs),
+        DDP_TEST_OUT=str(out),
+    )
     logs = []
     try:
         for p in procs:
@@ -180,6 +191,39 @@ def test_killed_two_rank_run_resumes_on_both_ranks(tmp_path):
     assert rank0["summary"]["metrics"]["test_loss"] == pytest.approx(one["metrics"]["test_loss"], rel=1e-6)
     assert rank0["summary"]["ledger"] == one["ledger"]
     assert [r["step"] for r in metrics(folder)] == list(range(1, STEPS + 1))
+
+
+LEAVE_GROUP = """
+import json, torch
+from dp_adam_bench.engine import distributed
+ctx = distributed.setup("auto", "cpu")
+import opacus  # what building a clipping engine imports after setup; it pulls in torch.distributed.nn
+t = torch.ones(3)
+ctx.all_reduce_([t])
+ctx.gather_objects(torch.get_rng_state())
+before = distributed.gloo_threads()
+distributed._destroy()  # what atexit runs
+print(json.dumps({"sum": t.tolist(), "before": before, "after": distributed.gloo_threads()}))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc to list threads")
+def test_leaving_the_group_joins_gloo_threads_before_interpreter_shutdown():
+    """Regression: a rank exiting right after a collective aborted ("rank 1 exited with -6", "terminate called
+    without an active exception") when gloo's worker threads outlived destroy_process_group, because a module
+    imported after init_process_group held the default group (torch.distributed.nn's ``group=group.WORLD``
+    defaults). A worker still releasing a finished collective's tensors in interpreter shutdown cannot take the
+    GIL and terminates the process. Deterministic check: no gloo thread is left once the group is left."""
+    procs = start_ranks([sys.executable, "-c", LEAVE_GROUP], 2)
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    for rank, (p, text) in enumerate(zip(procs, outs, strict=True)):
+        assert p.returncode == 0, f"rank {rank} exited with {p.returncode}:\n{text[-4000:]}"
+        report = json.loads(text.strip().splitlines()[-1])
+        assert report["sum"] == [2.0, 2.0, 2.0]
+        assert any("gloo" in name for name in report["before"])  # the check can see the threads
+        assert report["after"] == [], (
+            f"rank {rank}: gloo threads outlive the process group: {report['after']}"
+        )
 
 
 def test_setup_without_torchrun_is_one_process(monkeypatch):

@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 from test_text_tasks import _median_norm, _oracle_check
 from torch.nn import functional as F
 
-from dp_adam_bench.engine.grads import build_engine
+from dp_adam_bench.engine.engines import build_engine
 from dp_adam_bench.paths import shared_data_dir
 from dp_adam_bench.tasks import e2e_metrics, text
 from dp_adam_bench.tasks.e2e_gpt2 import (

@@ -1,9 +1,12 @@
-"""Per-example gradient engines against the loop over batches of size one; ghost norms against materialised."""
+"""Per-example gradient engines against the loop over batches of size one; ghost norms against materialised;
+empty batches; the engine registry."""
 
 import pytest
 import torch
 
-from dp_adam_bench.engine.grads import build_engine, clip_factors
+from dp_adam_bench.engine.engines import ENGINES, build_engine
+from dp_adam_bench.engine.grads import clip_factors
+from dp_adam_bench.errors import ConfigError
 
 from small_models import fresh_model, loss_per_example, make_batch
 
@@ -54,13 +57,85 @@ def test_scaled_clipping_with_materialised_engine():
 def test_ghost_refuses_scale_then_privatize_with_a_clear_message():
     eng = build_engine("ghost", fresh_model(), loss_per_example)
     scale = [torch.ones_like(p) for p in eng.params]
-    with pytest.raises(ValueError, match="scale-then-privatize.*engine=hooks or engine=functorch"):
+    with pytest.raises(
+        ValueError, match=r"scale-then-privatize.*train\.clipping=bk, hooks, functorch or loop"
+    ):
         eng.clipped_sum(make_batch(), 1.0, scale)
     eng.close()
 
 
-def test_unknown_engine():
+def test_unknown_engine_names_the_field_and_every_engine():
     with pytest.raises(
-        ValueError, match="unknown clipping engine 'fast'; valid: loop, hooks, functorch, ghost"
+        ConfigError,
+        match=r"train\.clipping='fast' is not a known clipping engine; valid: bk, functorch, ghost, hooks, loop$",
     ):
         build_engine("fast", fresh_model(), loss_per_example)
+
+
+def test_no_engine_is_chosen_for_a_missing_name():
+    """No silent default: a missing train.clipping is an error, not some engine."""
+    with pytest.raises(ConfigError, match="train.clipping=None"):
+        build_engine(None, fresh_model(), loss_per_example)
+
+
+def test_registry_holds_the_five_engines_by_their_classes():
+    from dp_adam_bench.engine.bk import BKEngine
+    from dp_adam_bench.engine.grads import FunctorchEngine, GhostEngine, HooksEngine, LoopEngine
+
+    assert ENGINES.field == "train.clipping"
+    assert {n: ENGINES.get(n) for n in ENGINES} == {
+        "bk": BKEngine,
+        "functorch": FunctorchEngine,
+        "ghost": GhostEngine,
+        "hooks": HooksEngine,
+        "loop": LoopEngine,
+    }
+
+
+# --------------------------------------------------------------------------------- empty batches (noise-only steps)
+
+
+def _empty_batch():
+    return {k: v[:0] for k, v in make_batch().items()}
+
+
+def _no_forward(forward, batch):
+    raise AssertionError(f"the loss was evaluated on an empty batch of shape {tuple(batch['x'].shape)}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("stp", [False, True])
+@pytest.mark.parametrize("name", ENGINES.names())
+def test_empty_batch_is_a_zero_sum_with_no_norms(name, stp, dtype):
+    """An empty Poisson batch is a legal DP step (the release is the noise alone): every engine returns zeros of
+    each parameter's shape, dtype and device and an empty norms tensor, and never runs the model on 0 examples
+    (Opacus' samplers, vmap and the materialised reshape fail there)."""
+    model = fresh_model().to(dtype)
+    eng = build_engine(name, model, loss_per_example)
+    if stp and not eng.supports_scale:
+        eng.close()
+        pytest.skip(f"{name} refuses a scale (tested above)")
+    scale = [torch.rand_like(p) + 0.5 for p in eng.params] if stp else None
+    eng.loss_per_example = _no_forward
+    out = eng.clipped_sum(_empty_batch(), 0.5, scale)
+    eng.close()
+    assert out.count == 0
+    assert out.norms.shape == (0,) and out.norms.dtype == dtype and out.norms.device == eng.params[0].device
+    assert len(out.summed) == len(eng.params) == len(list(model.parameters()))
+    for s, p in zip(out.summed, eng.params, strict=True):
+        assert s.shape == p.shape and s.dtype == p.dtype and s.device == p.device
+        assert not s.requires_grad
+        assert torch.equal(s, torch.zeros_like(p))
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_empty_batch_still_checks_the_scale():
+    eng = build_engine("functorch", fresh_model(), loss_per_example)
+    with pytest.raises(ValueError, match="one tensor of each trainable parameter's shape"):
+        eng.clipped_sum(_empty_batch(), 1.0, [torch.ones(3)])
+
+
+def test_a_batch_that_is_not_a_dict_of_tensors_is_named():
+    eng = build_engine("loop", fresh_model(), loss_per_example)
+    with pytest.raises(ValueError, match="dict of tensors with the examples along dim 0"):
+        eng.clipped_sum({}, 1.0)

@@ -16,7 +16,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from dp_adam_bench.engine.grads import build_engine, clip_factors
+from dp_adam_bench.engine.engines import build_engine
+from dp_adam_bench.engine.grads import clip_factors
 from dp_adam_bench.paths import shared_data_dir
 from dp_adam_bench.tasks import text
 from dp_adam_bench.tasks.arxiv_mlm import ArxivMLM, MaskedLMAtPositions, assign_splits

@@ -16,7 +16,7 @@ import inspect
 
 import torch
 
-from dp_adam_bench.engine.grads import build_engine
+from dp_adam_bench.engine.engines import build_engine
 from dp_adam_bench.engine.privatizer import Privatizer, Release
 
 

@@ -62,7 +62,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from dp_adam_bench.engine.grads import ClippedSum, GradEngine, _batch_len, clip_factors
+from dp_adam_bench.engine.grads import ClippedSum, GradEngine, batch_len, clip_factors
 
 MODES = ("auto", "gram", "instantiate")
 _GRAM_CHUNK = 1 << 24  # at most this many Gram-matrix entries (per matrix) at once: chunks of examples
@@ -444,16 +444,9 @@ class BKEngine(GradEngine):
         return sq, finish
 
     # --- engine interface -------------------------------------------------------------------------------------------
-    def clipped_sum(self, batch, clip, scale=None):
-        b = _batch_len(batch)
-        if scale is not None:
-            scale = list(scale)
-            if len(scale) != len(self.params) or any(
-                s.shape != p.shape for s, p in zip(scale, self.params, strict=False)
-            ):
-                raise ValueError(
-                    "bk clipping: scale must hold one tensor of each trainable parameter's shape"
-                )
+    def _clipped_sum(self, batch, clip, scale):
+        b = batch_len(batch)
+        if scale is not None:  # shapes checked by GradEngine.clipped_sum
             self._scale = {id(p): s.to(p.dtype) for p, s in zip(self.params, scale, strict=True)}
         ref = self.params[0]
         anchor = torch.zeros((), dtype=ref.dtype, device=ref.device, requires_grad=True)

@@ -1,4 +1,4 @@
-"""Data-parallel training over ``torch.distributed`` (DESIGN.md, "Scale": noise once per logical step).
+"""Data-parallel training over ``torch.distributed``: noise drawn once per logical step (``docs/design.md``).
 
 Launched as ``torchrun --nproc_per_node=N -m dp_adam_bench.train ...``: torchrun sets ``WORLD_SIZE``, ``RANK``,
 ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``, and :func:`setup` joins the process group (NCCL when the
@@ -27,6 +27,7 @@ import datetime
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -122,6 +123,7 @@ def setup(mode: str | None = "auto", device: str | None = "auto") -> DistContext
     if dev.type == "cuda":
         torch.cuda.set_device(dev)  # NCCL and the object collectives use the current device
     if not dist.is_initialized():
+        _import_default_group_users()
         dist.init_process_group(backend=backend, timeout=DEFAULT_TIMEOUT)
         atexit.register(_destroy)
     _CONTEXT = DistContext(rank=rank, world=world, local_rank=local_rank, device=dev, backend=backend)
@@ -150,7 +152,36 @@ def _rank_device(name: str | None, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
+def _import_default_group_users() -> None:
+    """Import, before the process group exists, the torch modules that take the default group as a default
+    argument (``torch.distributed.nn.functional``: ``group=group.WORLD``, evaluated at import).
+
+    Imported after ``init_process_group`` (Opacus imports them through ``torch._dynamo`` when the first clipping
+    engine is built), they hold the group for the life of the process: :func:`_destroy` then cannot free it, and
+    gloo's worker threads outlive ``destroy_process_group`` into interpreter shutdown. A worker that drops its
+    reference to a finished collective (whose tensors are Python-owned) after the main thread has begun shutting
+    down must take the GIL to release them, and is killed there: "terminate called without an active exception",
+    SIGABRT. A rank that exits right after its last collective (every rank but 0, which still evaluates and
+    writes) loses that race now and then, more often on a busy CPU. Imported first, these defaults are None."""
+    import torch.distributed.nn  # noqa: F401
+
+
+def gloo_threads() -> list[str]:
+    """Names of this process's live gloo threads (Linux: ``/proc/self/task``; empty elsewhere)."""
+    names = []
+    for comm in Path("/proc/self/task").glob("*/comm"):
+        try:
+            name = comm.read_text().strip()
+        except OSError:  # the thread ended while we looked
+            continue
+        if "gloo" in name:
+            names.append(name)
+    return sorted(names)
+
+
 def _destroy() -> None:
+    """Leave the process group while the interpreter is fully alive, so that its worker threads are joined here
+    and not left running into shutdown (see :func:`_import_default_group_users`)."""
     if dist.is_initialized():
         dist.destroy_process_group()
 

@@ -19,6 +19,12 @@ time, layer by layer).
 
 Opacus is used for what it does well (grad samplers per layer type, ghost norms); the state it hangs on
 parameters (``grad_sample``, ``_norm_sample``) is read and cleared inside this module and never leaks out.
+
+An **empty micro-batch** (an empty Poisson batch is a legal DP step: its release is the noise alone) returns zero
+sums and no norms from :meth:`GradEngine.clipped_sum` itself, before any engine runs its forward (Opacus' samplers
+and ``torch.func.vmap`` fail on zero examples).
+
+The engines are selected by name through :data:`dp_adam_bench.engine.engines.ENGINES` (``train.clipping``).
 """
 
 from __future__ import annotations
@@ -29,8 +35,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-
-ENGINES = ("loop", "hooks", "functorch", "ghost", "bk")
 
 # torch warns on every backward when the first layer's input needs no grad; Opacus' hooks still fire correctly
 warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
@@ -54,18 +58,43 @@ def _trainable(model: nn.Module) -> list[nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
+def batch_len(batch: dict) -> int:
+    """The number of examples in ``batch``: the leading size of its first tensor (examples along dim 0)."""
+    first = next(iter(batch.values()), None) if isinstance(batch, dict) else None
+    if not isinstance(first, torch.Tensor) or first.dim() == 0:
+        raise ValueError(
+            "a batch must be a dict of tensors with the examples along dim 0; got "
+            f"{type(batch).__name__} whose first value is {type(first).__name__}"
+            + (f" of shape {tuple(first.shape)}" if isinstance(first, torch.Tensor) else "")
+        )
+    return first.shape[0]
+
+
+def zero_sum(params: list[torch.Tensor]) -> ClippedSum:
+    """The clipped sum of no examples: zeros of every parameter's shape, dtype and device, and no norms."""
+    ref = params[0] if params else torch.empty(0)
+    return ClippedSum(
+        [torch.zeros_like(p) for p in params], torch.zeros(0, dtype=ref.dtype, device=ref.device), 0
+    )
+
+
 def _sum_materialised(per_ex: list[torch.Tensor], clip, scale) -> ClippedSum:
     if scale is not None:
         per_ex = [g * s for g, s in zip(per_ex, scale, strict=True)]
     b = per_ex[0].shape[0]
-    norms = torch.sqrt(sum(g.reshape(b, -1).pow(2).sum(1) for g in per_ex))
+    norms = torch.sqrt(
+        sum(g.flatten(1).pow(2).sum(1) for g in per_ex)
+    )  # flatten, not reshape(b, -1): b may be 0
     f = clip_factors(norms, clip)
     summed = [torch.einsum("b,b...->...", f, g) for g in per_ex]
     return ClippedSum(summed, norms, b)
 
 
 class GradEngine:
-    """Base: ``clipped_sum(batch, clip, scale)`` on one micro-batch; ``params`` are the trainable parameters."""
+    """Base: ``clipped_sum(batch, clip, scale)`` on one micro-batch; ``params`` are the trainable parameters.
+
+    Subclasses implement :meth:`per_example_grads` (materialising engines) or override :meth:`_clipped_sum`;
+    :meth:`clipped_sum` checks the scale and answers an empty batch before either runs."""
 
     name = "engine"
     supports_scale = True
@@ -81,11 +110,28 @@ class GradEngine:
     def clipped_sum(
         self, batch: dict, clip: float | None, scale: list[torch.Tensor] | None = None
     ) -> ClippedSum:
-        if scale is not None and not self.supports_scale:
-            raise ValueError(
-                f"clipping engine {self.name!r} cannot clip per-coordinate scaled gradients (scale-then-privatize); "
-                "use engine=hooks or engine=functorch"
-            )
+        """``sum_i clip(s * g_i)`` over the examples of ``batch`` and the norms ``||s * g_i||`` before clipping
+        (``s`` = ``scale``, one tensor per trainable parameter, or None)."""
+        if scale is not None:
+            if not self.supports_scale:
+                raise ValueError(
+                    f"clipping engine {self.name!r} cannot clip per-coordinate scaled gradients "
+                    "(scale-then-privatize); set train.clipping=bk, hooks, functorch or loop"
+                )
+            scale = list(scale)
+            if len(scale) != len(self.params) or any(
+                s.shape != p.shape for s, p in zip(scale, self.params, strict=False)
+            ):
+                raise ValueError(
+                    f"{self.name} clipping: scale must hold one tensor of each trainable parameter's shape "
+                    f"({len(self.params)} tensors), got {[tuple(s.shape) for s in scale]}"
+                )
+        if batch_len(batch) == 0:
+            return zero_sum(self.params)
+        return self._clipped_sum(batch, clip, scale)
+
+    def _clipped_sum(self, batch: dict, clip: float | None, scale: list[torch.Tensor] | None) -> ClippedSum:
+        """:meth:`clipped_sum` on a batch of at least one example, ``scale`` already checked."""
         return _sum_materialised(self.per_example_grads(batch), clip, scale)
 
     def close(self) -> None:
@@ -111,10 +157,6 @@ def _slice(batch: dict, i: int) -> dict:
     return {k: v[i : i + 1] for k, v in batch.items()}
 
 
-def _batch_len(batch: dict) -> int:
-    return next(iter(batch.values())).shape[0]
-
-
 class LoopEngine(GradEngine):
     """One forward/backward per example: slow, obviously correct — the oracle the other engines are tested against."""
 
@@ -122,7 +164,7 @@ class LoopEngine(GradEngine):
 
     def per_example_grads(self, batch):
         rows = []
-        for i in range(_batch_len(batch)):
+        for i in range(batch_len(batch)):
             loss = self.loss_per_example(self.model, _slice(batch, i)).sum()
             rows.append(torch.autograd.grad(loss, self.params, allow_unused=True))
         return [
@@ -147,10 +189,10 @@ class HooksEngine(GradEngine):
     def per_example_grads(self, batch):
         loss = self.loss_per_example(self.gsm, batch).sum()
         loss.backward()
-        out = []
+        out, b = [], batch_len(batch)
         for p in self.params:
             gs = p.grad_sample
-            out.append(gs if gs is not None else torch.zeros(_batch_len(batch), *p.shape, dtype=p.dtype))
+            out.append(gs if gs is not None else p.new_zeros(b, *p.shape))
             p.grad_sample = None
             p.grad = None
         return out
@@ -199,9 +241,7 @@ class GhostEngine(GradEngine):
             model, batch_first=True, loss_reduction="sum", max_grad_norm=1.0, use_ghost_clipping=True
         )
 
-    def clipped_sum(self, batch, clip, scale=None):
-        if scale is not None:
-            return super().clipped_sum(batch, clip, scale)  # raises the explanatory error
+    def _clipped_sum(self, batch, clip, scale):
         losses = self.loss_per_example(self.gsm, batch)
         losses.sum().backward(retain_graph=True)
         norms = self.gsm.get_norm_sample().detach()
@@ -217,22 +257,7 @@ class GhostEngine(GradEngine):
         summed = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in self.params]
         for p in self.params:
             p.grad = None
-        return ClippedSum(summed, norms, _batch_len(batch))
+        return ClippedSum(summed, norms, batch_len(batch))
 
     def close(self):
         self.gsm._close()
-
-
-def build_engine(name: str, model: nn.Module, loss_per_example: Callable) -> GradEngine:
-    from dp_adam_bench.engine.bk import BKEngine  # lazy: bk imports this module
-
-    engines = {
-        "loop": LoopEngine,
-        "hooks": HooksEngine,
-        "functorch": FunctorchEngine,
-        "ghost": GhostEngine,
-        "bk": BKEngine,
-    }
-    if name not in engines:
-        raise ValueError(f"unknown clipping engine {name!r}; valid: {', '.join(ENGINES)}")
-    return engines[name](model, loss_per_example)
