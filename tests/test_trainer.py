@@ -110,7 +110,14 @@ def test_nonprivate_model_run_matches_plain_torch_adam(isolated_dirs):
 
     s = train(
         compose_cfg(
-            [*BASE, "noise=none", "train.sampler=single_pass", "train.steps=null", "train.epochs=2", "train.clipping=hooks"]
+            [
+                *BASE,
+                "noise=none",
+                "train.sampler=single_pass",
+                "train.steps=null",
+                "train.epochs=2",
+                "train.clipping=hooks",
+            ]
         )
     )
     task = TinyTask({"n": 64}, trials=1, seed=0)
@@ -162,7 +169,11 @@ def test_bad_public_split_is_refused(isolated_dirs):
 
 
 def test_ime_free_model_run_accounts_sigma_over_sqrt2(isolated_dirs):
-    s = train(compose_cfg([*BASE, "optimizer=ime_free", "train.sampler=single_pass", "train.steps=null", "train.epochs=1"]))
+    s = train(
+        compose_cfg(
+            [*BASE, "optimizer=ime_free", "train.sampler=single_pass", "train.steps=null", "train.epochs=1"]
+        )
+    )
     (event,) = s["ledger"]["events"]
     assert event["mu"] == pytest.approx(2**0.5 / 1.0)
 

@@ -65,7 +65,10 @@ def test_model_task_batch_larger_than_dataset_is_refused(isolated_dirs):
                 ]
             )
         )
-    with pytest.raises(ValueError, match=r"train.batch_size=100 \(expected batch size\) is larger than the training set \(64 examples\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"train.batch_size=100 \(expected batch size\) is larger than the training set \(64 examples\)",
+    ):
         train(
             compose_cfg(
                 [
