@@ -468,7 +468,7 @@ def build_step(spec: dict, label: Callable = no_label) -> Step:
                 for acc, s in zip(summed, cs.summed, strict=True):
                     acc.add_(s)
         with L("noise"):
-            ctx = privatizer.privatize_sum(summed, scale)
+            ctx = privatizer.release_sum(summed, scale).ctx
         with L("optimizer"), torch.no_grad():
             variant.update(params, state, ctx)
 
