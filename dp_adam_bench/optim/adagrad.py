@@ -53,6 +53,14 @@ def square_sensitivity(clip: float, batch_size: float, form: str = "derived") ->
     raise ValueError(f"optimizer.sq_sensitivity must be 'derived' or 'printed', got {form!r}")
 
 
+def ime_releases(split_factor: float, sq_form: str) -> Releases:
+    """What independent moment estimation needs released (Ganesh Alg. 6): g + k (C/B) sigma w1 and
+    g^2 + k S2 sigma w2 on two independent streams, both made by the privatizer (k = sqrt 2, or 1 "for free")."""
+    return Releases(
+        noise_scale=split_factor, square_sensitivity=functools.partial(square_sensitivity, form=sq_form)
+    )
+
+
 class AdaGradIME(Variant):
     name = "adagrad_ime"
     needs_fixed_batch = True
@@ -68,11 +76,7 @@ class AdaGradIME(Variant):
         self.floor, self.eps, self.sq_form = float(floor), float(eps), sq_sensitivity
 
     def releases(self) -> Releases:
-        """g + k (C/B) sigma w1 and g^2 + k S2 sigma w2, both made by the privatizer (k = sqrt 2, or 1 "for free")."""
-        return Releases(
-            noise_scale=self.split_factor,
-            square_sensitivity=functools.partial(square_sensitivity, form=self.sq_form),
-        )
+        return ime_releases(self.split_factor, self.sq_form)
 
     def init(self, params):
         return {"nu": [torch.zeros_like(p) for p in params]}

@@ -25,12 +25,11 @@ with Var[noise_t] = (sigma C / B)^2 ||row_t(C^{-1})||^2 — the closed form of G
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
 
-from dp_adam_bench.optim.adagrad import square_sensitivity
+from dp_adam_bench.optim.adagrad import ime_releases, square_sensitivity
 from dp_adam_bench.optim.base import Releases, StepContext, Variant
 
 
@@ -144,10 +143,7 @@ class AdamIME(Adam):
         self.sq_form = sq_sensitivity
 
     def releases(self) -> Releases:
-        return Releases(
-            noise_scale=self.split_factor,
-            square_sensitivity=functools.partial(square_sensitivity, form=self.sq_form),
-        )
+        return ime_releases(self.split_factor, self.sq_form)
 
     def second_moment_input(self, ctx, first):
         return ctx.noisy_square

@@ -68,7 +68,9 @@ class Variant(ABC):
     """An optimizer variant; subclasses set ``name`` and implement ``init`` / ``update``."""
 
     name: str = "variant"
-    needs_clean: bool = False  # a non-private baseline that reads StepContext.clean (requires private = False)
+    needs_clean: bool = (
+        False  # a non-private baseline that reads StepContext.clean (requires private = False)
+    )
     private: bool = True  # False for baselines that use clean statistics (never report them as private)
     needs_side_info: bool = False  # True: the trainer supplies ctx.side from a public batch
     # The noise multiplier the accountant must use is sigma * sigma_factor: IME "for free" releases two
