@@ -37,15 +37,29 @@ def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def number(cfg: Mapping, dotted: str, *, low=None, high=None, low_open=False, high_open=False, null=False,
-           default=_MISSING):
+def number(
+    cfg: Mapping,
+    dotted: str,
+    *,
+    low=None,
+    high=None,
+    low_open=False,
+    high_open=False,
+    null=False,
+    default=_MISSING,
+):
     """A finite number in the given range (``null`` allows None); returns it."""
     v = _get(cfg, dotted, default)
     if v is None and null:
         return None
     lo = "" if low is None else f"{'>' if low_open else '>='} {low:g}"
     hi = "" if high is None else f"{'<' if high_open else '<='} {high:g}"
-    want = "a finite number" + (f" {lo}" if lo else "") + (" and" if lo and hi else "") + (f" {hi}" if hi else "")
+    want = (
+        "a finite number"
+        + (f" {lo}" if lo else "")
+        + (" and" if lo and hi else "")
+        + (f" {hi}" if hi else "")
+    )
     if null:
         want += " or null"
     if not _is_number(v) or not math.isfinite(v):
@@ -168,8 +182,10 @@ def validate(cfg: Mapping) -> None:
             raise ConfigError(f"train.{flag}={v!r} must be true or false")
     mode = _get(cfg, "logger.wandb.mode", None)
     if mode not in WANDB_MODES:
-        raise ConfigError(f"logger.wandb.mode={mode!r}; valid: null (offline unless a key is set), offline, online, "
-                          "disabled")
+        raise ConfigError(
+            f"logger.wandb.mode={mode!r}; valid: null (offline unless a key is set), offline, online, "
+            "disabled"
+        )
 
 
 def _validate_privacy(cfg: Mapping, kind: str, sampler: str, correlated: bool) -> None:

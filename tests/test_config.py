@@ -56,7 +56,9 @@ def test_batch_larger_than_dataset_is_refused(isolated_dirs):
     cfg = compose_cfg(
         ["task.n_train=10", "train.batch_size=11", "logger.wandb.mode=disabled", "privacy.sigma=0.1"]
     )
-    with pytest.raises(ValueError, match=r"train.batch_size=11 is larger than the training set \(10 examples\)"):
+    with pytest.raises(
+        ValueError, match=r"train.batch_size=11 is larger than the training set \(10 examples\)"
+    ):
         train(cfg)
 
 

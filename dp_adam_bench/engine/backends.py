@@ -49,14 +49,18 @@ class VectorBackend:
 
     def final_summary(self, variant, state) -> dict:
         final = self.task.evaluate(self.params)
-        if hasattr(self.task, "final_diagnostics"):  # optional: per-trial quantities of the final optimizer state
+        if hasattr(
+            self.task, "final_diagnostics"
+        ):  # optional: per-trial quantities of the final optimizer state
             final = final | self.task.final_diagnostics(self.params, variant, state)
         return {
             "metrics": {k: float(v.mean()) for k, v in final.items()}
             | {f"{k}_std": float(v.std(unbiased=False)) for k, v in final.items()},
             "trials": {k: v.tolist() for k, v in final.items()},
             "n_trials": int(final[next(iter(final))].numel()),
-            "ground_truth": self.task.ground_truth_loss() if hasattr(self.task, "ground_truth_loss") else None,
+            "ground_truth": self.task.ground_truth_loss()
+            if hasattr(self.task, "ground_truth_loss")
+            else None,
         }
 
     def close(self) -> None:
@@ -82,10 +86,14 @@ class ModelBackend:
 
     def release(self, idx: torch.Tensor, privatizer: Privatizer, scale, ddp) -> tuple[Release, torch.Tensor]:
         summed = [torch.zeros_like(p) for p in self.params]
-        counts = torch.zeros(2, dtype=torch.float64, device=self.device)  # (examples, clipped ones) on this rank
+        counts = torch.zeros(
+            2, dtype=torch.float64, device=self.device
+        )  # (examples, clipped ones) on this rank
         self.model.train()
         clip = privatizer.clip
-        for chunk in idx[ddp.rank :: ddp.world].split(self.physical):  # this rank's share of the logical batch
+        for chunk in idx[ddp.rank :: ddp.world].split(
+            self.physical
+        ):  # this rank's share of the logical batch
             if not len(chunk):  # an empty Poisson batch, or fewer examples than ranks: noise only
                 continue
             batch = {k: v.to(self.device) for k, v in self.task.get_batch(chunk).items()}
@@ -104,7 +112,9 @@ class ModelBackend:
             return self.engine.mean_grad({k: v.to(self.device) for k, v in self.task.get_batch(pick).items()})
         mine = pick[ddp.rank :: ddp.world]
         if len(mine):
-            grads = self.engine.mean_grad({k: v.to(self.device) for k, v in self.task.get_batch(mine).items()})
+            grads = self.engine.mean_grad(
+                {k: v.to(self.device) for k, v in self.task.get_batch(mine).items()}
+            )
             grads = [g * len(mine) for g in grads]
         else:
             grads = [torch.zeros_like(p) for p in self.params]

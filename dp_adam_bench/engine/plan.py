@@ -131,7 +131,8 @@ def build_plan(cfg, n: int, variant: Variant, *, numel: int, sampler_seed: int) 
 
     if noisy and (budget is not None or target is not None):
         _check_accountant_is_guarantee(
-            accountant, "enforce privacy.epsilon_budget" if budget is not None else "reach privacy.target_epsilon"
+            accountant,
+            "enforce privacy.epsilon_budget" if budget is not None else "reach privacy.target_epsilon",
         )
 
     # --- sigma and the number of steps --------------------------------------------------------------------------------
@@ -140,7 +141,9 @@ def build_plan(cfg, n: int, variant: Variant, *, numel: int, sampler_seed: int) 
     sigma = 0.0
     if noisy:
         q = float(cfg.train.batch_size) / n if sampler_kind == "poisson" else None
-        if p.sigma is None:  # calibrated over a fixed Poisson schedule (Li et al. calibrate to eps = 3, 8 this way)
+        if (
+            p.sigma is None
+        ):  # calibrated over a fixed Poisson schedule (Li et al. calibrate to eps = 3, 8 this way)
             if q is None or q > 1:
                 build_sampler(cfg, n, 1, sampler_seed)  # the clear batch-size error
             account_sigma = calibrate_sigma(float(target), delta, q, int(steps), accountant)
@@ -152,7 +155,9 @@ def build_plan(cfg, n: int, variant: Variant, *, numel: int, sampler_seed: int) 
             )
         else:
             sigma = float(p.sigma)
-        if sampler_kind == "poisson" and steps is None:  # train until the target epsilon (Tang: "until eps ~ 7")
+        if (
+            sampler_kind == "poisson" and steps is None
+        ):  # train until the target epsilon (Tang: "until eps ~ 7")
             if q > 1:
                 build_sampler(cfg, n, 1, sampler_seed)
             steps = steps_to_epsilon(float(target), sigma * variant.sigma_factor, q, delta, accountant)
@@ -206,7 +211,9 @@ def build_plan(cfg, n: int, variant: Variant, *, numel: int, sampler_seed: int) 
                         "non-amplified release is paid in full up front); raise the budget or privacy.sigma"
                     )
         elif budget is not None:
-            max_steps = min(sampler.steps, steps_to_epsilon(budget, account_sigma, sampler.q, delta, accountant))
+            max_steps = min(
+                sampler.steps, steps_to_epsilon(budget, account_sigma, sampler.q, delta, accountant)
+            )
             if max_steps < 1:
                 raise ConfigError(
                     f"privacy.epsilon_budget={budget:g} is below the epsilon of a single step under {accountant}: "
@@ -224,7 +231,9 @@ def build_plan(cfg, n: int, variant: Variant, *, numel: int, sampler_seed: int) 
         )
     if variant.needs_clean and not variant.private:
         notes.append(f"{variant.name} uses clean (un-noised) statistics: a non-private baseline")
-    if not (math.isfinite(sigma) and sigma >= 0):  # validate() refuses this; a calibration must never yield it
+    if not (
+        math.isfinite(sigma) and sigma >= 0
+    ):  # validate() refuses this; a calibration must never yield it
         raise ConfigError(f"privacy.sigma={sigma!r} must be a finite number >= 0")
     return PrivacyPlan(
         sampler=sampler,

@@ -140,7 +140,9 @@ class Privatizer:
                 sq_std = rel.noise_scale * self.sigma * rel.square_sensitivity(self.clip, self.B)
                 w2 = self.mechanisms[1].next()
                 noisy_square = [q + sq_std * w for q, w in zip(noisy_square, w2, strict=True)]
-        if scale is not None:  # scale-then-privatize: undo the scaling after the noise (Ganesh Alg. 8, line 6)
+        if (
+            scale is not None
+        ):  # scale-then-privatize: undo the scaling after the noise (Ganesh Alg. 8, line 6)
             noisy = [g / s for g, s in zip(noisy, scale, strict=True)]
             mean = [m / s for m, s in zip(mean, scale, strict=True)]
         ctx = StepContext(

@@ -36,7 +36,9 @@ class RunSeeds:
 
     @classmethod
     def derive(cls, seed: int, *, secure: bool = False) -> RunSeeds:
-        dropout = int(np.random.SeedSequence([int(seed), _DROPOUT_STREAM]).generate_state(1, np.uint64)[0] >> 1)
+        dropout = int(
+            np.random.SeedSequence([int(seed), _DROPOUT_STREAM]).generate_state(1, np.uint64)[0] >> 1
+        )
         if secure:
             return cls(
                 model=int(seed),
@@ -47,7 +49,11 @@ class RunSeeds:
                 secure=True,
             )
         return cls(
-            model=int(seed), sampler=int(seed), noise=int(seed), dropout=dropout, side=int(seed) + _SIDE_STREAM,
+            model=int(seed),
+            sampler=int(seed),
+            noise=int(seed),
+            dropout=dropout,
+            side=int(seed) + _SIDE_STREAM,
             secure=False,
         )
 

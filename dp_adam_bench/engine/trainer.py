@@ -75,7 +75,9 @@ def split_public(cfg, n: int, seed: int, needed: bool) -> tuple[torch.Tensor, to
 class Run:
     """Everything a run is made of, built (and validated) before any file is written: see :func:`prepare`."""
 
-    def __init__(self, cfg, task, backend, variant, plan: PrivacyPlan, seeds: RunSeeds, population, public, ddp):
+    def __init__(
+        self, cfg, task, backend, variant, plan: PrivacyPlan, seeds: RunSeeds, population, public, ddp
+    ):
         self.cfg, self.task, self.backend, self.variant, self.plan = cfg, task, backend, variant, plan
         self.seeds, self.population, self.public, self.ddp = seeds, population, public, ddp
 
@@ -117,8 +119,9 @@ def prepare(cfg, task) -> Run:
             "Poisson batches are unbounded: use train.sampler=single_pass"
         )
     try:
-        plan = build_plan(cfg, len(population), variant, numel=backend.numel_per_trial,
-                          sampler_seed=seeds.sampler)
+        plan = build_plan(
+            cfg, len(population), variant, numel=backend.numel_per_trial, sampler_seed=seeds.sampler
+        )
     except Exception:
         backend.close()
         raise
@@ -159,7 +162,9 @@ def _rank_seed(seeds: RunSeeds, rank: int, step: int) -> int:
     return int(np.random.SeedSequence([seeds.dropout, rank, step]).generate_state(1, np.uint64)[0] >> 1)
 
 
-def run(cfg, folder: Path, log_metrics: Callable[[int, dict], None], task=None, prepared: Run | None = None) -> dict:
+def run(
+    cfg, folder: Path, log_metrics: Callable[[int, dict], None], task=None, prepared: Run | None = None
+) -> dict:
     """Train one run whose folder is ``folder``; returns its summary. Data-parallel, every rank must call it (same
     config, same folder); only rank 0's summary carries metrics and epsilons, and only rank 0 calls
     ``log_metrics`` or writes into ``folder``. ``prepared``: the :func:`prepare` result (built here if None)."""
@@ -260,7 +265,9 @@ def _train(r: Run, folder: Path, log_metrics, t0: float) -> dict:
         ddp.broadcast_([p.data for p in backend.model.parameters()])
 
     every_ckpt = int(cfg.train.get("checkpoint_every") or 0)
-    every_log = int(cfg.train.get("log_every") or 100)  # read once: an OmegaConf lookup per step is slow on toys
+    every_log = int(
+        cfg.train.get("log_every") or 100
+    )  # read once: an OmegaConf lookup per step is slow on toys
     every_eval = int(cfg.train.get("eval_every") or 0)
     stop_after = cfg.train.get("stop_after")  # test hook: simulate a kill after this many steps
     side_batch = int((cfg.train.get("side_info") or {}).get("batch_size", 256))

@@ -86,7 +86,7 @@ class Adam(Variant):
             p.addcdiv_(m, self.denominator(v, bc2_sqrt, state), value=-step_size)
 
 
-class _SubtractBias(Adam):
+class SubtractBias(Adam):
     """v^ - Phi_t floored at ``floor`` inside the square root, no eps outside."""
 
     floor = 1e-8
@@ -105,7 +105,7 @@ class _SubtractBias(Adam):
         return (v / bc2_sqrt**2 - phi).clamp_(min=self.floor).sqrt_()
 
 
-class AdamBC(_SubtractBias):
+class AdamBC(SubtractBias):
     """Tang & Lecuyer's DP-AdamBC: m^ / sqrt(max(v^ - Phi, gamma'))."""
 
     name = "adambc"
@@ -117,7 +117,7 @@ class AdamBC(_SubtractBias):
         self.floor = float(gamma)
 
 
-class BiasCorrection(_SubtractBias):
+class BiasCorrection(SubtractBias):
     """Ganesh et al.'s bias correction: m^ / sqrt(max(v^ - Phi_t, eps_s^2))."""
 
     name = "bc"

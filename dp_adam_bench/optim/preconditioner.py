@@ -23,11 +23,11 @@ from __future__ import annotations
 import torch
 
 from dp_adam_bench.optim.adagrad import AdaGradIME, AdaGradPP
-from dp_adam_bench.optim.adam import Adam, AdamIME, _SubtractBias
+from dp_adam_bench.optim.adam import Adam, AdamIME, SubtractBias
 from dp_adam_bench.optim.base import Variant
 
 
-def _bias_term(variant: _SubtractBias, state: dict) -> float:
+def _bias_term(variant: SubtractBias, state: dict) -> float:
     if variant.phi_override is not None:
         return float(variant.phi_override)
     return float(getattr(variant, "phi_scale", 1.0)) * float(state["phi"])
@@ -44,7 +44,7 @@ def effective_preconditioner(variant: Variant, state: dict) -> dict[str, list[to
         for v in state["v"]:
             v_hat = v / bc2
             denom = variant.denominator(v.clone(), bc2**0.5, state)
-            if isinstance(variant, _SubtractBias):
+            if isinstance(variant, SubtractBias):
                 nu = v_hat - _bias_term(variant, state)
                 at_floor = nu < variant.floor
             elif isinstance(variant, AdamIME):

@@ -25,7 +25,7 @@ from scipy.optimize import minimize
 from scipy.signal import fftconvolve
 
 from dp_adam_bench.privacy.mechanisms import NoiseMechanism
-from dp_adam_bench.privacy.strategies import ToeplitzStrategy, _check_n
+from dp_adam_bench.privacy.strategies import ToeplitzStrategy, check_n
 from dp_adam_bench.privacy.toeplitz import inverse_series, sqrt_prefix_coefficients
 
 __all__ = ["BandedMechanism", "BandedToeplitzStrategy", "inverse_series", "optimize_bandmf"]
@@ -88,7 +88,7 @@ def optimize_bandmf(n: int, bands: int, *, maxiter: int = 2000, tol: float = 1e-
     A C^{-1} is Toeplitz with f = cumsum(e), and ||Toeplitz(f)||_F^2 = sum_k (n - k) f_k^2. n = 2000, b = 128
     takes well under a second. Results are cached per (n, bands, maxiter, tol) within the process.
     """
-    n = _check_n(n)
+    n = check_n(n)
     bands = int(bands)
     if bands < 1:
         raise ValueError(f"bands must be >= 1, got {bands}")

@@ -29,7 +29,7 @@ from scipy.optimize import minimize
 from scipy.signal import fftconvolve
 
 from dp_adam_bench.privacy.mechanisms import NoiseMechanism
-from dp_adam_bench.privacy.strategies import ToeplitzStrategy, _check_n
+from dp_adam_bench.privacy.strategies import ToeplitzStrategy, check_n
 
 
 def blt_inverse_coefficients(theta: np.ndarray, omega: np.ndarray, n: int) -> np.ndarray:
@@ -236,7 +236,7 @@ def optimize_blt_parameters(
     buffers takes 0.3 to 2 s on one core (the greedy chain makes the cost grow like buffers^2). Cached per
     argument tuple in the process.
     """
-    n = _check_n(n)
+    n = check_n(n)
     if int(buffers) < 1:
         raise ValueError(f"buffers must be >= 1, got {buffers}")
     _, theta, mass = _optimize_blt_cached(

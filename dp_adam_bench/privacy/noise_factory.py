@@ -39,7 +39,10 @@ class NoiseKind:
                 raise ConfigError(f"noise.{name}={v!r} must be an integer >= 1")
         limit = noise_cfg.get("max_memory_gb")
         if limit is not None and (
-            isinstance(limit, bool) or not isinstance(limit, (int, float)) or not math.isfinite(limit) or limit <= 0
+            isinstance(limit, bool)
+            or not isinstance(limit, (int, float))
+            or not math.isfinite(limit)
+            or limit <= 0
         ):
             raise ConfigError(f"noise.max_memory_gb={limit!r} must be a finite number > 0")
 
@@ -60,7 +63,9 @@ def _blt(noise_cfg, steps: int) -> Strategy:
 NOISE = Registry("noise mechanism", "noise.kind")
 NOISE.register("none", NoiseKind(strategy=None))
 NOISE.register("independent", NoiseKind(strategy=lambda cfg, steps: IdentityStrategy(steps)))
-NOISE.register("dpmf_sqrt", NoiseKind(strategy=lambda cfg, steps: sqrt_prefix_strategy(steps), correlated=True))
+NOISE.register(
+    "dpmf_sqrt", NoiseKind(strategy=lambda cfg, steps: sqrt_prefix_strategy(steps), correlated=True)
+)
 NOISE.register("bandmf", NoiseKind(strategy=_bandmf, correlated=True, int_params=("bands",)))
 NOISE.register("blt", NoiseKind(strategy=_blt, correlated=True, int_params=("buffers",)))
 

@@ -45,7 +45,7 @@ __all__ = [
 ]
 
 
-def _check_n(n: int) -> int:
+def check_n(n: int) -> int:
     if not isinstance(n, (int, np.integer)) or n < 1:
         raise ValueError(f"number of steps n must be a positive integer, got {n!r}")
     return int(n)
@@ -57,7 +57,7 @@ class Strategy(ABC):
     name: str = "strategy"
 
     def __init__(self, n: int):
-        self.n = _check_n(n)
+        self.n = check_n(n)
 
     # --- the matrices (dense; fine for n up to a few thousand) -----------------------------------------------
     @abstractmethod
@@ -214,4 +214,4 @@ class SqrtPrefixStrategy(ToeplitzStrategy):
 
 def sqrt_prefix_strategy(n: int) -> SqrtPrefixStrategy:
     """:class:`SqrtPrefixStrategy` over n steps."""
-    return SqrtPrefixStrategy(_check_n(n))
+    return SqrtPrefixStrategy(check_n(n))

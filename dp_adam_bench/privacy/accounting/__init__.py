@@ -23,7 +23,7 @@ from dp_adam_bench.privacy.accounting.base import (
     ACCOUNTANTS,
     Accountant,
     AccountantFailure,
-    _cached_epsilon,
+    cached_epsilon,
     get_accountant,
     get_guarantee_accountant,
     guarantee_names,
@@ -45,14 +45,14 @@ from dp_adam_bench.privacy.accounting.pld import (
     PldAccountant,
     single_step_pld,
 )
-from dp_adam_bench.privacy.accounting.prv import PRV_EPS_ERROR, PRV_MAX_POINTS, PrvAccountant, _prv_triple
+from dp_adam_bench.privacy.accounting.prv import PRV_EPS_ERROR, PRV_MAX_POINTS, PrvAccountant, prv_triple
 from dp_adam_bench.privacy.accounting.rdp import RDP_ORDERS, RdpAccountant, rdp_vector
 
 
 def clear_caches() -> None:
     """Forget every cached epsilon and grid (benchmarks time cold calls)."""
-    _cached_epsilon.cache_clear()
-    _prv_triple.cache_clear()
+    cached_epsilon.cache_clear()
+    prv_triple.cache_clear()
     rdp_vector.cache_clear()
     single_step_pld.cache_clear()
 

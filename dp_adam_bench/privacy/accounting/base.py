@@ -60,7 +60,7 @@ class Accountant(ABC):
         events, delta = compact(events), check_delta(delta)
         if not events:
             return 0.0
-        return _cached_epsilon(self, events, delta)
+        return cached_epsilon(self, events, delta)
 
     def bounds(self, events: Iterable[LedgerEvent], delta: float) -> tuple[float, float]:
         """(lower, upper) with lower <= true epsilon <= upper as far as this method knows (upper = inf: no
@@ -104,7 +104,7 @@ class Accountant(ABC):
 
 
 @lru_cache(maxsize=4096)
-def _cached_epsilon(acc: Accountant, events: tuple[LedgerEvent, ...], delta: float) -> float:
+def cached_epsilon(acc: Accountant, events: tuple[LedgerEvent, ...], delta: float) -> float:
     value = float(acc._guarded(acc._epsilon, events, delta))
     return max(value, 0.0)
 

@@ -52,13 +52,13 @@ class PrvAccountant(Accountant):
         events, delta = compact(events), check_delta(delta)
         if not events:
             return 0.0
-        return max(self._guarded(_prv_triple, self, events, delta)[1], 0.0)
+        return max(self._guarded(prv_triple, self, events, delta)[1], 0.0)
 
     def _epsilon(self, events: tuple[LedgerEvent, ...], delta: float) -> float:
-        return _prv_triple(self, events, delta)[2]
+        return prv_triple(self, events, delta)[2]
 
     def _bounds(self, events: tuple[LedgerEvent, ...], delta: float) -> tuple[float, float]:
-        lower, _, upper = _prv_triple(self, events, delta)
+        lower, _, upper = prv_triple(self, events, delta)
         return max(lower, 0.0), max(upper, 0.0)
 
     def grid_points(
@@ -82,7 +82,7 @@ class PrvAccountant(Accountant):
 
 
 @lru_cache(maxsize=1024)
-def _prv_triple(
+def prv_triple(
     acc: PrvAccountant, events: tuple[LedgerEvent, ...], delta: float
 ) -> tuple[float, float, float]:
     """(lower, estimate, upper) of Opacus' PRV accountant for the events."""
