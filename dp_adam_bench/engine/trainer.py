@@ -19,6 +19,7 @@ evaluates, logs, and writes the run folder (metrics, diagnostics, checkpoints); 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -38,6 +39,7 @@ from dp_adam_bench.engine.privatizer import Privatizer
 from dp_adam_bench.engine.seeds import RunSeeds
 from dp_adam_bench.errors import ConfigError
 from dp_adam_bench.optim.registry import build_variant
+from dp_adam_bench.privacy.accounting import PrivacyLedger
 from dp_adam_bench.privacy.noise_factory import build_mechanisms
 
 log = logging.getLogger(__name__)
@@ -249,8 +251,6 @@ def _train(r: Run, folder: Path, log_metrics, t0: float) -> dict:
         state = payload["variant"]
         privatizer.load_state_dict(payload["privatizer"])
         sampler.load_state_dict(payload["sampler"])
-        from dp_adam_bench.privacy.accounting import PrivacyLedger
-
         ledger = PrivacyLedger.from_dict(payload["ledger"])
         diagnostics.load_state_dict(payload["diagnostics"])
         side_gen.set_state(payload["side_rng"].cpu())
@@ -367,8 +367,6 @@ def _train(r: Run, folder: Path, log_metrics, t0: float) -> dict:
 
 def _with_clean(ctx, clean):
     """A copy of ``ctx`` carrying the clean mean, for the diagnostics alone."""
-    import dataclasses
-
     return dataclasses.replace(ctx, clean=clean)
 
 
