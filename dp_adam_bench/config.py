@@ -81,6 +81,13 @@ def integer(cfg: Mapping, dotted: str, *, low: int = 1, null: bool = False, defa
     return v
 
 
+def boolean(cfg: Mapping, dotted: str, default=False) -> bool:
+    v = _get(cfg, dotted, default)
+    if not isinstance(v, bool):
+        raise ConfigError(f"{dotted}={v!r} must be true or false")
+    return v
+
+
 def choice(cfg: Mapping, dotted: str, valid, default=_MISSING):
     v = _get(cfg, dotted, default)
     if v not in valid:
@@ -96,9 +103,7 @@ def validate(cfg: Mapping) -> None:
     from dp_adam_bench.privacy.noise_factory import NOISE
     from dp_adam_bench.tasks.registry import TASKS
 
-    seed = _get(cfg, "seed")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ConfigError(f"seed={seed!r} must be an integer >= 0")
+    integer(cfg, "seed", low=0)
     choice(cfg, "profile", PROFILES, default="cpu")
     TASKS.check(_get(cfg, "task.name"))
     integer(cfg, "task.trials", default=1)
@@ -123,13 +128,12 @@ def validate(cfg: Mapping) -> None:
     kind = NOISE.check(_get(cfg, "noise.kind"))
     noise = NOISE.get(kind)
     noise.validate(_get(cfg, "noise"))
+    number(
+        cfg, "noise.max_memory_gb", low=0, low_open=True, null=True, default=None
+    )  # any mechanism's buffers
     sampler = choice(cfg, "train.sampler", SAMPLERS)
-    accountant = _get(cfg, "privacy.accountant", "rdp")
-    if accountant not in ACCOUNTANTS:
-        raise ConfigError(f"privacy.accountant={accountant!r}; valid: {', '.join(ACCOUNTANTS)}")
-    secure = _get(cfg, "privacy.secure_rng", False)
-    if not isinstance(secure, bool):
-        raise ConfigError(f"privacy.secure_rng={secure!r} must be true or false")
+    ACCOUNTANTS.check(_get(cfg, "privacy.accountant", "rdp"))
+    boolean(cfg, "privacy.secure_rng")
     if noise.private:
         _validate_privacy(cfg, kind, sampler, noise.correlated)
 
@@ -153,7 +157,7 @@ def validate(cfg: Mapping) -> None:
             )
 
     # --- engine and machine ---------------------------------------------------------------------------------------
-    choice(cfg, "train.clipping", ENGINES, default="bk")
+    ENGINES.check(_get(cfg, "train.clipping", "bk"))
     integer(cfg, "train.physical_batch_size")
     integer(cfg, "train.log_every")
     for field in ("eval_every", "checkpoint_every"):
@@ -168,18 +172,13 @@ def validate(cfg: Mapping) -> None:
     if not isinstance(device, str) or not (device in ("auto", "cpu") or device.startswith("cuda")):
         raise ConfigError(f"train.device={device!r}; valid: auto, cpu, cuda, cuda:<index>")
     if device.startswith("cuda"):
-        import torch
+        from dp_adam_bench.engine.trainer import resolve_device
 
-        if not torch.cuda.is_available():
-            raise ConfigError(
-                f"train.device={device!r} but no CUDA device is available; use train.device=cpu or auto"
-            )
+        resolve_device(device)  # ConfigError when no CUDA device is available
     integer(cfg, "train.side_info.public_examples", default=1000)
     integer(cfg, "train.side_info.batch_size", default=256)
     for flag in ("force", "resume", "eval_at_start"):
-        v = _get(cfg, f"train.{flag}", False)
-        if not isinstance(v, bool):
-            raise ConfigError(f"train.{flag}={v!r} must be true or false")
+        boolean(cfg, f"train.{flag}")
     mode = _get(cfg, "logger.wandb.mode", None)
     if mode not in WANDB_MODES:
         raise ConfigError(

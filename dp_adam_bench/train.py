@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import sys
-from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -48,44 +47,38 @@ def train(cfg: DictConfig) -> dict | None:
     task's data, and the privacy plan (batch larger than the data set, a budget the run cannot meet, a noise
     mechanism that cannot fit in memory, ...)."""
     from dp_adam_bench.engine import distributed, trainer
-    from dp_adam_bench.tasks.registry import build_task
 
     data = run_config(cfg)
     validate(data)
     ddp = distributed.setup(data["train"].get("distributed", "auto"), data["train"].get("device", "auto"))
-    root = cfg.paths.runs or runs_dir()
-    folder_path = Path(root) / data["experiment_name"] / run_id(data)
+    root, name, rid = cfg.paths.runs or runs_dir(), data["experiment_name"], run_id(data)
     # rank 0 decides for all: its folder writes below must not change another rank's answer
-    if ddp.broadcast_object(is_complete(folder_path) and not cfg.train.force):
-        if ddp.is_main:
-            print(f"complete, skipped: {folder_path} (train.force=true reruns it)", file=sys.stderr)
+    if _skip(ddp, is_complete(RunFolder.folder(root, name, rid)) and not cfg.train.force, root, name, rid):
         return None
     run_cfg = OmegaConf.create(data)
-    if run_cfg.train.get("threads"):
-        import torch
-
-        torch.set_num_threads(int(run_cfg.train.threads))
     try:
-        import torch
-
-        torch.manual_seed(int(run_cfg.seed))
-        task = build_task(run_cfg.task, trials=int(run_cfg.task.get("trials", 1)), seed=int(run_cfg.seed))
-        prepared = trainer.prepare(run_cfg, task)
+        prepared = trainer.build(run_cfg)
     except ConfigError:
         raise
     except ValueError as err:  # a task or variant refusing one of its fields
         raise ConfigError(str(err)) from err
+    try:
+        lock = (
+            RunFolder.acquire(root, name, rid) if ddp.is_main else None
+        )  # RunLockedError if running elsewhere
+    except BaseException:
+        prepared.backend.close()
+        raise
+    # under the lock: another launch may have finished the run while this one prepared
+    if _skip(ddp, lock is not None and is_complete(lock.path) and not cfg.train.force, root, name, rid):
+        prepared.backend.close()
+        if lock is not None:
+            lock.release()
+        return None
     if not ddp.is_main:  # trains its share of every step; the run folder and W&B are rank 0's
-        trainer.run(run_cfg, folder_path, lambda step, metrics: None, prepared=prepared)
+        trainer.run(run_cfg, RunFolder.folder(root, name, rid), lambda step, metrics: None, prepared=prepared)
         return None
-    lock = RunFolder.acquire(
-        root, data["experiment_name"], run_id(data)
-    )  # RunLockedError if it runs elsewhere
-    if is_complete(lock.path) and not cfg.train.force:  # finished by another launch while this one prepared
-        lock.release()
-        print(f"complete, skipped: {lock.path} (train.force=true reruns it)", file=sys.stderr)
-        return None
-    folder = RunFolder.create(root, data["experiment_name"], data, lock=lock)
+    folder = RunFolder.create(root, name, data, lock=lock)
     tags = [
         data["experiment_name"],
         data["task"]["name"],
@@ -118,6 +111,18 @@ def train(cfg: DictConfig) -> dict | None:
         folder.close()
     log.info("run %s: %s", folder.path.name, summary["metrics"])
     return summary
+
+
+def _skip(ddp, complete: bool, root, name: str, rid: str) -> bool:
+    """Rank 0's answer to "is this run complete?", shared with every rank; says so when it is."""
+    if not ddp.broadcast_object(complete):
+        return False
+    if ddp.is_main:
+        print(
+            f"complete, skipped: {RunFolder.folder(root, name, rid)} (train.force=true reruns it)",
+            file=sys.stderr,
+        )
+    return True
 
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")

@@ -10,7 +10,7 @@ import torch
 
 from dp_adam_bench.train import train
 
-from helpers import compose_cfg
+from helpers import compose_cfg, tiny_poisson
 
 LOGISTIC = [
     "task=logistic_1d",
@@ -77,21 +77,8 @@ def test_empty_poisson_batch_on_a_model_task(isolated_dirs, monkeypatch):
 
     monkeypatch.setitem(registry.TASKS, "tiny", "tiny_task:TinyTask")
     for engine in ("bk", "hooks", "loop"):
-        s = train(
-            compose_cfg(
-                [
-                    "task.name=tiny",
-                    "optimizer=adam",
-                    "noise=independent",
-                    "train.sampler=poisson",
-                    "train.batch_size=0.2",
-                    "train.steps=6",
-                    f"train.clipping={engine}",
-                    f"experiment_name=empty_{engine}",
-                    "logger.wandb.mode=disabled",
-                ]
-            )
-        )
+        extra = ("train.batch_size=0.2", f"train.clipping={engine}")  # q = 0.2 / 64: mostly empty batches
+        s = train(compose_cfg(tiny_poisson(f"empty_{engine}", 6, *extra)))
         assert s["steps"] == 6 and math.isfinite(s["metrics"]["test_loss"])
 
 
@@ -224,22 +211,8 @@ def test_an_accountant_failing_never_loses_the_run(isolated_dirs, monkeypatch):
     from dp_adam_bench.tasks import registry
 
     monkeypatch.setitem(registry.TASKS, "tiny", "tiny_task:TinyTask")
-    s = train(
-        compose_cfg(
-            [
-                "task.name=tiny",
-                "optimizer=adam",
-                "noise=independent",
-                "train.sampler=poisson",
-                "train.batch_size=8",
-                "train.steps=3",
-                "privacy.sigma=0.001",
-                "train.eval_every=1",
-                "experiment_name=tinysigma",
-                "logger.wandb.mode=disabled",
-            ]
-        )
-    )
+    extra = ("train.batch_size=8", "privacy.sigma=0.001", "train.eval_every=1")
+    s = train(compose_cfg(tiny_poisson("tinysigma", 3, *extra)))
     assert "prv" in s["epsilon_errors"] and "rdp" in s["epsilon"]
     (folder,) = (isolated_dirs / "runs" / "tinysigma").iterdir()
     summary = json.loads((folder / "summary.json").read_text())

@@ -36,10 +36,10 @@ class VectorBackend:
         """Coordinates of all trials together (the noise mechanism's buffers hold every trial's noise)."""
         return sum(p.numel() for p in self.params)
 
-    def release(self, idx: torch.Tensor, privatizer: Privatizer, scale, ddp) -> tuple[Release, torch.Tensor]:
-        per_ex = self.task.per_example_grads(self.params, idx)
-        mean, norms = privatizer.clipped_mean(per_ex, scale)
-        return privatizer.release_mean(mean, scale), _counts(norms, privatizer.clip)
+    supports_scale = True  # per-example gradients are materialised
+
+    def release(self, idx: torch.Tensor, privatizer: Privatizer, scale) -> Release:
+        return privatizer.release_per_example(self.task.per_example_grads(self.params, idx), scale)
 
     def evaluate(self, *, final: bool) -> dict:
         metrics = self.task.evaluate(self.params)
@@ -79,18 +79,23 @@ class ModelBackend:
         self.engine = build_engine(engine_name, model, task.loss_per_example)
         self.physical = int(physical_batch_size)
         self.trial_dims = 0
+        self._counts = torch.zeros(2, dtype=torch.float64, device=device)
 
     @property
     def numel_per_trial(self) -> int:
         return sum(p.numel() for p in self.params)
 
-    def release(self, idx: torch.Tensor, privatizer: Privatizer, scale, ddp) -> tuple[Release, torch.Tensor]:
+    @property
+    def supports_scale(self) -> bool:
+        return self.engine.supports_scale
+
+    def release(self, idx: torch.Tensor, privatizer: Privatizer, scale) -> Release:
+        """The logical batch ``idx``: this rank's share in physical micro-batches, clipped sums all-reduced, then
+        the privatizer's releases. Counts for :meth:`clipped_fraction` stay on the device (no host sync)."""
+        ddp, clip = self.ddp, privatizer.clip
         summed = [torch.zeros_like(p) for p in self.params]
-        counts = torch.zeros(
-            2, dtype=torch.float64, device=self.device
-        )  # (examples, clipped ones) on this rank
+        self._counts = torch.zeros(2, dtype=torch.float64, device=self.device)  # (examples, clipped) here
         self.model.train()
-        clip = privatizer.clip
         for chunk in idx[ddp.rank :: ddp.world].split(
             self.physical
         ):  # this rank's share of the logical batch
@@ -100,9 +105,17 @@ class ModelBackend:
             cs = self.engine.clipped_sum(batch, clip, scale)
             for acc, s in zip(summed, cs.summed, strict=True):
                 acc.add_(s)
-            counts += _counts(cs.norms, clip).to(counts)
+            self._counts[0] += cs.norms.numel()
+            if clip:
+                self._counts[1] += (cs.norms > clip).sum()
         ddp.all_reduce_(summed)  # the global sum of clipped gradients, before any noise
-        return privatizer.release_sum(summed, scale), counts
+        return privatizer.release_sum(summed, scale)
+
+    def clipped_fraction(self, clip: float | None) -> dict:
+        """Diagnostic: the fraction of the last step's examples whose norm exceeded C (a collective under DDP)."""
+        counts = self._counts.clone()
+        self.ddp.all_reduce_([counts])
+        return {"diag/frac_clipped": float(counts[1] / counts[0]) if clip and counts[0] > 0 else 0.0}
 
     def public_grad(self, pick: torch.Tensor) -> list[torch.Tensor]:
         """Mean gradient of the public side-information batch ``pick`` (the same indices on every rank).
@@ -135,13 +148,3 @@ class ModelBackend:
 
     def close(self) -> None:
         self.engine.close()
-
-
-def _counts(norms: torch.Tensor, clip: float | None) -> torch.Tensor:
-    """(examples, examples clipped) of one batch's per-example norms; with trial dims, clipped is averaged over
-    the trials."""
-    n = norms.shape[0]
-    clipped = 0.0
-    if clip and n:
-        clipped = float((norms > clip).sum()) / (norms.numel() // n)
-    return torch.tensor([float(n), clipped], dtype=torch.float64)

@@ -96,21 +96,23 @@ def _check_accountant_is_guarantee(accountant: str, what: str) -> None:
         )
 
 
+def check_batch_fits(cfg, n: int) -> None:
+    """ConfigError when the (expected) batch is larger than the ``n`` private examples."""
+    t = cfg.train
+    if float(t.batch_size) > n:
+        kind = " (expected batch size)" if t.sampler == "poisson" else ""
+        raise ConfigError(
+            f"train.batch_size={t.batch_size}{kind} is larger than the training set ({n} examples)"
+        )
+
+
 def build_sampler(cfg, n: int, steps: int | None, seed: int):
-    """The sampler the config names, over ``n`` private examples; ConfigError if the batch cannot be drawn."""
+    """The sampler the config names, over ``n`` private examples (checked by :func:`check_batch_fits`)."""
     t = cfg.train
     if t.sampler == "poisson":
-        if not float(t.batch_size) <= n:
-            raise ConfigError(
-                f"train.batch_size={t.batch_size} (expected batch size) is larger than the training set "
-                f"({n} examples)"
-            )
         return PoissonSampler(n, float(t.batch_size), steps=steps, seed=seed)
-    if int(t.batch_size) > n:
-        raise ConfigError(f"train.batch_size={t.batch_size} is larger than the training set ({n} examples)")
     cls = ShuffleSampler if t.sampler == "shuffle" else SinglePassSampler
-    sampler = cls(n, int(t.batch_size), epochs=int(t.epochs), seed=seed)
-    return sampler
+    return cls(n, int(t.batch_size), epochs=int(t.epochs), seed=seed)
 
 
 def build_plan(cfg, n: int, variant: Variant, *, numel: int, sampler_seed: int) -> PrivacyPlan:
@@ -128,6 +130,17 @@ def build_plan(cfg, n: int, variant: Variant, *, numel: int, sampler_seed: int) 
     target = p.get("target_epsilon") if noisy else None
     sampler_kind = cfg.train.sampler
     notes: list[str] = []
+    check_batch_fits(cfg, n)
+    if noisy and variant.needs_fixed_batch and sampler_kind == "poisson":
+        raise ConfigError(
+            f"optimizer.name={variant.name!r} bounds the sensitivity of g^2 assuming at most B examples per batch; "
+            "Poisson batches are unbounded: use train.sampler=single_pass"
+        )
+    if p.get("secure_rng") and int(cfg.train.get("checkpoint_every") or 0):
+        raise ConfigError(
+            "privacy.secure_rng=true with train.checkpoint_every > 0: a checkpoint holds the noise generators' "
+            "state, from which anyone holding the run folder could regenerate the noise; use checkpoint_every=0"
+        )
 
     if noisy and (budget is not None or target is not None):
         _check_accountant_is_guarantee(
@@ -141,11 +154,8 @@ def build_plan(cfg, n: int, variant: Variant, *, numel: int, sampler_seed: int) 
     sigma = 0.0
     if noisy:
         q = float(cfg.train.batch_size) / n if sampler_kind == "poisson" else None
-        if (
-            p.sigma is None
-        ):  # calibrated over a fixed Poisson schedule (Li et al. calibrate to eps = 3, 8 this way)
-            if q is None or q > 1:
-                build_sampler(cfg, n, 1, sampler_seed)  # the clear batch-size error
+        # sigma = null: calibrated over a fixed Poisson schedule (Li et al. calibrate to eps = 3, 8 this way)
+        if p.sigma is None:
             account_sigma = calibrate_sigma(float(target), delta, q, int(steps), accountant)
             sigma = account_sigma / variant.sigma_factor
             calibrated = True
@@ -155,11 +165,8 @@ def build_plan(cfg, n: int, variant: Variant, *, numel: int, sampler_seed: int) 
             )
         else:
             sigma = float(p.sigma)
-        if (
-            sampler_kind == "poisson" and steps is None
-        ):  # train until the target epsilon (Tang: "until eps ~ 7")
-            if q > 1:
-                build_sampler(cfg, n, 1, sampler_seed)
+        # train.steps = null: train until the target epsilon (Tang: "until eps ~ 7")
+        if sampler_kind == "poisson" and steps is None:
             steps = steps_to_epsilon(float(target), sigma * variant.sigma_factor, q, delta, accountant)
             if steps < 1:
                 one = epsilon(sigma * variant.sigma_factor, q, 1, delta, accountant)

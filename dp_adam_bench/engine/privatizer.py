@@ -18,6 +18,7 @@ batch size given at construction.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -65,8 +66,6 @@ class Privatizer:
         trial_dims: int = 0,
         keep_clean: bool = False,
     ):
-        import math
-
         if not (isinstance(sigma, (int, float)) and math.isfinite(sigma) and sigma >= 0):
             raise ValueError(f"privacy.sigma must be a finite number >= 0, got {sigma}")
         if clip is not None and not (math.isfinite(clip) and clip > 0):

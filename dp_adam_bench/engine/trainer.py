@@ -20,10 +20,12 @@ evaluates, logs, and writes the run folder (metrics, diagnostics, checkpoints); 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +40,7 @@ from dp_adam_bench.engine.plan import PrivacyPlan, build_plan
 from dp_adam_bench.engine.privatizer import Privatizer
 from dp_adam_bench.engine.seeds import RunSeeds
 from dp_adam_bench.errors import ConfigError
+from dp_adam_bench.optim.base import Variant
 from dp_adam_bench.optim.registry import build_variant
 from dp_adam_bench.privacy.accounting import PrivacyLedger
 from dp_adam_bench.privacy.noise_factory import build_mechanisms
@@ -69,27 +72,42 @@ def split_public(cfg, n: int, seed: int, needed: bool) -> tuple[torch.Tensor, to
     side = cfg.train.get("side_info") or {}
     k = int(side.get("public_examples", 1000))
     if not 0 < k < n:
-        raise ValueError(f"train.side_info.public_examples={k} must be in (0, {n}) (the training set size)")
+        raise ConfigError(f"train.side_info.public_examples={k} must be in (0, {n}) (the training set size)")
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(int(side.get("split_seed", 0))))
     return perm[k:].sort().values, perm[:k].sort().values
 
 
+@dataclass
 class Run:
     """Everything a run is made of, built (and validated) before any file is written: see :func:`prepare`."""
 
-    def __init__(
-        self, cfg, task, backend, variant, plan: PrivacyPlan, seeds: RunSeeds, population, public, ddp
-    ):
-        self.cfg, self.task, self.backend, self.variant, self.plan = cfg, task, backend, variant, plan
-        self.seeds, self.population, self.public, self.ddp = seeds, population, public, ddp
+    cfg: object
+    task: object
+    backend: ModelBackend | VectorBackend
+    variant: Variant
+    plan: PrivacyPlan
+    seeds: RunSeeds
+    population: torch.Tensor
+    public: torch.Tensor | None
+    ddp: distributed.DistContext
+
+
+def build(cfg) -> Run:
+    """Threads, seed, the task and :func:`prepare`: the one way a config becomes a :class:`Run`."""
+    from dp_adam_bench.tasks.registry import build_task
+
+    if cfg.train.get("threads"):
+        torch.set_num_threads(int(cfg.train.threads))
+    torch.manual_seed(int(cfg.seed))
+    task = build_task(cfg.task, trials=int(cfg.task.get("trials", 1)), seed=int(cfg.seed))
+    return prepare(cfg, task)
 
 
 def prepare(cfg, task) -> Run:
     """Build the task's model or parameters, the variant and the privacy plan; ConfigError for anything the run
     could not do honestly. Nothing is written."""
     seed = int(cfg.seed)
-    secure = bool(cfg.privacy.get("secure_rng", False))
-    seeds = RunSeeds.derive(seed, secure=secure)
+    seeds = RunSeeds.derive(seed, secure=bool(cfg.privacy.get("secure_rng", False)))
     vector = is_vector_task(task)
     ddp = distributed.setup(cfg.train.get("distributed", "auto"), cfg.train.get("device", "auto"))
     if ddp.active and vector:
@@ -104,35 +122,21 @@ def prepare(cfg, task) -> Run:
     else:
         device = ddp.device or resolve_device(cfg.train.get("device", "auto"))
         model = task.build_model().to(device)
-        engine_name = cfg.train.clipping
-        backend = ModelBackend(task, model, engine_name, cfg.train.physical_batch_size, ddp, device)
-        if variant.scale(variant.init(backend.params)) is not None and not backend.engine.supports_scale:
-            backend.close()
+        backend = ModelBackend(task, model, cfg.train.clipping, cfg.train.physical_batch_size, ddp, device)
+    try:
+        if variant.scale(variant.init(backend.params)) is not None and not backend.supports_scale:
             raise ConfigError(
                 f"optimizer.name={variant.name!r} clips per-coordinate scaled per-example gradients "
-                f"(scale-then-privatize), which train.clipping={engine_name} cannot compute; set train.clipping=bk, "
-                "hooks or functorch"
+                f"(scale-then-privatize), which train.clipping={cfg.train.clipping} cannot compute; set "
+                "train.clipping=bk, hooks or functorch"
             )
-    population, public = split_public(cfg, task.dataset_size, seed, variant.needs_side_info)
-    if variant.needs_fixed_batch and cfg.train.sampler == "poisson" and cfg.noise.kind != "none":
-        backend.close()
-        raise ConfigError(
-            f"optimizer.name={variant.name!r} bounds the sensitivity of g^2 assuming at most B examples per batch; "
-            "Poisson batches are unbounded: use train.sampler=single_pass"
-        )
-    try:
+        population, public = split_public(cfg, task.dataset_size, seed, variant.needs_side_info)
         plan = build_plan(
             cfg, len(population), variant, numel=backend.numel_per_trial, sampler_seed=seeds.sampler
         )
     except Exception:
         backend.close()
         raise
-    if secure and int(cfg.train.get("checkpoint_every") or 0):
-        backend.close()
-        raise ConfigError(
-            "privacy.secure_rng=true with train.checkpoint_every > 0: a checkpoint holds the noise generators' "
-            "state, from which anyone holding the run folder could regenerate the noise; use checkpoint_every=0"
-        )
     return Run(cfg, task, backend, variant, plan, seeds, population, public, ddp)
 
 
@@ -164,22 +168,12 @@ def _rank_seed(seeds: RunSeeds, rank: int, step: int) -> int:
     return int(np.random.SeedSequence([seeds.dropout, rank, step]).generate_state(1, np.uint64)[0] >> 1)
 
 
-def run(
-    cfg, folder: Path, log_metrics: Callable[[int, dict], None], task=None, prepared: Run | None = None
-) -> dict:
+def run(cfg, folder: Path, log_metrics: Callable[[int, dict], None], prepared: Run | None = None) -> dict:
     """Train one run whose folder is ``folder``; returns its summary. Data-parallel, every rank must call it (same
     config, same folder); only rank 0's summary carries metrics and epsilons, and only rank 0 calls
-    ``log_metrics`` or writes into ``folder``. ``prepared``: the :func:`prepare` result (built here if None)."""
-    from dp_adam_bench.tasks.registry import build_task
-
+    ``log_metrics`` or writes into ``folder``. ``prepared``: the :func:`build` result (built here if None)."""
     t0 = time.time()
-    if cfg.train.get("threads"):
-        torch.set_num_threads(int(cfg.train.threads))
-    if prepared is None:
-        torch.manual_seed(int(cfg.seed))
-        task = task or build_task(cfg.task, trials=int(cfg.task.get("trials", 1)), seed=int(cfg.seed))
-        prepared = prepare(cfg, task)
-    r = prepared
+    r = prepared or build(cfg)
     try:
         return _train(r, folder, log_metrics, t0)
     finally:
@@ -265,9 +259,8 @@ def _train(r: Run, folder: Path, log_metrics, t0: float) -> dict:
         ddp.broadcast_([p.data for p in backend.model.parameters()])
 
     every_ckpt = int(cfg.train.get("checkpoint_every") or 0)
-    every_log = int(
-        cfg.train.get("log_every") or 100
-    )  # read once: an OmegaConf lookup per step is slow on toys
+    # read once: an OmegaConf lookup per step is slow on toys
+    every_log = int(cfg.train.get("log_every") or 100)
     every_eval = int(cfg.train.get("eval_every") or 0)
     stop_after = cfg.train.get("stop_after")  # test hook: simulate a kill after this many steps
     side_batch = int((cfg.train.get("side_info") or {}).get("batch_size", 256))
@@ -277,13 +270,12 @@ def _train(r: Run, folder: Path, log_metrics, t0: float) -> dict:
         log_metrics(0, backend.evaluate(final=False))
     last_metrics: dict = {}
     step = start
-    for step, idx in enumerate(sampler.iter_from(start), start=start + 1):
-        if step > plan.steps:  # the plan's epsilon budget: never take the step that would exceed it
-            step -= 1
-            break
+    # plan.steps < sampler.steps when the epsilon budget stops the run: the step that would exceed it is never drawn
+    batches = itertools.islice(sampler.iter_from(start), max(0, plan.steps - start))
+    for step, idx in enumerate(batches, start=start + 1):
         idx = population[idx]
         scale = variant.scale(state)  # once per logical step (stp); None for every other variant
-        release, counts = backend.release(idx, privatizer, scale, ddp)
+        release = backend.release(idx, privatizer, scale)
         ctx = release.ctx
         if public is not None:  # public side information: no clipping, no noise, no privacy cost
             pick = public[torch.randint(len(public), (side_batch,), generator=side_gen)]
@@ -298,12 +290,8 @@ def _train(r: Run, folder: Path, log_metrics, t0: float) -> dict:
                 metrics |= diag
         final_step = step == plan.steps
         if step % every_log == 0 or final_step:
-            if model_task:
-                ddp.all_reduce_([counts])  # every rank logs on the same steps: a collective is safe here
-                metrics |= {
-                    "diag/batch_size": int(idx.numel()),  # realized size: depends on the sample
-                    "diag/frac_clipped": float(counts[1] / counts[0]) if clip and counts[0] > 0 else 0.0,
-                }
+            if model_task:  # every rank logs on the same steps: the all-reduce inside is safe here
+                metrics |= {"diag/batch_size": int(idx.numel())} | backend.clipped_fraction(clip)
             else:
                 metrics |= backend.evaluate(final=final_step)
         if model_task and ddp.is_main and ((every_eval and step % every_eval == 0) or final_step):
@@ -313,6 +301,7 @@ def _train(r: Run, folder: Path, log_metrics, t0: float) -> dict:
                 metrics |= _epsilon_so_far(ledger, delta, accountant)
         if metrics and ddp.is_main:
             log_metrics(step, metrics)
+            _progress(step, plan.steps, metrics, t0)
         if every_ckpt and step % every_ckpt == 0:
             rng_states = ddp.gather_objects(torch.get_rng_state())  # a collective: every rank takes part
             if ddp.is_main:
@@ -335,11 +324,9 @@ def _train(r: Run, folder: Path, log_metrics, t0: float) -> dict:
         if stop_after is not None and step >= int(stop_after):
             raise KeyboardInterrupt(f"train.stop_after={stop_after} reached (simulated kill)")
     stopped_by_budget = plan.steps < sampler.steps
-    if model_task and ddp.is_main and (not last_metrics or stopped_by_budget):
+    if model_task and ddp.is_main and not last_metrics:  # resumed from a checkpoint of the last step
         last_metrics = backend.evaluate(final=True)
-    eps, eps_errors = ({}, {})
-    if plan.noisy and ddp.is_main:
-        eps, eps_errors = _epsilons(ledger, delta)
+    eps, eps_errors = ledger.epsilons_with_errors(delta) if plan.noisy and ddp.is_main else ({}, {})
     summary = {
         "metrics": last_metrics,
         "steps": step,
@@ -381,10 +368,11 @@ def _epsilon_so_far(ledger, delta: float, accountant: str) -> dict:
         return {}
 
 
-def _epsilons(ledger, delta: float) -> tuple[dict, dict]:
-    """epsilon under every accountant, and the reason for each that failed: a failing accountant never loses the
-    run (its summary is still written, with the reason under ``epsilon_errors``)."""
-    return ledger.epsilons_with_errors(delta)
+def _progress(step: int, steps: int, metrics: dict, t0: float) -> None:
+    """One log line per logged step: where the run is, its time, its loss and epsilon so far when known."""
+    shown = {k: v for k, v in metrics.items() if k == "epsilon" or "loss" in k and not k.startswith("diag/")}
+    text = " ".join(f"{k}={v:.4g}" for k, v in shown.items() if isinstance(v, (int, float)))
+    log.info("step %d/%d (%.0f s) %s", step, steps, time.time() - t0, text)
 
 
 def _params_digest(params) -> str:

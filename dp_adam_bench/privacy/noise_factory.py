@@ -6,7 +6,6 @@ Adding a mechanism: a :class:`~dp_adam_bench.privacy.strategies.Strategy` (with 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -37,14 +36,6 @@ class NoiseKind:
             v = noise_cfg.get(name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"noise.{name}={v!r} must be an integer >= 1")
-        limit = noise_cfg.get("max_memory_gb")
-        if limit is not None and (
-            isinstance(limit, bool)
-            or not isinstance(limit, (int, float))
-            or not math.isfinite(limit)
-            or limit <= 0
-        ):
-            raise ConfigError(f"noise.max_memory_gb={limit!r} must be a finite number > 0")
 
 
 def _bandmf(noise_cfg, steps: int) -> Strategy:

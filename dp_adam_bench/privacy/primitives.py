@@ -20,28 +20,13 @@ import warnings
 import numpy as np
 
 from dp_adam_bench.privacy.accounting import gaussian_mu
+from dp_adam_bench.privacy.accounting.checks import check_delta, check_positive, is_real
 
 NEIGHBOURING = ("replace_one", "add_remove")
 
 
-def _is_real(x: object) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
-
-
-def _positive(name: str, value: object) -> float:
-    if not _is_real(value) or not math.isfinite(float(value)) or float(value) <= 0:
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)
-
-
-def _delta_open(name: str, value: object) -> float:
-    if not _is_real(value) or not (0.0 < float(value) < 1.0):
-        raise ValueError(f"{name} must be in (0, 1), got {value!r}")
-    return float(value)
-
-
 def _delta_closed(name: str, value: object) -> float:
-    if not _is_real(value) or not (0.0 <= float(value) < 1.0):
+    if not is_real(value) or not (0.0 <= float(value) < 1.0):
         raise ValueError(f"{name} must be in [0, 1), got {value!r}")
     return float(value)
 
@@ -73,7 +58,7 @@ def laplace_mechanism(value, sensitivity: float, epsilon: float, rng: np.random.
     """f(D) + Lap(Delta_1 / eps) per coordinate: eps-DP for an L1-sensitivity-Delta_1 query (notes, "Recap";
     Dwork et al. 2006). Returns a float for a scalar ``value``, an array otherwise.
     """
-    scale = _positive("sensitivity", sensitivity) / _positive("epsilon", epsilon)
+    scale = check_positive("sensitivity", sensitivity) / check_positive("epsilon", epsilon)
     rng = _rng(rng)
     return _add_noise(value, lambda shape: rng.laplace(0.0, scale, size=shape))
 
@@ -85,9 +70,9 @@ def gaussian_sigma_classic(sensitivity: float, epsilon: float, delta: float, str
     The theorem only covers eps in (0, 1). Outside it this raises ValueError, or with ``strict=False`` warns
     and returns the formula's value (which is then not a proven calibration).
     """
-    sensitivity = _positive("sensitivity", sensitivity)
-    epsilon = _positive("epsilon", epsilon)
-    delta = _delta_open("delta", delta)
+    sensitivity = check_positive("sensitivity", sensitivity)
+    epsilon = check_positive("epsilon", epsilon)
+    delta = check_delta(delta, "delta")
     if epsilon >= 1.0:
         msg = (
             f"the classic Gaussian calibration needs epsilon in (0, 1), got {epsilon!r}; "
@@ -106,13 +91,13 @@ def gaussian_sigma_analytic(sensitivity: float, epsilon: float, delta: float) ->
     Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2) = delta for mu = Delta_2 / sigma by root finding on the
     exact curve (:func:`dp_adam_bench.privacy.accounting.gaussian_delta`). Valid for every eps > 0.
     """
-    sensitivity = _positive("sensitivity", sensitivity)
-    return sensitivity / gaussian_mu(_positive("epsilon", epsilon), _delta_open("delta", delta))
+    sensitivity = check_positive("sensitivity", sensitivity)
+    return sensitivity / gaussian_mu(check_positive("epsilon", epsilon), check_delta(delta, "delta"))
 
 
 def gaussian_mechanism(value, sigma: float, rng: np.random.Generator):
     """f(D) + N(0, sigma^2 I) (notes, "Recap: Gaussian mechanism"); sigma from the calibrations above."""
-    sigma = _positive("sigma", sigma)
+    sigma = check_positive("sigma", sigma)
     rng = _rng(rng)
     return _add_noise(value, lambda shape: rng.normal(0.0, sigma, size=shape))
 
@@ -125,7 +110,7 @@ def gaussian_mechanism(value, sigma: float, rng: np.random.Generator):
 def basic_composition(eps: float, delta: float, k: int) -> tuple[float, float]:
     """k-fold composition of an (eps, delta)-DP mechanism is (k eps, k delta)-DP (notes, "Composition" theorem
     for pure DP; Dwork & Roth 2014, Thm. 3.16 for delta > 0). ``delta`` may be 0 (pure DP)."""
-    eps = _positive("eps", eps)
+    eps = check_positive("eps", eps)
     delta = _delta_closed("delta", delta)
     k = _count("k", k)
     return k * eps, k * delta
@@ -140,10 +125,10 @@ def advanced_composition(eps: float, delta: float, k: int, delta_prime: float) -
     and has mean at most eps tanh(eps / 2) = eps (e^eps - 1)/(e^eps + 1) (Bun & Steinke 2016; Kairouz, Oh &
     Viswanath 2015). Dwork & Roth (2014, Thm. 3.20) state the looser k eps (e^eps - 1).
     """
-    eps = _positive("eps", eps)
+    eps = check_positive("eps", eps)
     delta = _delta_closed("delta", delta)
     k = _count("k", k)
-    delta_prime = _delta_open("delta_prime", delta_prime)
+    delta_prime = check_delta(delta_prime, "delta_prime")
     eps_total = eps * math.sqrt(2.0 * k * math.log(1.0 / delta_prime)) + k * eps * math.tanh(eps / 2.0)
     return eps_total, k * delta + delta_prime
 
@@ -152,8 +137,8 @@ def poisson_amplification(eps: float, q: float, delta: float = 0.0) -> tuple[flo
     """Amplification by Poisson subsampling at rate q (notes, "Theorem. Subsampling Amplification", "Poisson
     Sampling only!"): an (eps, delta)-DP mechanism run on a Poisson subsample is
     (ln(1 - q + q e^eps), q delta)-DP. Evaluated as log1p(q expm1(eps)) for accuracy at small q eps."""
-    eps = _positive("eps", eps)
-    if not _is_real(q) or not (0.0 < float(q) <= 1.0):
+    eps = check_positive("eps", eps)
+    if not is_real(q) or not (0.0 < float(q) <= 1.0):
         raise ValueError(f"q (sampling rate) must be in (0, 1], got {q!r}")
     delta = _delta_closed("delta", delta)
     return math.log1p(float(q) * math.expm1(eps)), float(q) * delta
@@ -166,7 +151,7 @@ def poisson_amplification(eps: float, q: float, delta: float = 0.0) -> tuple[flo
 
 def clip_rows(x, clip: float) -> np.ndarray:
     """Scale each row x_i to L2 norm at most ``clip``: x_i min(1, clip / ||x_i||_2) (a 1-D x is n scalars)."""
-    clip = _positive("clip", clip)
+    clip = check_positive("clip", clip)
     arr = np.asarray(x, dtype=float)
     rows = arr.reshape(arr.shape[0], -1) if arr.ndim > 1 else arr.reshape(-1, 1)
     norms = np.linalg.norm(rows, axis=1, keepdims=True)
@@ -179,7 +164,7 @@ def private_mean_sensitivity(n: int, clip: float, neighbouring: str = "replace_o
     """L2 sensitivity of (1/n) sum_i clip(x_i): 2 clip / n for replace-one (the notes' relation, "sensitivity
     bounded 2 tau / n"), clip / n for add-or-remove-one with the public n as denominator."""
     n = _count("n", n)
-    clip = _positive("clip", clip)
+    clip = check_positive("clip", clip)
     if neighbouring not in NEIGHBOURING:
         raise ValueError(f"unknown neighbouring relation {neighbouring!r}; valid: {', '.join(NEIGHBOURING)}")
     return (2.0 if neighbouring == "replace_one" else 1.0) * clip / n
