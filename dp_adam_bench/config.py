@@ -95,8 +95,9 @@ def choice(cfg: Mapping, dotted: str, valid, default=_MISSING):
     return v
 
 
-def validate(cfg: Mapping) -> None:
-    """Raise :class:`ConfigError` on the first invalid field (or combination of fields)."""
+def validate(cfg: Mapping, *, custom_task: bool = False) -> None:
+    """Raise :class:`ConfigError` on the first invalid field (or combination of fields). ``custom_task``: the task
+    is a user's own objects (:func:`dp_adam_bench.make_private`), not a registered task name."""
     from dp_adam_bench.engine.engines import ENGINES
     from dp_adam_bench.optim.registry import VARIANTS
     from dp_adam_bench.privacy.accounting import ACCOUNTANTS
@@ -105,7 +106,8 @@ def validate(cfg: Mapping) -> None:
 
     integer(cfg, "seed", low=0)
     choice(cfg, "profile", PROFILES, default="cpu")
-    TASKS.check(_get(cfg, "task.name"))
+    if not custom_task:
+        TASKS.check(_get(cfg, "task.name"))
     integer(cfg, "task.trials", default=1)
 
     # --- optimizer: the name, then every hyper-parameter through the variant's own checks ------------------------

@@ -19,8 +19,6 @@ evaluates, logs, and writes the run folder (metrics, diagnostics, checkpoints); 
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
 import json
 import logging
 import time
@@ -28,22 +26,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from dp_adam_bench.engine import checkpoint as ckpt
 from dp_adam_bench.engine import distributed
 from dp_adam_bench.engine.backends import ModelBackend, VectorBackend
 from dp_adam_bench.engine.diagnostics import Diagnostics
-from dp_adam_bench.engine.distributed import SharedNoise
 from dp_adam_bench.engine.plan import PrivacyPlan, build_plan
-from dp_adam_bench.engine.privatizer import Privatizer
 from dp_adam_bench.engine.seeds import RunSeeds
+from dp_adam_bench.engine.session import PrivateTraining
 from dp_adam_bench.errors import ConfigError
 from dp_adam_bench.optim.base import Variant
 from dp_adam_bench.optim.registry import build_variant
-from dp_adam_bench.privacy.accounting import PrivacyLedger
-from dp_adam_bench.privacy.noise_factory import build_mechanisms
+from dp_adam_bench.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -147,27 +142,6 @@ def _truncate_metrics(folder: Path, step: int) -> None:
         f.write_text("".join(ln + "\n" for ln in lines))
 
 
-def _seed_global_rng(ddp, seeds: RunSeeds, payload: dict | None) -> None:
-    """The global torch RNG (dropout masks), a stream of its own (:mod:`dp_adam_bench.engine.seeds`). Rank r > 0
-    gets its own stream too, since copies of rank 0's would give the examples at the same position on every rank
-    the same dropout masks. A checkpoint holds every rank's state; resumed with another number of ranks, rank r > 0
-    starts a fresh stream (the result then differs in dropout only, like any change of the world size)."""
-    if payload is None:
-        torch.manual_seed(seeds.dropout if ddp.is_main else _rank_seed(seeds, ddp.rank, 0))
-        return
-    ranks = payload.get("torch_rng_ranks") or []
-    if ddp.is_main:
-        torch.set_rng_state(payload["torch_rng"].cpu())
-    elif len(ranks) == ddp.world:
-        torch.set_rng_state(ranks[ddp.rank].cpu())
-    else:
-        torch.manual_seed(_rank_seed(seeds, ddp.rank, int(payload["step"])))
-
-
-def _rank_seed(seeds: RunSeeds, rank: int, step: int) -> int:
-    return int(np.random.SeedSequence([seeds.dropout, rank, step]).generate_state(1, np.uint64)[0] >> 1)
-
-
 def run(cfg, folder: Path, log_metrics: Callable[[int, dict], None], prepared: Run | None = None) -> dict:
     """Train one run whose folder is ``folder``; returns its summary. Data-parallel, every rank must call it (same
     config, same folder); only rank 0's summary carries metrics and epsilons, and only rank 0 calls
@@ -181,14 +155,8 @@ def run(cfg, folder: Path, log_metrics: Callable[[int, dict], None], prepared: R
 
 
 def _train(r: Run, folder: Path, log_metrics, t0: float) -> dict:
-    cfg, backend, variant, plan, ddp, seeds = r.cfg, r.backend, r.variant, r.plan, r.ddp, r.seeds
-    params = backend.params
-    sampler = plan.sampler
-    population, public = r.population, r.public
-    clip = float(cfg.privacy.clip) if plan.noisy else None
-    side_gen = torch.Generator().manual_seed(seeds.side)
+    cfg, backend, plan, ddp = r.cfg, r.backend, r.plan, r.ddp
     model_task = backend.kind == "model"
-
     diag_cfg = cfg.get("diagnostics") or {}
     diag_every = int(diag_cfg.get("every", 0) or 0) if model_task else 0
     diagnostics = Diagnostics(  # rank 0's: the clean sum it observes is the all-reduced, global one
@@ -200,61 +168,26 @@ def _train(r: Run, folder: Path, log_metrics, t0: float) -> dict:
         hist_dir=folder / "diagnostics" if diag_cfg.get("histograms", True) and ddp.is_main else None,
         seed=int(cfg.seed),
     )
-
-    releases = variant.releases()
-    mechanisms = []
-    if plan.noisy and plan.sigma > 0:
-        shapes = [p.shape for p in params]
-        dtype, device = params[0].dtype, params[0].device
-        if not ddp.active:
-            mechanisms = build_mechanisms(plan.strategy, shapes, releases.streams, seeds.noise, dtype, device)
-        else:  # one noise draw per logical step for the whole world: rank 0's, broadcast (SharedNoise)
-            own = (
-                build_mechanisms(plan.strategy, shapes, releases.streams, seeds.noise, dtype, device)
-                if ddp.is_main
-                else [plan.strategy.mechanism() for _ in range(releases.streams)]
-            )
-            mechanisms = [SharedNoise(m, ddp, shapes, dtype, device) for m in own]
-    privatizer = Privatizer(
-        clip=clip,
-        sigma=plan.sigma,
-        expected_batch_size=sampler.expected_batch_size,
-        mechanisms=mechanisms,
-        releases=releases,
-        trial_dims=backend.trial_dims,
-        keep_clean=diag_every > 0,  # the same on every rank
-    )
+    session = PrivateTraining(r, diagnostics)
     notes = list(plan.notes)
-    if public is not None:
+    if r.public is not None:
         notes.append(
-            f"side information: {len(public)} training examples held out as public; the private set "
-            f"has N = {len(population)}"
+            f"side information: {len(r.public)} training examples held out as public; the private set "
+            f"has N = {len(r.population)}"
         )
 
     # --- resume ------------------------------------------------------------------------------------------------------
     fp = ckpt.fingerprint(_to_dict(cfg))
-    state = variant.init(params)
-    ledger = plan.new_ledger()
     start = 0
-    payload = ckpt.load(folder, fp, params[0].device) if cfg.train.get("resume", True) else None
+    payload = ckpt.load(folder, fp, backend.params[0].device) if cfg.train.get("resume", True) else None
     if payload is not None:
         start = int(payload["step"])
-        with torch.no_grad():
-            for p, saved in zip(params, payload["params"], strict=True):
-                p.copy_(saved.to(p.device))
-        state = payload["variant"]
-        privatizer.load_state_dict(payload["privatizer"])
-        sampler.load_state_dict(payload["sampler"])
-        ledger = PrivacyLedger.from_dict(payload["ledger"])
-        diagnostics.load_state_dict(payload["diagnostics"])
-        side_gen.set_state(payload["side_rng"].cpu())
+        session.load_state_dict(payload)
         if ddp.is_main:
             _truncate_metrics(folder, start)
             log.info("resumed %s from step %d", folder.name, start)
     elif ddp.is_main and (folder / "metrics.jsonl").exists():
         (folder / "metrics.jsonl").unlink()
-    if model_task:
-        _seed_global_rng(ddp, seeds, payload)
     if ddp.active:  # a safety net for tasks whose build_model is not deterministic across processes
         ddp.broadcast_([p.data for p in backend.model.parameters()])
 
@@ -263,70 +196,48 @@ def _train(r: Run, folder: Path, log_metrics, t0: float) -> dict:
     every_log = int(cfg.train.get("log_every") or 100)
     every_eval = int(cfg.train.get("eval_every") or 0)
     stop_after = cfg.train.get("stop_after")  # test hook: simulate a kill after this many steps
-    side_batch = int((cfg.train.get("side_info") or {}).get("batch_size", 256))
-    accountant, delta = plan.accountant, plan.delta
+    clip = session.clip
     # the untrained model (Ganesh Fig. 3 "no fine-tuning")
     if start == 0 and cfg.train.get("eval_at_start") and ddp.is_main:
         log_metrics(0, backend.evaluate(final=False))
     last_metrics: dict = {}
     step = start
+    bar = Progress(plan.steps, start, enabled=ddp.is_main, what=folder.name)
     # plan.steps < sampler.steps when the epsilon budget stops the run: the step that would exceed it is never drawn
-    batches = itertools.islice(sampler.iter_from(start), max(0, plan.steps - start))
-    for step, idx in enumerate(batches, start=start + 1):
-        idx = population[idx]
-        scale = variant.scale(state)  # once per logical step (stp); None for every other variant
-        release = backend.release(idx, privatizer, scale)
-        ctx = release.ctx
-        if public is not None:  # public side information: no clipping, no noise, no privacy cost
-            pick = public[torch.randint(len(public), (side_batch,), generator=side_gen)]
-            ctx.side = backend.public_grad(pick)
-        with torch.no_grad():
-            variant.update(params, state, ctx)
-        plan.record_step(ledger)
-        metrics = {}
-        if release.clean is not None:
-            diag = diagnostics.observe(_with_clean(ctx, release.clean), state)
-            if diag:
-                metrics |= diag
+    while not session.done:
+        result = session.step()
+        step = result.step
+        metrics = dict(result.diagnostics)
         final_step = step == plan.steps
-        if step % every_log == 0 or final_step:
+        logged = step % every_log == 0 or final_step
+        if logged:
             if model_task:  # every rank logs on the same steps: the all-reduce inside is safe here
-                metrics |= {"diag/batch_size": int(idx.numel())} | backend.clipped_fraction(clip)
+                metrics |= {"diag/batch_size": result.batch_size} | backend.clipped_fraction(clip)
             else:
                 metrics |= backend.evaluate(final=final_step)
         if model_task and ddp.is_main and ((every_eval and step % every_eval == 0) or final_step):
             last_metrics = backend.evaluate(final=final_step)
             metrics |= last_metrics
-            if plan.amplified:
-                metrics |= _epsilon_so_far(ledger, delta, accountant)
+        if logged and plan.amplified and ddp.is_main:
+            metrics |= session.epsilon_so_far()
         if metrics and ddp.is_main:
             log_metrics(step, metrics)
-            _progress(step, plan.steps, metrics, t0)
+        bar.update(step, metrics, logged)
         if every_ckpt and step % every_ckpt == 0:
-            rng_states = ddp.gather_objects(torch.get_rng_state())  # a collective: every rank takes part
+            state = session.state_dict()  # a collective: every rank takes part
             if ddp.is_main:
-                ckpt.save(
-                    folder,
-                    {
-                        "step": step,
-                        "fingerprint": fp,
-                        "params": [p.detach().clone() for p in params],
-                        "variant": state,
-                        "privatizer": privatizer.state_dict(),
-                        "sampler": sampler.state_dict(),
-                        "ledger": ledger.to_dict(),
-                        "diagnostics": diagnostics.state_dict(),
-                        "torch_rng": torch.get_rng_state(),
-                        "side_rng": side_gen.get_state(),
-                        "torch_rng_ranks": rng_states,
-                    },
-                )
+                ckpt.save(folder, {"fingerprint": fp, **state})
         if stop_after is not None and step >= int(stop_after):
+            bar.close()
             raise KeyboardInterrupt(f"train.stop_after={stop_after} reached (simulated kill)")
+    bar.close()
+    sampler = plan.sampler
     stopped_by_budget = plan.steps < sampler.steps
     if model_task and ddp.is_main and not last_metrics:  # resumed from a checkpoint of the last step
         last_metrics = backend.evaluate(final=True)
-    eps, eps_errors = ledger.epsilons_with_errors(delta) if plan.noisy and ddp.is_main else ({}, {})
+    eps, eps_errors = (
+        session.ledger.epsilons_with_errors(plan.delta) if plan.noisy and ddp.is_main else ({}, {})
+    )
     summary = {
         "metrics": last_metrics,
         "steps": step,
@@ -336,43 +247,20 @@ def _train(r: Run, folder: Path, log_metrics, t0: float) -> dict:
         "epsilon": eps,
         "epsilon_errors": eps_errors,
         "sigma": plan.sigma,
-        "delta": delta,
+        "delta": plan.delta,
         "privacy_plan": plan.describe(),
-        "rng": seeds.describe(),
-        "ledger": ledger.to_dict(),
+        "rng": r.seeds.describe(),
+        "ledger": session.ledger.to_dict(),
         "privacy_notes": notes,
         "stopped_by_budget": stopped_by_budget,
         "train_time_s": time.time() - t0,
-        "final_params_sha1": _params_digest(params),
+        "final_params_sha1": _params_digest(backend.params),
     }
     if model_task:
         summary |= {"clipping": backend.engine_name, "world_size": ddp.world}
     else:
-        summary |= backend.final_summary(variant, state)
+        summary |= backend.final_summary(r.variant, session.state)
     return summary
-
-
-def _with_clean(ctx, clean):
-    """A copy of ``ctx`` carrying the clean mean, for the diagnostics alone."""
-    return dataclasses.replace(ctx, clean=clean)
-
-
-def _epsilon_so_far(ledger, delta: float, accountant: str) -> dict:
-    """The run accountant's epsilon so far, for the metrics log; {} (and a warning) if it cannot be computed."""
-    from dp_adam_bench.privacy.accounting import AccountantFailure
-
-    try:
-        return {"epsilon": ledger.epsilon(delta, accountant)}
-    except AccountantFailure as err:
-        log.warning("epsilon under %s not computed: %s", accountant, err)
-        return {}
-
-
-def _progress(step: int, steps: int, metrics: dict, t0: float) -> None:
-    """One log line per logged step: where the run is, its time, its loss and epsilon so far when known."""
-    shown = {k: v for k, v in metrics.items() if k == "epsilon" or "loss" in k and not k.startswith("diag/")}
-    text = " ".join(f"{k}={v:.4g}" for k, v in shown.items() if isinstance(v, (int, float)))
-    log.info("step %d/%d (%.0f s) %s", step, steps, time.time() - t0, text)
 
 
 def _params_digest(params) -> str:

@@ -1,0 +1,285 @@
+"""The public API: private training of your own model, in your own loop, with any variant and noise mechanism.
+
+>>> import dp_adam_bench as dab
+>>> private = dab.make_private(model, dataset, loss_fn, optimizer="adambc", noise="bandmf",
+...                            noise_args={"bands": 4}, clip=1.0, sigma=1.0, batch_size=64, epochs=3, lr=1e-3)
+>>> while not private.done:
+...     private.step()
+>>> private.epsilon()          # {"rdp": ..., "prv": ..., "pld": ..., "gdp_clt": ...}
+
+:func:`make_private` turns its arguments into the same configuration the command line builds
+(``python -m dp_adam_bench.train task=... optimizer=... noise=...``), validates it with the same checks, and builds
+the same :class:`~dp_adam_bench.engine.session.PrivateTraining` the CLI trainer drives: there is no second path.
+So it refuses what the CLI refuses (correlated noise with Poisson sampling, a batch larger than the data set, a NaN
+sigma, ...) with the same :class:`~dp_adam_bench.errors.ConfigError`.
+
+Your objects:
+
+* ``model`` — an ``nn.Module`` (on CPU or CUDA); trained in place. Its per-example loss must depend on that example
+  only (no BatchNorm: use GroupNorm or LayerNorm).
+* ``dataset`` — anything with ``len()`` and ``[i]`` returning either ``(input, target)`` pairs or dicts of tensors.
+  Batches are collated with ``torch.utils.data.default_collate``.
+* ``loss_fn(output, target)`` — one loss per example, shape ``(batch,)`` (e.g.
+  ``nn.CrossEntropyLoss(reduction="none")``). For pairs, ``output = model(input)``; for dicts,
+  ``output = model(**inputs)`` with every key but ``target_key`` as input and ``target = batch[target_key]``.
+
+Sampling follows the accountant: Poisson sampling with ``noise="independent"`` (DP-SGD's accountants), cyclic
+fixed-size batches (``sampler="single_pass"``) for correlated noise, accounted as one Gaussian mechanism without
+amplification (Choquette-Choo et al. 2023, arXiv 2211.06530). The gradient is divided by the *expected* batch size.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+
+from dp_adam_bench.engine.session import PrivateTraining
+from dp_adam_bench.errors import ConfigError
+from dp_adam_bench.paths import CONFIG_DIR
+from dp_adam_bench.tasks.base import ModelTask
+
+__all__ = ["make_private", "PrivateTraining", "ConfigError"]
+
+
+def _group_options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
+
+
+def _load_group(group: str, name: str, field: str) -> dict:
+    options = _group_options(group)
+    if name not in options:
+        raise ConfigError(f"{field}={name!r} is not known; valid: {', '.join(options)}")
+    return OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / group / f"{name}.yaml"))
+
+
+def _root_config() -> dict:
+    root = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "config.yaml"))
+    for key in ("defaults", "hydra"):
+        root.pop(key, None)
+    return root
+
+
+class UserTask(ModelTask):
+    """Your model, data set and loss as the engine's task interface (:class:`~dp_adam_bench.tasks.base.ModelTask`)."""
+
+    name = "custom"
+
+    def __init__(
+        self, model: nn.Module, dataset, loss_fn: Callable, target_key: str, evaluate: Callable | None
+    ):
+        if not isinstance(model, nn.Module):
+            raise ConfigError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        try:
+            self._n = len(dataset)
+        except TypeError as err:
+            raise ConfigError(
+                f"dataset must have len() and [i] (a map-style Dataset); got {type(dataset).__name__}"
+            ) from err
+        if self._n < 1:
+            raise ConfigError("dataset is empty")
+        if not callable(loss_fn):
+            raise ConfigError(
+                f"loss_fn must be callable (output, target) -> per-example losses, got {loss_fn!r}"
+            )
+        reduction = getattr(loss_fn, "reduction", "none")
+        if reduction != "none":
+            raise ConfigError(
+                f"loss_fn.reduction={reduction!r}: DP needs one loss per example; use reduction='none'"
+            )
+        self.model, self.dataset, self.loss_fn = model, dataset, loss_fn
+        self.target_key, self._evaluate = target_key, evaluate
+        first = dataset[0]
+        if isinstance(first, Mapping):
+            if target_key not in first:
+                raise ConfigError(
+                    f"target_key={target_key!r} is not a key of the dataset's items ({', '.join(map(str, first))})"
+                )
+            self.pairs = False
+        elif isinstance(first, (tuple, list)) and len(first) == 2:
+            self.pairs = True
+        else:
+            raise ConfigError(
+                f"dataset items must be (input, target) pairs or dicts of tensors; item 0 is {type(first).__name__}"
+            )
+
+    @property
+    def dataset_size(self) -> int:
+        return self._n
+
+    def build_model(self) -> nn.Module:
+        return self.model
+
+    def get_batch(self, indices: torch.Tensor) -> dict[str, torch.Tensor]:
+        from torch.utils.data import default_collate
+
+        batch = default_collate([self.dataset[int(i)] for i in indices])
+        if self.pairs:
+            return {"inputs": batch[0], "targets": batch[1]}
+        return dict(batch)
+
+    def loss_per_example(self, forward, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        if self.pairs:
+            output, target = forward(batch["inputs"]), batch["targets"]
+        else:
+            output = forward(**{k: v for k, v in batch.items() if k != self.target_key})
+            target = batch[self.target_key]
+        losses = self.loss_fn(output, target)
+        n = len(target)
+        if not isinstance(losses, torch.Tensor) or losses.shape != (n,):
+            shape = tuple(losses.shape) if isinstance(losses, torch.Tensor) else type(losses).__name__
+            raise ValueError(
+                f"loss_fn returned {shape} for a batch of {n}: it must return one loss per example, shape ({n},) "
+                "(reduce any per-token or per-pixel losses within each example)"
+            )
+        return losses
+
+    def evaluate(self, model: nn.Module) -> dict[str, float]:
+        return dict(self._evaluate(model)) if self._evaluate is not None else {}
+
+
+def make_private(
+    model: nn.Module,
+    dataset,
+    loss_fn: Callable,
+    *,
+    optimizer: str = "adambc",
+    noise: str = "independent",
+    clip: float | None = 1.0,
+    sigma: float | None = None,
+    target_epsilon: float | None = None,
+    epsilon_budget: float | None = None,
+    delta: float = 1e-5,
+    batch_size: float,
+    steps: int | None = None,
+    epochs: float | None = None,
+    sampler: str | None = None,
+    accountant: str = "rdp",
+    lr: float | None = None,
+    optimizer_args: Mapping[str, Any] | None = None,
+    noise_args: Mapping[str, Any] | None = None,
+    clipping: str = "bk",
+    physical_batch_size: int | None = None,
+    target_key: str = "labels",
+    evaluate: Callable[[nn.Module], Mapping[str, float]] | None = None,
+    seed: int = 0,
+    secure_rng: bool = False,
+) -> PrivateTraining:
+    """Make ``model`` train privately on ``dataset``: returns a :class:`PrivateTraining` whose ``step()`` draws the
+    batch the accountant assumes, clips each example's gradient (``clipping``: ``bk``, ``ghost``, ``hooks``,
+    ``functorch`` or ``loop``), adds the mechanism's noise and updates the model with the variant.
+
+    Privacy: give ``sigma`` (noise multiplier), or ``target_epsilon`` with ``sigma=None`` to calibrate sigma over
+    the whole schedule (Poisson), or ``target_epsilon`` with ``sigma`` and ``steps=None`` to train until it.
+    ``epsilon_budget`` stops a Poisson run before the step that would exceed it. ``noise="none"`` trains without
+    noise or clipping (a non-private baseline).
+
+    Schedule: ``steps`` (Poisson) or ``epochs`` (Poisson: ``round(epochs * N / batch_size)`` steps; fixed-size
+    samplers: full passes). ``sampler`` defaults to ``poisson`` for independent noise and ``single_pass`` for
+    correlated noise (``dpmf_sqrt``, ``bandmf``, ``blt``).
+
+    ``optimizer``: a variant of ``configs/optimizer/`` (``sgd``, ``adam``, ``adambc``, ``bc``, ``ime``, ``stp``,
+    ...) with its defaults, ``lr`` and ``optimizer_args`` overriding them; ``noise``: ``none``, ``independent``,
+    ``dpmf_sqrt``, ``bandmf`` (``noise_args={"bands": b}``), ``blt`` (``{"buffers": k}``).
+
+    ``evaluate(model) -> dict`` is optional: your own metrics, which the CLI trainer logs for its tasks.
+    Seeds: ``seed`` fixes the sampler, the noise and dropout (this re-seeds torch's global generator);
+    ``secure_rng=True`` draws them from the OS CSPRNG instead (for real private data; not reproducible).
+    """
+    from dp_adam_bench.config import validate
+    from dp_adam_bench.engine.trainer import prepare
+    from dp_adam_bench.privacy.noise_factory import NOISE
+
+    cfg = _root_config()
+    cfg["task"] = {"name": UserTask.name}
+    cfg["optimizer"] = _load_group("optimizer", optimizer, "optimizer")
+    cfg["noise"] = _load_group("noise", noise, "noise")
+    cfg["privacy"] = _load_group("privacy", "default", "privacy")
+    cfg["logger"] = _load_group("logger", "default", "logger")
+    cfg["seed"] = seed
+    _merge(
+        cfg["optimizer"],
+        dict(optimizer_args or {}) | ({"lr": lr} if lr is not None else {}),
+        "optimizer_args",
+    )
+    _merge(cfg["noise"], dict(noise_args or {}), "noise_args")
+    cfg["privacy"].update(
+        clip=clip,
+        sigma=sigma,
+        target_epsilon=target_epsilon,
+        epsilon_budget=epsilon_budget,
+        delta=delta,
+        accountant=accountant,
+        secure_rng=secure_rng,
+    )
+    correlated = NOISE.check(cfg["noise"]["kind"]) and NOISE.get(cfg["noise"]["kind"]).correlated
+    sampler = sampler or ("single_pass" if correlated else "poisson")
+    task = UserTask(model, dataset, loss_fn, target_key, evaluate)
+    train = cfg["train"]
+    train.update(sampler=sampler, batch_size=batch_size, clipping=clipping, distributed="off")
+    train["device"] = _device_of(model)
+    if physical_batch_size is not None:
+        train["physical_batch_size"] = physical_batch_size
+    if steps is not None and epochs is not None:
+        raise ConfigError(f"steps={steps!r} and epochs={epochs!r}: give one")
+    if sampler == "poisson":
+        if epochs is not None:
+            train["steps"] = _epochs_to_steps(epochs, batch_size, task.dataset_size)
+        else:
+            train["steps"] = steps
+    else:
+        if steps is not None:
+            raise ConfigError(
+                f"steps={steps!r} with sampler={sampler!r}: fixed-size samplers run full passes; give epochs"
+            )
+        train["epochs"] = 1 if epochs is None else epochs
+    conf = OmegaConf.create(cfg)
+    validate(conf, custom_task=True)
+    try:
+        run = prepare(conf, task)
+    except ConfigError:
+        raise
+    except ValueError as err:  # a variant or task refusing one of its fields
+        raise ConfigError(str(err)) from err
+    return PrivateTraining(run)
+
+
+def _merge(into: dict, extra: dict, what: str) -> None:
+    """``extra`` over a config group's defaults; unknown keys are refused with the known ones (the variant's
+    constructor arguments for the optimizer)."""
+    if "name" in extra or "kind" in extra:
+        raise ConfigError(
+            f"{what} cannot rename the {what.split('_')[0]}: pass it as the first argument instead"
+        )
+    valid = set(into)
+    if what == "optimizer_args":
+        from dp_adam_bench.optim.registry import VARIANTS
+
+        params = inspect.signature(VARIANTS.get(into["name"])).parameters
+        valid |= {k for k, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    else:
+        valid |= {"max_memory_gb"}
+    unknown = sorted(set(extra) - valid)
+    if unknown:
+        raise ConfigError(
+            f"{what}: unknown key(s) {', '.join(unknown)}; valid: {', '.join(sorted(valid - {'name', 'kind'}))}"
+        )
+    into.update(extra)
+
+
+def _epochs_to_steps(epochs, batch_size, n: int) -> int:
+    if not (isinstance(epochs, (int, float)) and math.isfinite(epochs) and epochs > 0):
+        raise ConfigError(f"epochs={epochs!r} must be a finite number > 0")
+    if not (isinstance(batch_size, (int, float)) and math.isfinite(batch_size) and batch_size > 0):
+        raise ConfigError(f"batch_size={batch_size!r} must be a finite number > 0")
+    return max(1, round(epochs * n / batch_size))
+
+
+def _device_of(model: nn.Module) -> str:
+    p = next(model.parameters(), None) if isinstance(model, nn.Module) else None
+    return "cpu" if p is None else str(p.device)

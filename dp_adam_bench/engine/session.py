@@ -1,0 +1,263 @@
+"""One private training run, a step at a time: the object the CLI trainer and the public API
+(:func:`dp_adam_bench.make_private`) both drive.
+
+A :class:`PrivateTraining` is made from a prepared :class:`~dp_adam_bench.engine.trainer.Run` (the task's model or
+parameters, the optimizer variant and the privacy plan, all validated). Each :meth:`PrivateTraining.step`
+
+1. draws the next logical batch from the plan's sampler (the sampling the accountant assumes),
+2. clips each example's gradient and sums (a clipping engine over physical micro-batches, or a toy task's
+   closed-form per-example gradients; :mod:`dp_adam_bench.engine.backends`),
+3. makes every noisy release the variant asked for (:class:`~dp_adam_bench.engine.privatizer.Privatizer`: the
+   mechanism's noise, divided by the *expected* batch size),
+4. updates the parameters with the variant, and
+5. records the step in the privacy ledger.
+
+:meth:`state_dict` / :meth:`load_state_dict` hold everything a resumed run needs to continue exactly as the
+uninterrupted one would have: parameters, the variant's state, the noise mechanisms' generators and buffers, the
+sampler's state, the ledger, the diagnostics' shadow moments and the random streams (dropout, side information).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from dp_adam_bench.engine.diagnostics import Diagnostics
+from dp_adam_bench.engine.distributed import SharedNoise
+from dp_adam_bench.engine.privatizer import Privatizer
+from dp_adam_bench.engine.seeds import RunSeeds
+from dp_adam_bench.privacy.accounting import AccountantFailure, PrivacyLedger
+from dp_adam_bench.privacy.noise_factory import build_mechanisms
+
+log = logging.getLogger(__name__)
+
+#: The keys of :meth:`PrivateTraining.state_dict` (a checkpoint's payload adds its step and fingerprint).
+STATE_KEYS = (
+    "step",
+    "params",
+    "variant",
+    "privatizer",
+    "sampler",
+    "ledger",
+    "diagnostics",
+    "torch_rng",
+    "side_rng",
+    "torch_rng_ranks",
+)
+
+
+class TrainingComplete(RuntimeError):
+    """:meth:`PrivateTraining.step` after the plan's last step (its step count, or the epsilon budget's)."""
+
+
+@dataclass
+class StepResult:
+    """What one step did. ``diagnostics`` holds clean-gradient diagnostics (``diag/`` keys, not private outputs),
+    empty unless diagnostics are on and due at this step."""
+
+    step: int
+    batch_size: int
+    diagnostics: dict
+
+
+class PrivateTraining:
+    """A private training run that advances one step per :meth:`step` call (see the module docstring).
+
+    ``diagnostics``: an enabled :class:`Diagnostics` makes the privatizer keep the clean mean for it alone.
+    """
+
+    def __init__(self, run, diagnostics: Diagnostics | None = None):
+        self.run = run
+        self.plan = run.plan
+        self.variant = run.variant
+        self.backend = run.backend
+        self.diagnostics = diagnostics
+        self._model_task = self.backend.kind == "model"
+        params, plan, ddp, seeds = self.backend.params, run.plan, run.ddp, run.seeds
+        releases = self.variant.releases()
+        mechanisms = []
+        if plan.noisy and plan.sigma > 0:
+            shapes = [p.shape for p in params]
+            dtype, device = params[0].dtype, params[0].device
+            if not ddp.active:
+                mechanisms = build_mechanisms(
+                    plan.strategy, shapes, releases.streams, seeds.noise, dtype, device
+                )
+            else:  # one noise draw per logical step for the whole world: rank 0's, broadcast (SharedNoise)
+                own = (
+                    build_mechanisms(plan.strategy, shapes, releases.streams, seeds.noise, dtype, device)
+                    if ddp.is_main
+                    else [plan.strategy.mechanism() for _ in range(releases.streams)]
+                )
+                mechanisms = [SharedNoise(m, ddp, shapes, dtype, device) for m in own]
+        self.clip = float(run.cfg.privacy.clip) if plan.noisy else None
+        self.privatizer = Privatizer(
+            clip=self.clip,
+            sigma=plan.sigma,
+            expected_batch_size=plan.sampler.expected_batch_size,
+            mechanisms=mechanisms,
+            releases=releases,
+            trial_dims=self.backend.trial_dims,
+            keep_clean=bool(diagnostics is not None and diagnostics.enabled),
+        )
+        self.state = self.variant.init(params)
+        self.ledger = plan.new_ledger()
+        self.side_gen = torch.Generator().manual_seed(seeds.side)
+        side = run.cfg.train.get("side_info") or {}
+        self._side_batch = int(side.get("batch_size", 256))
+        self.steps_done = 0
+        self.last_batch_size = 0
+        self._batches = None
+        if self._model_task:
+            _seed_global_rng(ddp, seeds, None)
+
+    # --- what the run is ------------------------------------------------------------------------------------------
+    @property
+    def model(self):
+        """The ``nn.Module`` being trained (model tasks); None for vectorised toy tasks."""
+        return getattr(self.backend, "model", None)
+
+    @property
+    def params(self) -> list[torch.Tensor]:
+        return self.backend.params
+
+    @property
+    def steps(self) -> int:
+        """The number of steps the run will take (the plan's, capped by an epsilon budget)."""
+        return self.plan.steps
+
+    @property
+    def done(self) -> bool:
+        return self.steps_done >= self.plan.steps
+
+    @property
+    def sigma(self) -> float:
+        return self.plan.sigma
+
+    @property
+    def notes(self) -> list[str]:
+        return list(self.plan.notes)
+
+    # --- training -----------------------------------------------------------------------------------------------
+    def step(self) -> StepResult:
+        """One private step; :class:`TrainingComplete` after the plan's last step."""
+        if self._batches is None:
+            start = self.steps_done
+            self._batches = itertools.islice(
+                self.plan.sampler.iter_from(start), max(0, self.plan.steps - start)
+            )
+        idx = next(self._batches, None)
+        if idx is None:
+            raise TrainingComplete(
+                f"all {self.plan.steps} planned steps are done"
+                + (
+                    " (the epsilon budget stops the run there)"
+                    if self.plan.steps < self.plan.sampler.steps
+                    else ""
+                )
+            )
+        self.steps_done += 1
+        run, variant, backend = self.run, self.variant, self.backend
+        idx = run.population[idx]
+        scale = variant.scale(self.state)  # once per logical step (stp); None for every other variant
+        release = backend.release(idx, self.privatizer, scale)
+        ctx = release.ctx
+        if run.public is not None:  # public side information: no clipping, no noise, no privacy cost
+            pick = run.public[torch.randint(len(run.public), (self._side_batch,), generator=self.side_gen)]
+            ctx.side = backend.public_grad(pick)
+        with torch.no_grad():
+            variant.update(backend.params, self.state, ctx)
+        self.plan.record_step(self.ledger)
+        self.last_batch_size = int(idx.numel())
+        diag = None
+        if release.clean is not None:
+            diag = self.diagnostics.observe(dataclasses.replace(ctx, clean=release.clean), self.state)
+        return StepResult(self.steps_done, self.last_batch_size, diag or {})
+
+    # --- privacy ------------------------------------------------------------------------------------------------
+    def epsilon(self, accountant: str | None = None) -> dict[str, float] | float:
+        """Epsilon spent so far at the plan's delta: a dict over every accountant that could compute it (a
+        non-amplified run is charged its whole stream from step 0), or one accountant's value. A non-private
+        run has no epsilon: ``{}`` (or ``inf`` for one accountant)."""
+        if not self.plan.noisy:
+            return {} if accountant is None else float("inf")
+        if accountant is not None:
+            return self.ledger.epsilon(self.plan.delta, accountant)
+        return self.ledger.epsilons_with_errors(self.plan.delta)[0]
+
+    def epsilon_so_far(self) -> dict:
+        """``{"epsilon": value}`` under the plan's accountant for the metrics log; {} (and a warning) if it
+        cannot be computed."""
+        if not self.plan.noisy:
+            return {}
+        try:
+            return {"epsilon": self.ledger.epsilon(self.plan.delta, self.plan.accountant)}
+        except AccountantFailure as err:
+            log.warning("epsilon under %s not computed: %s", self.plan.accountant, err)
+            return {}
+
+    # --- state --------------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Everything resuming needs (:data:`STATE_KEYS`). Data-parallel, a collective: every rank calls it."""
+        return {
+            "step": self.steps_done,
+            "params": [p.detach().clone() for p in self.backend.params],
+            "variant": self.state,
+            "privatizer": self.privatizer.state_dict(),
+            "sampler": self.plan.sampler.state_dict(),
+            "ledger": self.ledger.to_dict(),
+            "diagnostics": self.diagnostics.state_dict() if self.diagnostics is not None else None,
+            "torch_rng": torch.get_rng_state(),
+            "side_rng": self.side_gen.get_state(),
+            "torch_rng_ranks": self.run.ddp.gather_objects(torch.get_rng_state()),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from :meth:`state_dict`'s output (of a run with the same configuration)."""
+        missing = [k for k in STATE_KEYS if k not in state]
+        if missing:
+            raise ValueError(f"not a PrivateTraining state: missing {', '.join(missing)}")
+        with torch.no_grad():
+            for p, saved in zip(self.backend.params, state["params"], strict=True):
+                p.copy_(saved.to(p.device))
+        self.state = state["variant"]
+        self.privatizer.load_state_dict(state["privatizer"])
+        self.plan.sampler.load_state_dict(state["sampler"])
+        self.ledger = PrivacyLedger.from_dict(state["ledger"])
+        if self.diagnostics is not None and state["diagnostics"] is not None:
+            self.diagnostics.load_state_dict(state["diagnostics"])
+        self.side_gen.set_state(state["side_rng"].cpu())
+        self.steps_done = int(state["step"])
+        self._batches = None
+        if self._model_task:
+            _seed_global_rng(self.run.ddp, self.run.seeds, state)
+
+    def close(self) -> None:
+        """Release the clipping engine's hooks (the model is left as it was given)."""
+        self.backend.close()
+
+
+def _seed_global_rng(ddp, seeds: RunSeeds, payload: dict | None) -> None:
+    """The global torch RNG (dropout masks), a stream of its own (:mod:`dp_adam_bench.engine.seeds`). Rank r > 0
+    gets its own stream too, since copies of rank 0's would give the examples at the same position on every rank
+    the same dropout masks. A checkpoint holds every rank's state; resumed with another number of ranks, rank r > 0
+    starts a fresh stream (the result then differs in dropout only, like any change of the world size)."""
+    if payload is None:
+        torch.manual_seed(seeds.dropout if ddp.is_main else _rank_seed(seeds, ddp.rank, 0))
+        return
+    ranks = payload.get("torch_rng_ranks") or []
+    if ddp.is_main:
+        torch.set_rng_state(payload["torch_rng"].cpu())
+    elif len(ranks) == ddp.world:
+        torch.set_rng_state(ranks[ddp.rank].cpu())
+    else:
+        torch.manual_seed(_rank_seed(seeds, ddp.rank, int(payload["step"])))
+
+
+def _rank_seed(seeds: RunSeeds, rank: int, step: int) -> int:
+    return int(np.random.SeedSequence([seeds.dropout, rank, step]).generate_state(1, np.uint64)[0] >> 1)

