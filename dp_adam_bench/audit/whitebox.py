@@ -329,3 +329,16 @@ def audit_config(
         control=control_name,
         max_possible=most,
     )
+
+
+def compose_config(overrides: list[str]):
+    """The config the command line would build from these Hydra overrides, validated."""
+    from hydra import compose, initialize_config_dir
+
+    from dp_adam_bench.config import validate
+    from dp_adam_bench.paths import CONFIG_DIR
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=list(overrides))
+    validate(cfg)
+    return cfg
