@@ -13,6 +13,7 @@ Computed directly (no run store), the same at every profile.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from pathlib import Path
 
@@ -26,12 +27,18 @@ COMMAND = "make reproduce-table TABLE=privacy_audit"
 MECHANISMS = ("independent", "dpmf_sqrt", "bandmf", "blt")
 CANARIES, BACKGROUND, SEED = 1000, 200, 0
 COMMON = ["privacy.clip=1.0", "privacy.delta=1e-5", "privacy.accountant=pld", "logger.wandb.mode=disabled"]
-#: Poisson: q = 0.1, 100 steps; single pass: 50 steps per epoch, 2 epochs (each canary in at most twice)
+#: Poisson: q = 0.1, 100 steps; single pass: 50 steps per epoch, 2 epochs (each canary in at most twice); the batch
+#: size follows the dataset size N = canaries + background
 SCHEDULES = {
-    "poisson": ["train.sampler=poisson", "train.batch_size=120", "train.steps=100", "privacy.sigma=3.0"],
-    "single_pass": [
+    "poisson": lambda n: [
+        "train.sampler=poisson",
+        f"train.batch_size={n // 10}",
+        "train.steps=100",
+        "privacy.sigma=3.0",
+    ],
+    "single_pass": lambda n: [
         "train.sampler=single_pass",
-        "train.batch_size=24",
+        f"train.batch_size={n // 50}",
         "train.epochs=2",
         "privacy.sigma=4.0",
     ],
@@ -41,12 +48,13 @@ NOISE_OVERRIDES = {"bandmf": ["noise.bands=4"]}  # bands <= steps per epoch (the
 log = logging.getLogger(__name__)
 
 
-def overrides(variant: str, noise: str, sampler: str) -> list[str]:
+def overrides(variant: str, noise: str, sampler: str, n: int | None = None) -> list[str]:
+    """The table's Hydra overrides of one row, for a canary task of ``n`` examples (default: the table's)."""
     return [
         f"optimizer={variant}",
         f"noise={noise}",
         *COMMON,
-        *SCHEDULES[sampler],
+        *SCHEDULES[sampler](n or CANARIES + BACKGROUND),
         *NOISE_OVERRIDES.get(noise, []),
     ]
 
@@ -71,19 +79,20 @@ def audit_rows(rows, controls, canaries: int = CANARIES, background: int = BACKG
     from dp_adam_bench.audit.whitebox import audit_config, compose_config
     from dp_adam_bench.errors import ConfigError
 
-    results, refused = [], []
+    results, refused = [], {}
     for variant, noise, sampler in rows:
         t0 = time.time()
         try:
-            cfg = compose_config(overrides(variant, noise, sampler))
+            cfg = compose_config(overrides(variant, noise, sampler, canaries + background))
             results.append(audit_config(cfg, canaries=canaries, background=background, seed=seed))
         except ConfigError as err:
-            refused.append(f"{variant} x {noise} x {sampler}: {str(err).split(';')[0]}")
+            why = re.sub(r"'[^']*'", "...", str(err)).split(";")[0]  # names out: one reason, many rows
+            refused.setdefault(why, []).append(f"{variant} x {noise} x {sampler}")
             continue
         log.info("%s (%.1f s)", results[-1].describe().splitlines()[-1], time.time() - t0)
     for name in controls:
         c = CONTROLS.get(name)
-        cfg = compose_config(overrides(c.variant, c.noise, c.sampler))
+        cfg = compose_config(overrides(c.variant, c.noise, c.sampler, canaries + background))
         results.append(
             audit_config(
                 cfg, canaries=canaries, background=background, seed=seed, control=c, control_name=name
@@ -100,7 +109,7 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
     ctx = ctx or ReportContext()
     t0 = time.time()
     controls = list(CONTROLS.names())
-    results, refused = audit_rows(candidates(), controls)
+    results, refused = audit_rows(candidates(), controls, CANARIES, BACKGROUND, SEED)
     df = pd.DataFrame([r.row() for r in results])
     honest = [r for r in results if r.control is None]
     ctrl = [r for r in results if r.control is not None]
@@ -151,8 +160,8 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
         "max_possible: the bound if every guess of the largest k were right, the most 1,000 canaries can show "
         "at this confidence; a one-run audit cannot exceed it whatever the true epsilon.",
         "Controls: " + "; ".join(f"{n} = {CONTROLS.get(n).what}" for n in controls) + ".",
-        "Not audited (refused by the engine): "
-        + ("; ".join(refused) if refused else "none")
+        f"Refused by the engine, so not audited ({sum(len(v) for v in refused.values())}): "
+        + ("; ".join(f"{', '.join(rows)} ({why})" for why, rows in refused.items()) if refused else "none")
         + ". The shuffle "
         "sampler is accounted as Poisson without being Poisson (not DP-faithful) and is left out.",
         f"Whole table: {time.time() - t0:.0f} s on CPU.",
