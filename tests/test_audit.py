@@ -223,3 +223,31 @@ def test_report_writes_its_table(tmp_path, monkeypatch):
     md = paths[1].read_text()
     assert "Regenerate: `make reproduce-table TABLE=privacy_audit`" in md
     assert "ime x independent x poisson" in md
+
+
+def test_black_box_input_canaries_on_a_tiny_model(monkeypatch):
+    from dp_adam_bench.audit.blackbox import audit_model_task
+    from dp_adam_bench.audit.whitebox import compose_config
+    from dp_adam_bench.tasks import registry
+
+    monkeypatch.setitem(registry.TASKS._entries, "tiny", "tiny_task:TinyTask")
+    cfg = compose_config(
+        [
+            "task.name=tiny",
+            "+task.n=200",
+            "optimizer=adam",
+            "optimizer.lr=0.01",
+            "noise=independent",
+            "privacy.sigma=1.0",
+            "train.sampler=poisson",
+            "train.batch_size=20",
+            "train.steps=20",
+            "train.clipping=hooks",
+            "logger.wandb.mode=disabled",
+            "train.log_every=1000",
+        ]
+    )
+    base = registry.build_task(cfg.task, trials=1, seed=0)
+    out = audit_model_task(cfg, base, canaries=40, num_classes=2)
+    assert math.isfinite(out.claimed_epsilon) and out.claimed_epsilon > 0
+    assert len(out.tests) == 3 and all(0 <= b <= out.max_possible for *_, b in out.tests)
