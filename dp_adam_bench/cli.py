@@ -1,4 +1,4 @@
-"""``dp-adam-bench`` command line: train, sweep, report, reproduce, privacy, wandb-dashboard."""
+"""``dp-adam-bench`` command line: train, sweep, report, reproduce, privacy, audit, wandb-dashboard."""
 
 from __future__ import annotations
 
@@ -170,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
         add_privacy = None
     if add_privacy is not None:
         add_privacy(sub)
+
+    from dp_adam_bench.audit.cli import add_parser as add_audit
+
+    add_audit(sub)
 
     # Hydra overrides may come before or after options: leftovers are overrides for `sweep`, errors otherwise
     args, extra = parser.parse_known_args(argv)

@@ -1,0 +1,89 @@
+"""Black-box one-run audit with input canaries (Steinke, Nasr & Jagielski 2023, arXiv 2305.08846, §4 "black-box"):
+mislabeled training examples, each included with probability 1/2, scored by minus their loss on the *final* model
+only. Weaker than the white-box audit (the auditor sees one model, and a canary's gradient is not guaranteed to
+reach norm C), but it is what a user can run on their own model task (e.g. CIFAR-10 CNN5).
+
+The wrapped task's dataset is its own examples minus the m chosen canaries, plus the included canaries with their
+label shifted by one class; an excluded canary is removed (add/remove adjacency). N therefore depends on how many
+canaries are in (by about sqrt(m)), and q = B / N with it: the claim is the run's own epsilon at that N.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dp_adam_bench.audit.bound import Guesses, count_correct, epsilon_lower_bound, max_epsilon
+
+FRACTIONS = (0.01, 0.05, 0.45)
+
+
+class InputCanaryTask:
+    """A model task (``get_batch`` giving a label under ``y``) with mislabeled canaries; everything else delegated."""
+
+    def __init__(self, base, canaries: np.ndarray, included: np.ndarray, num_classes: int):
+        self.base, self.num_classes = base, int(num_classes)
+        self.canaries = np.asarray(canaries)
+        n = base.dataset_size
+        rest = np.setdiff1d(np.arange(n), self.canaries)
+        self.index = torch.as_tensor(np.concatenate([rest, self.canaries[np.asarray(included, dtype=bool)]]))
+        self.flip = torch.zeros(len(self.index), dtype=torch.bool)
+        self.flip[len(rest) :] = True
+
+    @property
+    def dataset_size(self) -> int:
+        return len(self.index)
+
+    def get_batch(self, indices):
+        indices = torch.as_tensor(indices)
+        batch = self.base.get_batch(self.index[indices])
+        flip = self.flip[indices]
+        batch["y"] = torch.where(flip, (batch["y"] + 1) % self.num_classes, batch["y"])
+        return batch
+
+    def canary_batch(self):
+        """Every canary (in or out) with its shifted label."""
+        batch = self.base.get_batch(torch.as_tensor(self.canaries))
+        batch["y"] = (batch["y"] + 1) % self.num_classes
+        return batch
+
+    def __getattr__(self, name):
+        return getattr(self.base, name)
+
+
+def audit_model_task(
+    cfg, base_task, *, canaries: int, num_classes: int, seed: int = 0, confidence: float = 0.95
+):
+    """Train ``cfg`` once on ``base_task`` with ``canaries`` mislabeled input canaries; return (claimed epsilon,
+    accountant, tests as (k, guesses, correct, bound), the most these canaries could show)."""
+    from dp_adam_bench.engine import trainer
+
+    rng = np.random.default_rng([int(seed), 13])
+    chosen = rng.choice(base_task.dataset_size, size=canaries, replace=False)
+    included = rng.random(canaries) < 0.5
+    task = InputCanaryTask(base_task, chosen, included, num_classes)
+    run = trainer.prepare(cfg, task)
+    model = run.backend.model
+    with tempfile.TemporaryDirectory(prefix="dp-adam-bench-audit-") as folder:
+        summary = trainer.run(cfg, Path(folder), lambda step, metrics: None, prepared=run)
+    model.eval()
+    batch = {k: v.to(next(model.parameters()).device) for k, v in task.canary_batch().items()}
+    with torch.no_grad():
+        score = -task.loss_per_example(model, batch).double().cpu().numpy()
+    level = (1 - confidence) / len(FRACTIONS)
+    tiebreak = np.random.default_rng([int(seed), 7]).permutation(canaries)
+    delta = float(run.plan.delta)
+    tests = []
+    for frac in FRACTIONS:
+        k = max(1, int(frac * canaries))
+        r, v = count_correct(Guesses(k, k).guess(score, tiebreak), included)
+        tests.append((k, r, v, epsilon_lower_bound(canaries, r, v, delta, level)))
+    most = max_epsilon(canaries, 2 * max(1, int(max(FRACTIONS) * canaries)), delta, level)
+    accountant = run.plan.accountant
+    return dataclasses.make_dataclass(
+        "BlackBoxAudit", ["claimed_epsilon", "accountant", "tests", "max_possible"]
+    )(float(summary["epsilon"][accountant]), accountant, tests, most)

@@ -1,0 +1,63 @@
+"""``dp-adam-bench audit <hydra overrides>``: a one-run white-box audit of any config (Steinke, Nasr & Jagielski
+2023, arXiv 2305.08846), printing the epsilon the run claims beside the audit's lower bound.
+
+The config's variant, noise mechanism, sigma, clip, delta, accountant, sampler and schedule are audited; its task is
+replaced by the canary task (:mod:`dp_adam_bench.audit.whitebox`), whose dataset size is canaries + background. Exit
+status 1 on a VIOLATION (lower bound above the claim) or a missed control, 0 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "audit",
+        help="one-run white-box privacy audit of a config: claimed epsilon vs the audit's lower bound",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "overrides", nargs="*", help="Hydra overrides, as for train (e.g. optimizer=adam noise=blt)"
+    )
+    p.add_argument("--canaries", type=int, default=1000, help="number of canaries m (default 1000)")
+    p.add_argument("--background", type=int, default=200, help="non-canary examples (default 200)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the canaries' inclusion (default 0)")
+    p.add_argument(
+        "--confidence", type=float, default=0.95, help="confidence of the lower bound (default 0.95)"
+    )
+    p.add_argument(
+        "--control",
+        default=None,
+        help="audit a control instead (its variant, noise and sampler replace the config's): "
+        "see dp_adam_bench.audit.controls",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from dp_adam_bench.audit.controls import CONTROLS
+    from dp_adam_bench.audit.whitebox import audit_config, compose_config
+
+    overrides = list(args.overrides)
+    control = None
+    if args.control is not None:
+        control = CONTROLS.get(args.control)
+        overrides += [
+            f"optimizer={control.variant}",
+            f"noise={control.noise}",
+            f"train.sampler={control.sampler}",
+        ]
+    cfg = compose_config(overrides)
+    result = audit_config(
+        cfg,
+        canaries=args.canaries,
+        background=args.background,
+        seed=args.seed,
+        control=control,
+        control_name=args.control,
+        confidence=args.confidence,
+    )
+    print(result.describe())
+    return 0 if result.verdict in ("consistent", "caught") else 1

@@ -1,0 +1,344 @@
+"""White-box one-run audit with gradient canaries, through the real trainer (Steinke, Nasr & Jagielski 2023,
+arXiv 2305.08846, §4 "white-box" with Dirac gradient canaries).
+
+The task is replaced by :class:`CanaryTask`, a closed-form vector task whose dataset holds ``m`` canaries and some
+background examples; everything else is the config's: the variant, the noise mechanism, sigma, clip, delta, the
+sampler and its schedule, and the privacy plan and ledger that give the claimed epsilon. Each canary is included
+independently with probability 1/2 (Steinke et al. Alg. 1). Canary i owns one coordinate of the parameters, on which
+every background gradient is zero; included, its per-example gradient is a Dirac vector of norm far above C on that
+coordinate (clipped to exactly C by the privatizer, after stp's scaling); excluded, it is a zero row (zero-out
+adjacency; with division by the *expected* batch size a zero row is the same as no row, so it is also removal). The
+canaries are examples of the dataset, so they follow the sampler the accountant assumes: Poisson with q = B / N, or
+their fixed slots of the cyclic single-pass order (one participation per epoch) under DP-MF. They enter as
+per-example gradients *before clipping*, so every path of the variant sees them as it would a real example.
+
+The auditor sees the parameters before every step and at the end (the strongest threat model DP covers). Scores
+(fixed before any data was seen; each canary's coordinate theta_j over steps t = 0..T):
+
+* ``descent`` = theta_0 - theta_T: how far the coordinate moved against the canary's gradient;
+* ``path`` = -sum_t |theta_t - theta_{t-1}|: minus the path length (a variant whose second moment is the clean g^2
+  divides the noise of an absent canary's coordinate by eps alone and makes it travel far);
+* ``roughness`` = sum_t |d_t - d_{t-1}| with d_t = theta_t - theta_{t-1}: how irregular the steps are (with one
+  noise draw reused every step an absent canary's coordinate moves by the same amount each step).
+
+The guesses are +1 on the k highest and -1 on the k lowest scores for k in ``FRACTIONS`` of m: 3 scores x 3 values
+of k are 9 pre-registered tests, each judged at significance beta / 9, so that the largest of their bounds holds
+with confidence 1 - beta (a union bound; no test is chosen after looking at the data).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+
+from dp_adam_bench.audit.bound import Guesses, count_correct, epsilon_lower_bound, max_epsilon
+from dp_adam_bench.engine.backends import VectorBackend
+from dp_adam_bench.errors import ConfigError
+
+SCORES = ("descent", "path", "roughness")
+FRACTIONS = (
+    0.01,
+    0.05,
+    0.45,
+)  # k / m guessed on each side; 0.45: below m/2 so perfect scores guess all right
+#: the canary's gradient norm, in units of C: far above C, so that clipping makes it exactly C (also after stp's
+#: per-coordinate scale, which is at most 1 / eps_s1)
+CANARY_NORM = 1e6
+
+
+class CanaryTask:
+    """A vector task: ``m`` canaries (each owning a coordinate) and background examples (a least-squares fit on
+    ``background_dim`` coordinates of their own). Parameters: one float64 vector, background coordinates first."""
+
+    name = "audit_canaries"
+    trial_dims = 0
+
+    def __init__(
+        self,
+        n: int,
+        slots: torch.Tensor,
+        included: np.ndarray,
+        clip: float,
+        background_dim: int = 8,
+        seed: int = 0,
+    ):
+        m = len(slots)
+        if len(included) != m:
+            raise ValueError(f"{len(included)} inclusion flags for {m} canaries")
+        self.n, self.m, self.d_bg = int(n), m, int(background_dim)
+        self.canary_of = torch.full((self.n,), -1, dtype=torch.long)
+        self.canary_of[slots] = torch.arange(m)
+        self.included = torch.as_tensor(np.asarray(included, dtype=bool))
+        self.magnitude = CANARY_NORM * float(clip)
+        gen = torch.Generator().manual_seed(int(seed))
+        self.targets = torch.randn(self.n, self.d_bg, generator=gen, dtype=torch.float64)
+
+    @property
+    def dataset_size(self) -> int:
+        return self.n
+
+    def init_params(self) -> list[torch.Tensor]:
+        return [torch.zeros(self.d_bg + self.m, dtype=torch.float64)]
+
+    def per_example_grads(self, params: list[torch.Tensor], idx: torch.Tensor) -> list[torch.Tensor]:
+        g = torch.zeros(len(idx), self.d_bg + self.m, dtype=torch.float64)
+        which = self.canary_of[idx]
+        bg = which < 0
+        g[bg, : self.d_bg] = params[0][: self.d_bg] - self.targets[idx[bg]]
+        rows = (~bg).nonzero().squeeze(1)
+        c = which[rows]
+        keep = self.included[c]
+        g[rows[keep], self.d_bg + c[keep]] = self.magnitude
+        return [g]
+
+    def evaluate(self, params: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        fit = params[0][: self.d_bg] - self.targets.mean(0)
+        return {"background_excess_loss": 0.5 * fit.pow(2).sum().reshape(1)}
+
+
+class AuditBackend(VectorBackend):
+    """The vector backend, observing the canaries' coordinates before every step; with a control, its broken
+    privatizer takes the trainer's place. ``public_grad``: the mean (unclipped) gradient of public examples, for
+    side-information variants (background examples only: canaries are never public)."""
+
+    def __init__(self, task: CanaryTask, control=None):
+        super().__init__(task)
+        self.control = control
+        self._broken = None
+        self.trajectory: list[torch.Tensor] = []
+
+    def observe(self) -> None:
+        self.trajectory.append(self.params[0][self.task.d_bg :].detach().clone())
+
+    def release(self, idx, privatizer, scale):
+        self.observe()
+        if self.control is not None:
+            if self._broken is None:
+                self._broken = self.control.wrap(privatizer)
+            privatizer = self._broken
+        return super().release(idx, privatizer, scale)
+
+    def public_grad(self, pick: torch.Tensor) -> list[torch.Tensor]:
+        return [g.mean(0) for g in self.task.per_example_grads(self.params, pick)]
+
+
+def scores(theta: np.ndarray) -> dict[str, np.ndarray]:
+    """The pre-registered scores of each canary from its coordinate's trajectory ``theta`` (steps + 1, m)."""
+    d = np.diff(theta, axis=0)
+    return {
+        "descent": theta[0] - theta[-1],
+        "path": -np.abs(d).sum(0),
+        "roughness": np.abs(np.diff(d, axis=0)).sum(0) if len(d) > 1 else np.zeros(theta.shape[1]),
+    }
+
+
+@dataclass
+class AuditTest:
+    score: str
+    k: int
+    guesses: int
+    correct: int
+    epsilon_lower: float
+
+
+@dataclass
+class AuditResult:
+    """One audited run: what it claims, what the canaries show, and the verdict."""
+
+    variant: str
+    noise: str
+    sampler: str
+    sigma: float
+    steps: int
+    canaries: int
+    included: int
+    dataset_size: int
+    batch_size: float
+    claimed_epsilon: float
+    accountant: str
+    delta: float
+    confidence: float
+    tests: list[AuditTest] = field(default_factory=list)
+    control: str | None = None
+    max_possible: float = math.nan
+
+    @property
+    def audit_epsilon_lower(self) -> float:
+        return max((t.epsilon_lower for t in self.tests), default=0.0)
+
+    @property
+    def best(self) -> AuditTest | None:
+        return max(self.tests, key=lambda t: t.epsilon_lower) if self.tests else None
+
+    @property
+    def verdict(self) -> str:
+        above = self.audit_epsilon_lower > self.claimed_epsilon
+        if self.control is None:
+            return "VIOLATION" if above else "consistent"
+        return "caught" if above else "missed"
+
+    def row(self) -> dict:
+        best = self.best
+        return {
+            "variant": self.variant,
+            "noise": self.noise,
+            "sampler": self.sampler,
+            "sigma": self.sigma,
+            "steps": self.steps,
+            "canaries": self.canaries,
+            "claimed_epsilon": self.claimed_epsilon,
+            "accountant": self.accountant,
+            "audit_epsilon_lower": self.audit_epsilon_lower,
+            "best_test": f"{best.score}, k={best.k}: {best.correct}/{best.guesses}" if best else "",
+            "max_possible": self.max_possible,
+            "control": self.control or "",
+            "verdict": self.verdict,
+        }
+
+    def describe(self) -> str:
+        lines = [
+            f"{self.variant} x {self.noise} x {self.sampler}"
+            + (f" [control {self.control}]" if self.control else "")
+            + f": sigma = {self.sigma:g}, {self.steps} steps, N = {self.dataset_size}, B = {self.batch_size:g}, "
+            f"{self.canaries} canaries ({self.included} in)",
+            f"  claimed epsilon = {self.claimed_epsilon:.4g} ({self.accountant}, delta = {self.delta:g})",
+        ]
+        for t in self.tests:
+            lines.append(
+                f"  {t.score:<10} k = {t.k:<4} {t.correct:>4}/{t.guesses:<4} correct -> "
+                f"epsilon >= {t.epsilon_lower:.4g}"
+            )
+        lines.append(
+            f"  audit lower bound = {self.audit_epsilon_lower:.4g} at {self.confidence:.0%} confidence (at most "
+            f"{self.max_possible:.4g} with these canaries) -> {self.verdict}"
+        )
+        return "\n".join(lines)
+
+
+def judge(
+    theta: np.ndarray, included: np.ndarray, delta: float, confidence: float, seed: int = 0
+) -> tuple[list[AuditTest], float]:
+    """The pre-registered tests on the trajectories ``theta`` (steps + 1, m) and the most they could show."""
+    m = theta.shape[1]
+    if not np.all(np.isfinite(theta)):
+        raise ValueError(
+            "a canary coordinate is not finite: the run diverged, so its scores cannot be ranked"
+        )
+    family = len(SCORES) * len(FRACTIONS)
+    level = (1 - confidence) / family
+    tiebreak = np.random.default_rng([int(seed), 7]).permutation(m)
+    tests = []
+    for name, s in scores(theta).items():
+        for frac in FRACTIONS:
+            k = max(1, int(frac * m))
+            r, v = count_correct(Guesses(k, k).guess(s, tiebreak), included)
+            tests.append(AuditTest(name, k, r, v, epsilon_lower_bound(m, r, v, delta, level)))
+    r_max = 2 * max(1, int(max(FRACTIONS) * m))
+    return tests, max_epsilon(m, r_max, delta, level)
+
+
+AUDIT_OVERRIDES = {
+    "train.log_every": 10**9,  # evaluate once, at the end
+    "train.eval_every": 0,
+    "train.checkpoint_every": 0,
+    "train.resume": False,
+    "train.stop_after": None,
+    "diagnostics.every": 0,
+}
+
+
+def audit_config(
+    cfg,
+    *,
+    canaries: int = 1000,
+    background: int = 200,
+    seed: int = 0,
+    control=None,
+    control_name: str | None = None,
+    confidence: float = 0.95,
+) -> AuditResult:
+    """Audit the config ``cfg`` (validated) with ``canaries`` white-box canaries; ``control``: a
+    :class:`~dp_adam_bench.audit.controls.Control` whose privatizer replaces the trainer's."""
+    from dp_adam_bench.engine import trainer
+    from dp_adam_bench.optim.registry import VARIANTS
+
+    if isinstance(canaries, bool) or not isinstance(canaries, int) or canaries < 10:
+        raise ConfigError(f"audit canaries={canaries!r} must be an integer >= 10")
+    if isinstance(background, bool) or not isinstance(background, int) or background < 2:
+        raise ConfigError(f"audit background={background!r} must be an integer >= 2")
+    if not 0 < confidence < 1:
+        raise ConfigError(f"audit confidence={confidence!r} must be in (0, 1)")
+    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    for key, value in AUDIT_OVERRIDES.items():
+        OmegaConf.update(cfg, key, value, force_add=True)
+    from dp_adam_bench.privacy.noise_factory import NOISE
+
+    if not NOISE.get(cfg.noise.kind).private:
+        raise ConfigError(
+            f"noise.kind={cfg.noise.kind!r} adds no noise: there is no claimed epsilon to audit"
+        )
+    side = VARIANTS.get(cfg.optimizer.name).needs_side_info
+    if side:  # the public examples come from the background, never from the canaries
+        public = max(1, background // 2)
+        OmegaConf.update(cfg, "train.side_info.public_examples", public, force_add=True)
+        batch = min(int(cfg.train.side_info.get("batch_size", 256)), public)
+        OmegaConf.update(cfg, "train.side_info.batch_size", batch, force_add=True)
+    n = canaries + background
+    population, _ = trainer.split_public(cfg, n, int(cfg.seed), side)
+    rng = np.random.default_rng([int(seed), 12])
+    slots = population[torch.as_tensor(rng.permutation(len(population))[:canaries])]
+    included = rng.random(canaries) < 0.5
+    task = CanaryTask(n, slots, included, float(cfg.privacy.clip), seed=int(seed))
+    run = trainer.prepare(cfg, task)
+    run.backend.close()
+    backend = AuditBackend(task, control)
+    run = dataclasses.replace(run, backend=backend)
+    with tempfile.TemporaryDirectory(prefix="dp-adam-bench-audit-") as folder:
+        summary = trainer.run(cfg, Path(folder), lambda step, metrics: None, prepared=run)
+    backend.observe()  # the final parameters
+    theta = torch.stack(backend.trajectory).numpy()
+    plan = run.plan
+    accountant = plan.accountant
+    if accountant not in summary["epsilon"]:
+        raise ValueError(
+            f"the {accountant} accountant gave no epsilon for this run: {summary['epsilon_errors'].get(accountant)}"
+        )
+    tests, most = judge(theta, included, float(plan.delta), confidence, seed)
+    return AuditResult(
+        variant=run.variant.name,
+        noise=str(cfg.noise.kind),
+        sampler=plan.sampler.kind,
+        sigma=float(plan.sigma),
+        steps=int(summary["steps"]),
+        canaries=canaries,
+        included=int(included.sum()),
+        dataset_size=n,
+        batch_size=float(plan.sampler.expected_batch_size),
+        claimed_epsilon=float(summary["epsilon"][accountant]),
+        accountant=accountant,
+        delta=float(plan.delta),
+        confidence=confidence,
+        tests=tests,
+        control=control_name,
+        max_possible=most,
+    )
+
+
+def compose_config(overrides: list[str]):
+    """The config the command line would build from these Hydra overrides, validated."""
+    from hydra import compose, initialize_config_dir
+
+    from dp_adam_bench.config import validate
+    from dp_adam_bench.paths import CONFIG_DIR
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=list(overrides))
+    validate(cfg)
+    return cfg
