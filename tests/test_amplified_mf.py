@@ -180,3 +180,74 @@ def test_conservative_bound_is_the_gaussian_mechanism_and_calibrates_exactly():
     delta = norm.cdf(-5.0 / mu + mu / 2) - math.exp(5.0) * norm.cdf(-5.0 / mu - mu / 2)
     assert delta == pytest.approx(1e-5, rel=1e-6)
     assert conservative_epsilon(sigma, strat, 24, 6, 1e-5) == pytest.approx(5.0, rel=1e-9)
+
+
+# --- the mf_amplified report on fake runs ------------------------------------------------------------------
+def _write_run(root, name, cfg, summary=None):
+    import json
+
+    import yaml
+
+    folder = root / "mf_amplified_cpu" / name
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (folder / "metrics.jsonl").write_text("")
+    if summary is not None:
+        (folder / "summary.json").write_text(json.dumps({"status": "complete", **summary}))
+
+
+def test_mf_amplified_report_cells_winners_and_mechanisms(isolated_dirs, monkeypatch):
+    import pandas as pd
+
+    from dp_adam_bench.report import expected, mf_amplified
+    from dp_adam_bench.report.context import ReportContext
+
+    monkeypatch.setattr(expected, "missing_runs", lambda spec, complete: [])
+    root = isolated_dirs / "runs"
+    losses = {  # column -> loss; amplified BandMF best for adam, within the spread for sgd
+        "dpsgd_poisson": {"adam": 7.6, "sgd": 7.70, "bc": 7.5, "stp": 7.4},
+        "bandmf_cyclic": {"adam": 7.5, "sgd": 7.69, "bc": 7.45, "stp": 7.35},
+        "bandmf_amplified": {"adam": 7.3, "sgd": 7.685, "bc": 7.4, "stp": 7.3},
+        "blt": {"adam": 7.45, "sgd": 7.71, "bc": 7.42, "stp": 7.32},
+    }
+    for col, per_opt in losses.items():
+        noise, sampler = mf_amplified.COLUMNS[col]
+        for opt, loss in per_opt.items():
+            for seed in (0, 1):
+                cfg = {
+                    "task": {"name": "arxiv_mlm"},
+                    "optimizer": {"name": opt, "lr": 0.3 if opt == "sgd" else 1e-3},
+                    "noise": {"kind": noise},
+                    "privacy": {"sigma": None, "accountant": "pld", "delta": 1e-7},
+                    "train": {"sampler": sampler, "batch_size": 32},
+                    "seed": seed,
+                }
+                summary = {
+                    "metrics": {"test_loss": loss + 0.02 * seed},
+                    "epsilon": {"pld": 7.99, "rdp": 8.5},
+                    "sigma": 0.99,
+                    "steps": 48,
+                }
+                _write_run(root, f"{opt}-{col}-s{seed}", cfg, summary)
+    _write_run(root, "adam-crashed", cfg)  # no summary: incomplete
+    mf_amplified.build(ReportContext())
+    df = pd.read_csv(isolated_dirs / "results" / "mf_amplified.csv")
+    cell = df[(df.row == "postprocessing") & (df.column == "bandmf_amplified")].iloc[0]
+    assert cell.test_loss == pytest.approx(7.31) and cell["std"] == pytest.approx(0.01) and cell.n == 2
+    assert cell.epsilon == pytest.approx(7.99)
+    assert len(df) == 16
+    md = (isolated_dirs / "results" / "mf_amplified.md").read_text()
+    assert "DP-Adam (post-processing): amplified DP-BandMF beats DP-SGD with Poisson sampling" in md
+    assert "| DP-Adam (post-processing) | DP-BandMF, cyclic Poisson (amplified) |" in md
+    assert "| DP-SGD (momentum) | DP-BandMF, cyclic Poisson (amplified) |" in md
+    assert "no (within the seeds' spread)" in md  # sgd: 7.685 vs 7.69, std 0.01
+    assert "Incomplete runs left out: adam-crashed" in md
+    # the mechanism section: exact numbers at the cpu setting, equal to the direct computation
+    mech = mf_amplified.mechanisms_at_epsilon(mf_amplified.profile_setting("cpu"))
+    assert mech["bandmf_amplified"]["epsilon"] == pytest.approx(8.0, abs=0.02)
+    assert mech["bandmf_cyclic"]["epsilon"] == pytest.approx(8.0, rel=1e-9)
+    strat = BandedToeplitzStrategy(48, 8)
+    assert mech["bandmf_amplified"]["equivalent_dpsgd_sigma"] == pytest.approx(
+        mech["bandmf_amplified"]["sigma"] * dense_prefix_rmse(strat.matrix()) / dense_prefix_rmse(np.eye(48))
+    )
+    assert f"{mech['bandmf_amplified']['equivalent_dpsgd_sigma']:.5g}" in md
