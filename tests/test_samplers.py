@@ -289,3 +289,24 @@ def test_trainer_calibrates_sigma_for_amplified_bandmf_and_balls_in_bins(isolate
     )
     assert s["sampler"] == "balls_in_bins" and s["steps"] == 8  # 64 // 16 = 4 bins, 2 epochs
     assert s["epsilon"]["pld"] == pytest.approx(4.0, abs=1e-6)
+
+
+def test_epsilon_budget_stops_amplified_bandmf_at_a_cycle_boundary():
+    from dp_adam_bench.privacy.accounting.amplified_mf import amplified_bandmf_epsilon
+
+    plan = _plan(
+        tiny_poisson(
+            "x",
+            40,
+            "noise=bandmf",
+            "noise.bands=4",
+            "train.sampler=cyclic_poisson",
+            "train.batch_size=4",
+            "privacy.epsilon_budget=4.0",
+            "privacy.accountant=pld",
+        )
+    )
+    q = 4 * 4 / 64
+    assert plan.steps < 40 and plan.steps % 4 == 0
+    assert amplified_bandmf_epsilon(1.0, q, plan.steps, 4, 1e-5, "pld") <= 4.0
+    assert amplified_bandmf_epsilon(1.0, q, plan.steps + 1, 4, 1e-5, "pld") > 4.0

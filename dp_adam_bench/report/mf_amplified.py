@@ -277,6 +277,10 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
             "CPU profile: BERT-tiny RANDOMLY INITIALISED (no pretrained weights offline), 48 steps (half of "
             "ganesh_fig3's CPU profile, to fit 32 runs in about 25 minutes on 2 cores) and 2 seeds: the losses "
             "measure how each mechanism's noise slows the first phase of training, near the unigram loss.",
+            "CPU profile: a true epsilon = 8 over only N = 768 examples needs sigma ~ 1 at B = 32, i.e. noise "
+            "sigma / B ~ 0.03 per averaged gradient, about 60 times the paper's (1 / 2048) and ganesh_fig3's CPU "
+            "level: the test loss can end above the initial ~10.3 (a smoke run of bias correction with amplified "
+            "BandMF ended at 11.46). Compare the mechanisms within a row, not the losses with ganesh_fig3's.",
             "CPU profile: NOT tuned; ganesh_fig3's CPU learning rates (Adam family 1e-3, eps_s 1e-4; SGD 0.3 with "
             "momentum 0.9).",
         ]
