@@ -14,7 +14,9 @@ from collections.abc import Mapping
 
 from dp_adam_bench.errors import ConfigError
 
-SAMPLERS = ("single_pass", "poisson", "shuffle")
+SAMPLERS = ("single_pass", "poisson", "shuffle", "cyclic_poisson", "balls_in_bins")
+#: samplers that fit correlated noise (DP-MF): their participations are accounted with the strategy
+MF_SAMPLERS = ("single_pass", "cyclic_poisson", "balls_in_bins")
 PROFILES = ("cpu", "paper")
 DISTRIBUTED = ("auto", "off")
 WANDB_MODES = (None, "offline", "online", "disabled")
@@ -140,6 +142,12 @@ def validate(cfg: Mapping, *, custom_task: bool = False) -> None:
         _validate_privacy(cfg, kind, sampler, noise.correlated)
 
     # --- schedule -------------------------------------------------------------------------------------------------
+    cycle = integer(cfg, "train.cycle_length", null=True, default=None)
+    if cycle is not None and sampler != "cyclic_poisson":
+        raise ConfigError(
+            f"train.cycle_length={cycle!r} is only used by train.sampler=cyclic_poisson (got {sampler}); "
+            "set it to null (balls_in_bins has N // train.batch_size bins)"
+        )
     if sampler == "poisson":
         number(cfg, "train.batch_size", low=0, low_open=True)
         steps = integer(cfg, "train.steps", null=True)
@@ -148,6 +156,9 @@ def validate(cfg: Mapping, *, custom_task: bool = False) -> None:
                 "train.steps=None must be an integer >= 1 with train.sampler=poisson (or null with "
                 "privacy.target_epsilon set on a private run: train until that epsilon)"
             )
+    elif sampler == "cyclic_poisson":
+        number(cfg, "train.batch_size", low=0, low_open=True)
+        integer(cfg, "train.steps")
     else:
         integer(cfg, "train.batch_size")
         integer(cfg, "train.epochs")
@@ -201,17 +212,24 @@ def _validate_privacy(cfg: Mapping, kind: str, sampler: str, correlated: bool) -
             f"privacy.sigma=0 with noise={kind} adds no noise but would be recorded as private; use noise=none for "
             "a non-private run, or a sigma > 0"
         )
-    if correlated and sampler != "single_pass":
+    if correlated and sampler not in MF_SAMPLERS:
+        default = " (the root config's default when noise= is not given)" if kind == "dpmf_sqrt" else ""
         raise ConfigError(
-            f"noise.kind={kind!r} with train.sampler={sampler}: correlated noise is accounted here only without "
-            "amplification; use train.sampler=single_pass (cyclic batches, min-separation = steps per epoch), or "
-            "noise=independent for DP-SGD with Poisson sampling"
+            f"noise.kind={kind!r} with train.sampler={sampler}: {kind}{default} is correlated noise, which this "
+            "sampler cannot account for. Either use noise=independent for DP-SGD with this sampler, or keep the "
+            "correlated noise with a "
+            "sampler that fits it: train.sampler=cyclic_poisson (amplified with noise=bandmf, cycle length >= "
+            "bands; Choquette-Choo et al. 2023, arXiv:2306.08153), single_pass (cyclic fixed-size batches, "
+            "min-separation = steps per epoch) or balls_in_bins"
         )
-    if sigma is None:  # calibrated to privacy.target_epsilon over train.steps Poisson steps (Li et al.)
-        if target is None or sampler != "poisson" or steps is None:
+    if sigma is None:  # calibrated to privacy.target_epsilon over a fixed schedule (Li et al.)
+        fixed = steps is not None or sampler in ("single_pass", "balls_in_bins")
+        if target is None or sampler == "shuffle" or not fixed:
             raise ConfigError(
-                "privacy.sigma=null (calibrate sigma) needs privacy.target_epsilon, train.sampler=poisson "
-                f"and a fixed train.steps; got target_epsilon={target!r}, sampler={sampler!r}, steps={steps!r}"
+                "privacy.sigma=null (calibrate sigma) needs privacy.target_epsilon, a sampler the accountant "
+                "models (poisson, cyclic_poisson, single_pass, balls_in_bins; not shuffle) and a fixed schedule "
+                f"(train.steps for poisson / cyclic_poisson); got target_epsilon={target!r}, "
+                f"sampler={sampler!r}, steps={steps!r}"
             )
     elif target is not None and not (sampler == "poisson" and steps is None):
         raise ConfigError(

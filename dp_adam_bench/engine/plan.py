@@ -16,6 +16,14 @@ Accounting follows the sampler:
   participations, *without* amplification (Ganesh, McMahan & Thakurta, §2; Choquette-Choo et al. 2023, "Multi-epoch
   matrix factorization mechanisms", arXiv 2211.06530).
 * ``shuffle``: reshuffled fixed-size batches, accounted as if Poisson (NOT what the accountant assumes; said so).
+* ``cyclic_poisson``: b groups, step t Poisson-samples group t mod b at q = b B / N. With a banded strategy of at
+  most b bands (BandMF, or DP-SGD) the run is accounted as ceil(n / b) Poisson-subsampled Gaussian steps at rate q
+  (amplified BandMF, Choquette-Choo et al. 2023, arXiv:2306.08153, Thm. 4), one recorded at the first step of each
+  cycle; any other strategy gets the conservative Gaussian bound below.
+* ``balls_in_bins``: each example in one random bin of b = N // B, bin t mod b at step t (arXiv:2410.06266); the
+  conservative bound: the whole stream is one Gaussian mechanism with the sensitivity of ``epochs``
+  participations b steps apart, no amplification credit
+  (:mod:`dp_adam_bench.privacy.accounting.amplified_mf`).
 """
 
 from __future__ import annotations
@@ -23,7 +31,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from dp_adam_bench.engine.sampling import PoissonSampler, ShuffleSampler, SinglePassSampler
+from dp_adam_bench.engine.sampling import (
+    BallsInBinsSampler,
+    CyclicPoissonSampler,
+    PoissonSampler,
+    ShuffleSampler,
+    SinglePassSampler,
+)
 from dp_adam_bench.errors import ConfigError
 from dp_adam_bench.optim.base import Variant
 from dp_adam_bench.privacy.noise_factory import NOISE, build_strategy
@@ -31,6 +45,12 @@ from dp_adam_bench.privacy.strategies import Strategy
 
 #: Default cap on the memory of a noise mechanism's streaming buffers (``noise.max_memory_gb``).
 DEFAULT_NOISE_MEMORY_GB = 4.0
+#: samplers whose batches have a random, unbounded size
+VARIABLE_BATCHES = {
+    "poisson": "Poisson",
+    "cyclic_poisson": "cyclic Poisson",
+    "balls_in_bins": "balls-in-bins",
+}
 
 
 @dataclass
@@ -50,10 +70,18 @@ class PrivacyPlan:
     steps: int
     notes: list[str] = field(default_factory=list)
     calibrated: bool = False
+    # "poisson": one subsampled Gaussian per step; "amplified_mf": one per cycle of cyclic Poisson (amplified
+    # BandMF); "gaussian": the whole stream, one Gaussian mechanism recorded up front. "" = from the sampler.
+    accounting: str = ""
+    column_norm: float = 1.0  # the strategy's max column norm (amplified_mf: per-participation sensitivity)
+
+    def __post_init__(self) -> None:
+        if not self.accounting:
+            self.accounting = "poisson" if self.sampler.amplification else "gaussian"
 
     @property
     def amplified(self) -> bool:
-        return self.noisy and self.sampler.amplification
+        return self.noisy and self.accounting in ("poisson", "amplified_mf")
 
     def new_ledger(self):
         """The ledger at step 0: a non-amplified run records its one Gaussian mechanism up front (the whole stream
@@ -61,14 +89,23 @@ class PrivacyPlan:
         from dp_adam_bench.privacy.accounting import PrivacyLedger
 
         ledger = PrivacyLedger()
-        if self.noisy and not self.sampler.amplification:
+        if self.noisy and self.accounting == "gaussian":
             ledger.record_gaussian(self.sensitivity / self.account_sigma)
         return ledger
 
     def record_step(self, ledger) -> None:
-        """Account one training step (Poisson-subsampled Gaussian; nothing more for non-amplified runs)."""
-        if self.amplified:
+        """Account one training step: a Poisson-subsampled Gaussian (poisson); for amplified BandMF, one at the
+        first step of each cycle, so that after step t the ledger holds ceil(t / b) of them (counted from the
+        sampler's position, which a resumed run restores); nothing for non-amplified runs."""
+        if not self.noisy:
+            return
+        if self.accounting == "poisson":
             ledger.record_poisson_step(self.account_sigma, self.sampler.q)
+        elif self.accounting == "amplified_mf":
+            want = -(-self.sampler.position // self.sampler.cycle_length)
+            missing = want - ledger.num_poisson_steps
+            if missing > 0:
+                ledger.record_poisson_step(self.account_sigma / self.column_norm, self.sampler.q, missing)
 
     def describe(self) -> dict:
         """What the summary records of the plan."""
@@ -82,6 +119,8 @@ class PrivacyPlan:
             "planned_steps": self.sampler.steps,
             "steps": self.steps,
             "sensitivity": self.sensitivity,
+            "accounting": self.accounting,
+            "cycle_length": getattr(self.sampler, "cycle_length", None),
         }
 
 
@@ -100,7 +139,7 @@ def check_batch_fits(cfg, n: int) -> None:
     """ConfigError when the (expected) batch is larger than the ``n`` private examples."""
     t = cfg.train
     if float(t.batch_size) > n:
-        kind = " (expected batch size)" if t.sampler == "poisson" else ""
+        kind = " (expected batch size)" if t.sampler in ("poisson", "cyclic_poisson") else ""
         raise ConfigError(
             f"train.batch_size={t.batch_size}{kind} is larger than the training set ({n} examples)"
         )
@@ -111,8 +150,39 @@ def build_sampler(cfg, n: int, steps: int | None, seed: int):
     t = cfg.train
     if t.sampler == "poisson":
         return PoissonSampler(n, float(t.batch_size), steps=steps, seed=seed)
+    if t.sampler == "cyclic_poisson":
+        b = cycle_length(cfg)
+        q = b * float(t.batch_size) / n
+        if not q <= 1:
+            raise ConfigError(
+                f"train.sampler=cyclic_poisson with cycle length {b} and train.batch_size={t.batch_size}: each of "
+                f"the {b} groups holds about {n / b:.4g} of the {n} examples, fewer than the expected batch, so "
+                f"the sampling rate b B / N = {q:.4g} exceeds 1; lower train.batch_size or the cycle length "
+                "(train.cycle_length, or noise.bands for BandMF)"
+            )
+        return CyclicPoissonSampler(n, float(t.batch_size), steps=steps, cycle_length=b, seed=seed)
+    if t.sampler == "balls_in_bins":
+        return BallsInBinsSampler(n, n // int(t.batch_size), epochs=int(t.epochs), seed=seed)
     cls = ShuffleSampler if t.sampler == "shuffle" else SinglePassSampler
     return cls(n, int(t.batch_size), epochs=int(t.epochs), seed=seed)
+
+
+def cycle_length(cfg) -> int:
+    """The cycle length b of ``train.sampler=cyclic_poisson``: ``train.cycle_length``, or else the BandMF bands
+    (``noise.bands``; the smallest b amplified BandMF allows), 1 for DP-SGD / no noise."""
+    b = cfg.train.get("cycle_length")
+    if b is not None:
+        return int(b)
+    kind = cfg.noise.kind
+    if kind == "bandmf":
+        return int(cfg.noise.bands)
+    if kind in ("independent", "none"):
+        return 1
+    raise ConfigError(
+        f"train.cycle_length=null with train.sampler=cyclic_poisson and noise={kind}: there are no bands to "
+        "derive it from; set train.cycle_length (an integer >= 1, the min separation of an example's "
+        "participations)"
+    )
 
 
 def build_plan(cfg, n: int, variant: Variant, *, numel: int, sampler_seed: int) -> PrivacyPlan:
@@ -131,10 +201,10 @@ def build_plan(cfg, n: int, variant: Variant, *, numel: int, sampler_seed: int) 
     sampler_kind = cfg.train.sampler
     notes: list[str] = []
     check_batch_fits(cfg, n)
-    if noisy and variant.needs_fixed_batch and sampler_kind == "poisson":
+    if noisy and variant.needs_fixed_batch and sampler_kind in VARIABLE_BATCHES:
         raise ConfigError(
             f"optimizer.name={variant.name!r} bounds the sensitivity of g^2 assuming at most B examples per batch; "
-            "Poisson batches are unbounded: use train.sampler=single_pass"
+            f"{VARIABLE_BATCHES[sampler_kind]} batches are unbounded: use train.sampler=single_pass"
         )
     if p.get("secure_rng") and int(cfg.train.get("checkpoint_every") or 0):
         raise ConfigError(
@@ -152,8 +222,8 @@ def build_plan(cfg, n: int, variant: Variant, *, numel: int, sampler_seed: int) 
     steps = cfg.train.get("steps")
     calibrated = False
     sigma = 0.0
-    if noisy:
-        q = float(cfg.train.batch_size) / n if sampler_kind == "poisson" else None
+    if noisy and sampler_kind == "poisson":
+        q = float(cfg.train.batch_size) / n
         # sigma = null: calibrated over a fixed Poisson schedule (Li et al. calibrate to eps = 3, 8 this way)
         if p.sigma is None:
             account_sigma = calibrate_sigma(float(target), delta, q, int(steps), accountant)
@@ -166,7 +236,7 @@ def build_plan(cfg, n: int, variant: Variant, *, numel: int, sampler_seed: int) 
         else:
             sigma = float(p.sigma)
         # train.steps = null: train until the target epsilon (Tang: "until eps ~ 7")
-        if sampler_kind == "poisson" and steps is None:
+        if steps is None:
             steps = steps_to_epsilon(float(target), sigma * variant.sigma_factor, q, delta, accountant)
             if steps < 1:
                 one = epsilon(sigma * variant.sigma_factor, q, 1, delta, accountant)
@@ -175,11 +245,31 @@ def build_plan(cfg, n: int, variant: Variant, *, numel: int, sampler_seed: int) 
                     f"{accountant} at sigma = {sigma:g}, q = {q:.4g}): raise the target or privacy.sigma"
                 )
             notes.append(f"{steps} steps: the most that stay within epsilon = {target:g} under {accountant}")
-    account_sigma = sigma * variant.sigma_factor
+    elif noisy and p.sigma is not None:
+        sigma = float(p.sigma)
     sampler = build_sampler(cfg, n, int(steps) if steps is not None else None, sampler_seed)
 
-    # --- strategy, sensitivity, memory --------------------------------------------------------------------------------
+    # --- strategy, accounting, calibration of the other samplers -----------------------------------------------------
     strategy = build_strategy(cfg.noise, sampler.steps) if noisy else None
+    accounting = "poisson" if sampler.amplification else "gaussian"
+    column_norm = 1.0
+    if noisy and sampler_kind == "cyclic_poisson":
+        accounting, column_norm = _cyclic_poisson_accounting(cfg, strategy, sampler, notes)
+    if noisy and p.sigma is None and sampler_kind != "poisson":
+        sigma = (
+            _calibrate(float(target), delta, accountant, accounting, strategy, sampler, cfg, column_norm)
+            / variant.sigma_factor
+        )
+        calibrated = True
+        notes.append(
+            f"sigma = {sigma:.6g} calibrated so that the run ({sampler.steps} steps, {_how(accounting)}) reaches "
+            f"epsilon = {target:g}"
+            + (f" under {accountant}" if accounting != "gaussian" else "")
+            + f" (delta = {delta:g})"
+        )
+    account_sigma = sigma * variant.sigma_factor
+
+    # --- sensitivity, memory, budget ----------------------------------------------------------------------------------
     sensitivity = None
     max_steps = sampler.steps
     if noisy:
@@ -199,17 +289,25 @@ def build_plan(cfg, n: int, variant: Variant, *, numel: int, sampler_seed: int) 
                 "fixed-size shuffled batches: accounted as Poisson sampling with q = B/N, which the "
                 "sampler does NOT implement (not DP-faithful)"
             )
-        if not sampler.amplification:
-            participations = int(cfg.train.epochs)
-            sensitivity = strategy.sensitivity(
-                participations=participations,
-                min_separation=sampler.min_separation if participations > 1 else None,
-            )
-            notes.append(
-                f"single-pass fixed-size batches ({participations} participation(s), min separation "
-                f"{sampler.min_separation}): a Gaussian mechanism with sensitivity {sensitivity:.4g}, no "
-                "amplification by sampling"
-            )
+        if accounting == "gaussian":
+            if sampler_kind == "single_pass":
+                participations = int(cfg.train.epochs)
+                sensitivity = strategy.sensitivity(
+                    participations=participations,
+                    min_separation=sampler.min_separation if participations > 1 else None,
+                )
+                notes.append(
+                    f"single-pass fixed-size batches ({participations} participation(s), min separation "
+                    f"{sampler.min_separation}): a Gaussian mechanism with sensitivity {sensitivity:.4g}, no "
+                    "amplification by sampling"
+                )
+            else:
+                sensitivity = _separated_sensitivity(strategy, sampler)
+                notes.append(
+                    f"{sampler_kind} batches (at most {_rounds(sampler)} participation(s), min separation "
+                    f"{sampler.cycle_length}): accounted by the conservative bound, a Gaussian mechanism with "
+                    f"sensitivity {sensitivity:.4g} and no amplification credit; {_not_implemented()}"
+                )
             if budget is not None:
                 cost = mf_epsilon(account_sigma, sensitivity, delta)
                 if cost > budget:
@@ -218,9 +316,15 @@ def build_plan(cfg, n: int, variant: Variant, *, numel: int, sampler_seed: int) 
                         "non-amplified release is paid in full up front); raise the budget or privacy.sigma"
                     )
         elif budget is not None:
-            max_steps = min(
-                sampler.steps, steps_to_epsilon(budget, account_sigma, sampler.q, delta, accountant)
-            )
+            if accounting == "amplified_mf":
+                from dp_adam_bench.privacy.accounting.amplified_mf import amplified_steps_to_epsilon
+
+                allowed = amplified_steps_to_epsilon(
+                    budget, account_sigma, sampler.q, sampler.cycle_length, delta, accountant, column_norm
+                )
+            else:
+                allowed = steps_to_epsilon(budget, account_sigma, sampler.q, delta, accountant)
+            max_steps = min(sampler.steps, allowed)
             if max_steps < 1:
                 raise ConfigError(
                     f"privacy.epsilon_budget={budget:g} is below the epsilon of a single step under {accountant}: "
@@ -256,4 +360,77 @@ def build_plan(cfg, n: int, variant: Variant, *, numel: int, sampler_seed: int) 
         steps=max_steps,
         notes=notes,
         calibrated=calibrated,
+        accounting=accounting,
+        column_norm=column_norm,
     )
+
+
+# --- cyclic Poisson and balls-in-bins (dp_adam_bench.privacy.accounting.amplified_mf) ---------------------------------
+def _rounds(sampler) -> int:
+    return -(-sampler.steps // sampler.cycle_length)
+
+
+def _not_implemented() -> str:
+    from dp_adam_bench.privacy.accounting.amplified_mf import NOT_IMPLEMENTED
+
+    return NOT_IMPLEMENTED
+
+
+def _how(accounting: str) -> str:
+    return {
+        "amplified_mf": "amplified BandMF",
+        "gaussian": "one Gaussian mechanism, no amplification",
+    }.get(accounting, accounting)
+
+
+def _separated_sensitivity(strategy, sampler) -> float:
+    from dp_adam_bench.privacy.accounting.amplified_mf import separated_sensitivity
+
+    return separated_sensitivity(strategy, sampler.steps, sampler.cycle_length)
+
+
+def _cyclic_poisson_accounting(cfg, strategy, sampler, notes: list[str]) -> tuple[str, float]:
+    """("amplified_mf", max column norm) when C is banded with bands <= b (arXiv:2306.08153, Thm. 4); a
+    ConfigError when BandMF is wider than the cycle; ("gaussian", 1) with a note for any other strategy."""
+    from dp_adam_bench.privacy.accounting.amplified_mf import AMPLIFIED_BANDMF, amplifies, strategy_bands
+
+    b = sampler.cycle_length
+    bands = strategy_bands(strategy)
+    if amplifies(strategy, b):
+        column_norm = float(strategy.max_column_norm())
+        notes.append(
+            f"cyclic Poisson sampling (cycle length b = {b}, q = b B / N = {sampler.q:.6g}) with a {bands}-banded "
+            f"strategy: amplified BandMF ({AMPLIFIED_BANDMF}), accounted as ceil(steps / b) = {_rounds(sampler)} "
+            "Poisson-subsampled Gaussian steps, one recorded at the first step of each cycle"
+        )
+        return "amplified_mf", column_norm
+    if cfg.noise.kind == "bandmf":
+        raise ConfigError(
+            f"train.sampler=cyclic_poisson with cycle length {b} and noise.bands={strategy.bands}: amplified "
+            f"BandMF ({AMPLIFIED_BANDMF}) needs bands <= the cycle length; set train.cycle_length >= "
+            f"{strategy.bands} (or null: the bands), or noise.bands <= {b}"
+        )
+    return "gaussian", 1.0
+
+
+def _calibrate(target, delta, accountant, accounting, strategy, sampler, cfg, column_norm) -> float:
+    """The noise multiplier the accountant sees that makes the run reach ``target`` (non-Poisson samplers)."""
+    from dp_adam_bench.privacy.accounting.amplified_mf import (
+        calibrate_amplified_sigma,
+        calibrate_gaussian_sigma,
+    )
+
+    if accounting == "amplified_mf":
+        return calibrate_amplified_sigma(
+            target, delta, sampler.q, sampler.steps, sampler.cycle_length, accountant, column_norm
+        )
+    if accounting == "poisson":  # shuffle: validate() refuses sigma = null
+        raise ConfigError("privacy.sigma=null (calibrate sigma) is not available with train.sampler=shuffle")
+    if cfg.train.sampler == "single_pass":
+        k = int(cfg.train.epochs)
+        sens = strategy.sensitivity(
+            participations=k, min_separation=sampler.min_separation if k > 1 else None
+        )
+    else:
+        sens = _separated_sensitivity(strategy, sampler)
+    return calibrate_gaussian_sigma(target, delta, sens)

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import torch
@@ -124,3 +125,128 @@ class ShuffleSampler(SinglePassSampler):
             gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
             order = torch.randperm(self.n, generator=gen)
             yield order[i * self.batch_size : (i + 1) * self.batch_size]
+
+
+class CyclicPoissonSampler:
+    """Cyclic Poisson sampling with cycle length ``cycle_length`` (b) and expected batch size B.
+
+    Guarantees (tested): the groups partition the examples (sizes differ by at most one); the batch of step t
+    (0-based) holds only members of group t mod b, each included independently with probability
+    q = b B / N, so an example's participations are at least b steps apart. The generator state and the
+    step are the resumable state; the partition depends on the seed only.
+    """
+
+    kind = "cyclic_poisson"
+    amplification = True
+
+    def __init__(
+        self, dataset_size: int, expected_batch_size: float, steps: int, cycle_length: int, seed: int = 0
+    ):
+        if not isinstance(cycle_length, int) or isinstance(cycle_length, bool) or cycle_length < 1:
+            raise ValueError(f"cycle length must be an integer >= 1, got {cycle_length!r}")
+        if cycle_length > dataset_size:
+            raise ValueError(
+                f"cycle length {cycle_length} is larger than the dataset ({dataset_size} examples)"
+            )
+        q = cycle_length * expected_batch_size / dataset_size
+        if not (math.isfinite(q) and 0 < q <= 1):
+            raise ValueError(
+                f"cycle length x expected batch size / dataset size = {cycle_length} x {expected_batch_size} / "
+                f"{dataset_size} = {q:.4g} must be in (0, 1]: each group of N / b examples must hold the "
+                "expected batch"
+            )
+        if steps < 1:
+            raise ValueError(f"steps must be >= 1, got {steps}")
+        self.n, self.cycle_length, self.q, self._steps = dataset_size, cycle_length, q, steps
+        self.seed = int(seed)
+        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed))
+        self.groups = [order[g :: self.cycle_length] for g in range(self.cycle_length)]
+        self.generator = torch.Generator().manual_seed(self.seed * 1_000_003 + 1)
+        self.position = 0  # batches drawn so far (the step of the last batch, 1-based)
+
+    @property
+    def steps(self) -> int:
+        return self._steps
+
+    @property
+    def expected_batch_size(self) -> float:
+        return self.q * self.n / self.cycle_length
+
+    @property
+    def min_separation(self) -> int:
+        return self.cycle_length
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return self.iter_from(0)
+
+    def iter_from(self, step: int) -> Iterator[torch.Tensor]:
+        """Batches for steps ``step+1 .. steps``; the generator state is the resumable state (see state_dict)."""
+        for t in range(step, self._steps):
+            group = self.groups[t % self.cycle_length]
+            mask = torch.rand(len(group), generator=self.generator) < self.q
+            self.position = t + 1
+            yield group[mask]
+
+    def state_dict(self) -> dict:
+        return {"kind": self.kind, "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.set_state(state["generator"].cpu())
+
+
+class BallsInBinsSampler:
+    """Balls-in-bins batches: b = ``cycle_length`` bins, each example in one bin chosen uniformly at random
+    (independently per example, once, from the seed); step t (0-based) is bin t mod b.
+
+    Guarantees (tested): an example appears at every step congruent to its bin modulo b and at no other, so
+    ``epochs`` participations exactly b steps apart; P(bin = j) = 1 / b for every example and bin. No random
+    state beyond the seed: resuming is exact.
+    """
+
+    kind = "balls_in_bins"
+    amplification = (
+        False  # accounted by the conservative bound (see dp_adam_bench.privacy.accounting.amplified_mf)
+    )
+
+    def __init__(self, dataset_size: int, cycle_length: int, epochs: int = 1, seed: int = 0):
+        if not isinstance(cycle_length, int) or isinstance(cycle_length, bool) or not 1 <= cycle_length:
+            raise ValueError(f"number of bins must be an integer >= 1, got {cycle_length!r}")
+        if cycle_length > dataset_size:
+            raise ValueError(
+                f"number of bins {cycle_length} is larger than the dataset ({dataset_size} examples)"
+            )
+        if epochs < 1:
+            raise ValueError(f"epochs must be >= 1, got {epochs}")
+        self.n, self.cycle_length, self.epochs, self.seed = dataset_size, cycle_length, epochs, int(seed)
+        gen = torch.Generator().manual_seed(self.seed)
+        self.bins = torch.randint(self.cycle_length, (self.n,), generator=gen)
+        self.members = [(self.bins == j).nonzero().squeeze(1) for j in range(self.cycle_length)]
+
+    @property
+    def steps(self) -> int:
+        return self.cycle_length * self.epochs
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.cycle_length
+
+    @property
+    def expected_batch_size(self) -> float:
+        return self.n / self.cycle_length
+
+    @property
+    def min_separation(self) -> int:
+        return self.cycle_length
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return self.iter_from(0)
+
+    def iter_from(self, step: int) -> Iterator[torch.Tensor]:
+        for t in range(step, self.steps):
+            yield self.members[t % self.cycle_length]
+
+    def state_dict(self) -> dict:
+        return {"kind": self.kind}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass

@@ -202,6 +202,18 @@ _TABLES: tuple[tuple[str, ReportSpec], ...] = (
         ),
     ),
     (
+        "mf_amplified",
+        ReportSpec(
+            _in("mf_amplified"),
+            "beyond the papers (amplified BandMF, Choquette-Choo et al. 2023)",
+            "DP-SGD (Poisson) vs BandMF (cyclic / amplified cyclic Poisson) vs BLT at eps = 8 per DP-Adam "
+            "variant, with each mechanism's noise RMSE",
+            "~25 min (32 runs of 48 steps, 2 workers)",
+            experiment="mf_amplified",
+            runtime_paper="32 x tuning grid x 5 seeds GPU runs of 1,998 steps",
+        ),
+    ),
+    (
         "lecture_mechanisms",
         ReportSpec(
             _in("lecture_mechanisms"),
