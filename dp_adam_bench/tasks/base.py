@@ -70,14 +70,10 @@ def try_hub(source: str, hf_name: str, load: Callable[[], Any], tried: list[str]
             raise
         from dp_adam_bench import hub
 
-        if hub.is_offline():
-            tried.append(
-                f"Hugging Face hub: {hf_name!r} is not in the local cache (the hub is offline, see below)"
-            )
-        else:
-            tried.append(
-                f"Hugging Face hub: datasets.load_dataset({hf_name!r}) failed ({type(e).__name__}: {e})"
-            )
+        offline = " (the hub is offline: only the local cache is read, see below)" if hub.is_offline() else ""
+        tried.append(
+            f"Hugging Face hub: datasets.load_dataset({hf_name!r}) failed ({type(e).__name__}: {e}){offline}"
+        )
         return None
 
 
