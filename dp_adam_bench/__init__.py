@@ -6,6 +6,10 @@ and Li et al. (ghost clipping, GPT-2 on E2E), and runs new task x optimizer x no
 
 __version__ = "0.1.0"
 
+from dp_adam_bench.hub import apply_default as _hub_offline_unless_opted_in  # noqa: E402
+
+_hub_offline_unless_opted_in()  # before any datasets / transformers import (dp_adam_bench.hub says why)
+
 # The public API (see the README, "Use it from your own code"), imported on first use so that `import dp_adam_bench`
 # stays light (the CLI's help and the privacy tools need no torch model code).
 _API = {

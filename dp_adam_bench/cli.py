@@ -1,10 +1,11 @@
-"""``dp-adam-bench`` command line: train, sweep, report, reproduce, privacy, audit, wandb-dashboard."""
+"""``dp-adam-bench`` command line: train, sweep, report, reproduce, privacy, audit, data, wandb-dashboard."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from dp_adam_bench import data_prepare
 from dp_adam_bench.errors import ConfigError
 from dp_adam_bench.tracking.run_store import RunLockedError
 from dp_adam_bench.tracking.sources import RUN_SOURCES
@@ -164,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.set_defaults(func=_wandb_dashboard)
 
+    data_prepare.add_parser(sub)
+
     try:
         from dp_adam_bench.privacy.cli import add_parser as add_privacy
     except ImportError:  # pragma: no cover - the privacy CLI is optional while it is being built
@@ -190,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         WandbSourceError,
         DashboardError,
         RunLockedError,
+        data_prepare.DataPrepareError,
     ) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -77,6 +77,35 @@ def fmt(x: object, digits: int = 4) -> str:
     return str(x)
 
 
+# CSV numbers keep this many significant digits (results/README rule): the FFT-based accountants (PRV, PLD) and
+# BLAS reductions differ between machines in the 14th-16th digit, which made regenerated CSVs churn. 10 digits is
+# far below every table's accuracy (accountant discretisation errors are >= 1e-6) and far above that noise.
+CSV_SIGNIFICANT_DIGITS = 10
+
+
+def round_significant(x: object, digits: int = CSV_SIGNIFICANT_DIGITS) -> object:
+    """A float rounded to ``digits`` significant digits (NaN, inf and non-floats unchanged)."""
+    if isinstance(x, float) and math.isfinite(x) and x != 0:
+        return float(f"{x:.{digits}g}")
+    return x
+
+
+def write_csv(df: pd.DataFrame, path: Path, digits: int = CSV_SIGNIFICANT_DIGITS) -> Path:
+    """``df`` as CSV with every float rounded to ``digits`` significant digits (:data:`CSV_SIGNIFICANT_DIGITS`), so
+    a table regenerated on another machine is byte-identical."""
+    rounded = df.copy()
+    for col in rounded.columns:
+        column = rounded[col]
+        if column.dtype == object:  # mixed columns: keep each value's type (an int stays an int)
+            rounded[col] = pd.Series(
+                [round_significant(v, digits) for v in column], index=column.index, dtype=object
+            )
+        elif pd.api.types.is_float_dtype(column.dtype):
+            rounded[col] = column.map(lambda v: round_significant(v, digits))
+    rounded.to_csv(path, index=False)
+    return Path(path)
+
+
 def markdown_table(df: pd.DataFrame, digits: int = 4) -> str:
     cols = list(df.columns)
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -120,7 +149,7 @@ def write_table(
     out.mkdir(parents=True, exist_ok=True)
     csv_path = out / f"{table_id}.csv"
     md_path = out / f"{table_id}.md"
-    df.to_csv(csv_path, index=False)
+    write_csv(df, csv_path)
     parts = [f"# {title}", "", f"Regenerate: `{command}`", ""]
     if setting:
         parts += [f"Setting: {setting}", ""]

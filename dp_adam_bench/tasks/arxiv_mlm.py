@@ -60,7 +60,8 @@ SOURCES = ("auto", "local", "hf")
 SPLIT_CODES = {"train": 0, "val": 1, "test": 2}
 MODEL_HINT = (
     "Set task.model to a local folder with config.json and tokenizer files (vocab.txt or tokenizer.json; weights "
-    "too when task.pretrained=true), e.g. shared/data/bert_tiny, or to a hub name with hub access."
+    "too when task.pretrained=true), e.g. shared/data/bert_tiny (dp-adam-bench data prepare arxiv_mlm downloads "
+    "it), or to a hub name with hub access."
 )
 
 
@@ -153,6 +154,7 @@ def load_abstracts(source: str = "auto", data_dir=None, hf_name: str = HF_NAME, 
         f"Provide task.data_dir=/path/to/folder holding {DATA_FILE} (JSON lines with 'abstract' and optional "
         f"'arxiv_id'); the shared offline copy is {shared_data_dir() / FOLDER / DATA_FILE} (DP_ADAM_BENCH_DATA sets "
         "the data folder); or hub access for task.source=hf.",
+        task="arxiv_mlm",
     )
 
 

@@ -68,14 +68,30 @@ def try_hub(source: str, hf_name: str, load: Callable[[], Any], tried: list[str]
     except Exception as e:  # noqa: BLE001 - offline, missing package, unknown name: all mean "not from the hub"
         if source == "hf":
             raise
-        tried.append(f"Hugging Face hub: datasets.load_dataset({hf_name!r}) failed ({type(e).__name__}: {e})")
+        from dp_adam_bench import hub
+
+        offline = " (the hub is offline: only the local cache is read, see below)" if hub.is_offline() else ""
+        tried.append(
+            f"Hugging Face hub: datasets.load_dataset({hf_name!r}) failed ({type(e).__name__}: {e}){offline}"
+        )
         return None
 
 
-def missing_data(what: str, source: str, tried: list[str], how: str) -> FileNotFoundError:
-    """The error for data found nowhere: every place tried, then how to provide it."""
+def missing_data(
+    what: str, source: str, tried: list[str], how: str, *, task: str | None = None, profile: str = "cpu"
+) -> FileNotFoundError:
+    """The error for data found nowhere: every place tried, how to provide it, and the ``data prepare`` command of
+    ``task`` that downloads it (offline hub: said why)."""
+    from dp_adam_bench import hub
+
+    prepare = ""
+    if task is not None:
+        prepare = f"\nDownload it with: dp-adam-bench data prepare {task}"
+        prepare += " --profile paper" if profile == "paper" else ""
+        if hub.is_offline():
+            prepare += f" (the hub is offline for runs; {hub.ONLINE_ENV}=1 lets them use it)"
     return FileNotFoundError(
-        f"no {what} found (source={source!r}). Tried:\n  - " + "\n  - ".join(tried) + "\n" + how
+        f"no {what} found (source={source!r}). Tried:\n  - " + "\n  - ".join(tried) + "\n" + how + prepare
     )
 
 

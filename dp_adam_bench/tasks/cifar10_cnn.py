@@ -373,6 +373,7 @@ def load_cifar10_described(
         "Provide one of: task.data_dir=/path/to/cifar-10-batches-py (unpacked from cifar-10-python.tar.gz); "
         f"the JPEG archive at {shared_data_dir() / 'cifar10' / JPEG_ARCHIVE} (DP_ADAM_BENCH_DATA sets the "
         f"data folder) or task.data_dir=/path/to/{JPEG_ARCHIVE}; or hub access for task.source=hf.",
+        task="cifar10_cnn",
     )
 
 

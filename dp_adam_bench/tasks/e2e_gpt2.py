@@ -98,7 +98,7 @@ MODEL_HINT = (
 )
 TOKENIZER_HINT = (
     "Set task.tokenizer to a folder with GPT-2's vocab.json and merges.txt (or tokenizer.json), e.g. "
-    "shared/data/gpt2_tokenizer, or to a hub name with hub access."
+    "shared/data/gpt2_tokenizer (dp-adam-bench data prepare e2e_gpt2 downloads it), or to a hub name with hub access."
 )
 
 
@@ -164,6 +164,7 @@ def load_e2e_split(
         f"Provide task.data_dir=/path/to/folder holding {names[0]} (the E2E release's CSV, columns mr,ref); the shared "
         f"offline copy lives in {shared_data_dir() / FOLDER} (DP_ADAM_BENCH_DATA sets the data folder); or hub access "
         "for task.source=hf.",
+        task="e2e_gpt2",
     )
 
 

@@ -177,6 +177,8 @@ def load_snli_split(
         f"gold_label TSV) or the original snli_1.0_{split}.txt / .jsonl; the shared offline copy lives in "
         f"{shared_data_dir() / FOLDER} (dev and test only; DP_ADAM_BENCH_DATA sets the data folder); or hub access "
         f"for task.source=hf.",
+        task="snli_bert",
+        profile="paper" if split == "train" else "cpu",
     )
 
 

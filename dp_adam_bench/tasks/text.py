@@ -103,11 +103,9 @@ def _not_found(what: str, name_or_path, err: Exception | None, hint: str) -> Fil
         else f"Hugging Face hub name {name_or_path!r}"
     )
     why = f" ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})" if err else ""
-    offline = (
-        " HF_HUB_OFFLINE=1 is set, so hub names only resolve from a warm cache."
-        if os.environ.get("HF_HUB_OFFLINE") in ("1", "true", "True")
-        else ""
-    )
+    from dp_adam_bench import hub
+
+    offline = f" {hub.offline_advice()}." if not _is_local(name_or_path) and hub.is_offline() else ""
     return FileNotFoundError(f"cannot load the {what} from {tried}{why}.{offline} {hint}")
 
 

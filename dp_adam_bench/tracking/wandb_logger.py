@@ -1,8 +1,13 @@
 """W&B adapter: the same metrics as ``metrics.jsonl``, offline by default.
 
-Mode: ``logger.wandb.mode`` if set (``offline``, ``online``, ``disabled``); otherwise ``online`` when
-``WANDB_API_KEY`` is set and ``offline`` when not (without a key, ``wandb.init`` in its default mode fails at once
-with a UsageError, see docs/pitfalls.md).
+Settings (:func:`resolve_settings`): a value set in the config (``logger.wandb.*``) is used as given; for a field
+left null the standard W&B environment variable wins over our default:
+
+* mode: ``WANDB_MODE`` (``online``, ``offline``, ``disabled``; W&B's ``dryrun`` / ``run`` mean offline / online;
+  ``WANDB_DISABLED=true`` means disabled), else ``online`` when ``WANDB_API_KEY`` is set and ``offline`` when not
+  (without a key, ``wandb.init`` in its default mode fails at once with a UsageError, see docs/pitfalls.md);
+* project: ``WANDB_PROJECT``, else ``dp-adam-bench``; entity: ``WANDB_ENTITY``, else W&B's default;
+* W&B's files: ``WANDB_DIR``, else the run folder.
 
 Labels (:func:`run_labels`), so that the W&B UI and the saved dashboard (``configs/wandb/dashboard.yaml``) can slice
 a sweep without reading configs:
@@ -31,12 +36,43 @@ SUMMARY_JSON_KEY = "run_summary_json"
 _MAX_LABEL = 64
 
 
+DEFAULT_PROJECT = "dp-adam-bench"
+MODES = ("offline", "online", "disabled")
+# W&B's older names for the modes
+_MODE_ALIASES = {"dryrun": "offline", "run": "online"}
+
+
 def resolve_mode(mode: str | None) -> str:
+    """``mode`` if set; else ``$WANDB_MODE`` (or ``$WANDB_DISABLED``); else online with an API key, offline without."""
     if mode:
-        if mode not in ("offline", "online", "disabled"):
+        if mode not in MODES:
             raise ValueError(f"logger.wandb.mode must be offline, online or disabled, got {mode!r}")
         return mode
+    env = os.environ.get("WANDB_MODE", "").strip().lower()
+    if env:
+        env = _MODE_ALIASES.get(env, env)
+        if env not in MODES:
+            raise ValueError(
+                f"WANDB_MODE={os.environ['WANDB_MODE']!r} in the environment; valid: offline, online, disabled "
+                "(or unset it)"
+            )
+        return env
+    if os.environ.get("WANDB_DISABLED", "").strip().lower() in ("1", "true", "yes"):
+        return "disabled"
     return "online" if os.environ.get("WANDB_API_KEY") else "offline"
+
+
+def resolve_settings(
+    *, mode: str | None, project: str | None, entity: str | None, run_dir: str | os.PathLike
+) -> dict:
+    """``mode``, ``project``, ``entity`` and ``dir`` for ``wandb.init``: config values as given, null ones from the
+    standard W&B environment variables, else our defaults (the module docstring lists them)."""
+    return {
+        "mode": resolve_mode(mode),
+        "project": project or os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT,
+        "entity": entity or os.environ.get("WANDB_ENTITY") or None,
+        "dir": os.environ.get("WANDB_DIR") or str(run_dir),
+    }
 
 
 def run_labels(config: dict) -> dict:
@@ -65,11 +101,13 @@ class WandbLogger:
         mode: str | None,
         group: str | None = None,
         tags: list[str] | None = None,
-        project: str = "dp-adam-bench",
+        project: str | None = None,
         entity: str | None = None,
     ):
-        """``group`` and ``tags`` default to :func:`run_labels`; tags given are kept, the standard ones added."""
-        self.mode = resolve_mode(mode)
+        """``group`` and ``tags`` default to :func:`run_labels`; tags given are kept, the standard ones added;
+        ``mode``, ``project``, ``entity``: see :func:`resolve_settings`."""
+        self.settings = resolve_settings(mode=mode, project=project, entity=entity, run_dir=run_dir)
+        self.mode = self.settings["mode"]
         self.run_dir = Path(run_dir)
         self.run = None
         if self.mode == "disabled":
@@ -81,14 +119,14 @@ class WandbLogger:
         all_tags += [t for t in labels["tags"] if t not in all_tags]
         os.environ.setdefault("WANDB_SILENT", "true")
         self.run = wandb.init(
-            project=project,
-            entity=entity,
+            project=self.settings["project"],
+            entity=self.settings["entity"],
             name=name,
             group=group or labels["group"],
             job_type=labels["job_type"],
             tags=all_tags,
             config=config,
-            dir=str(run_dir),
+            dir=self.settings["dir"],
             mode=self.mode,
             reinit="finish_previous",
         )

@@ -50,8 +50,9 @@ def default_project() -> str:
         return os.environ[PROJECT_ENV]
     with open(CONFIG_DIR / "logger" / "default.yaml") as fh:
         wb = (yaml.safe_load(fh) or {}).get("wandb") or {}
-    project = wb.get("project") or "dp-adam-bench"
-    return f"{wb['entity']}/{project}" if wb.get("entity") else project
+    project = wb.get("project") or os.environ.get("WANDB_PROJECT") or "dp-adam-bench"  # as the logger's
+    entity = wb.get("entity") or os.environ.get("WANDB_ENTITY")
+    return f"{entity}/{project}" if entity else project
 
 
 class WandbRunRecord(RunRecord):
