@@ -44,6 +44,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from dp_adam_bench import progress
 from dp_adam_bench.paths import shared_data_dir
 from dp_adam_bench.tasks.base import ModelTask, missing_data, subset_indices, try_hub
 
@@ -483,7 +484,7 @@ class Cifar10CNN(ModelTask):
         p = next(model.parameters(), None)
         device = p.device if p is not None else torch.device("cpu")
         loss_sum, correct = 0.0, 0
-        for start in range(0, self.test_size, self.eval_batch_size):
+        for start in progress.iterate(range(0, self.test_size, self.eval_batch_size), desc="evaluate"):
             x = self.normalise(self.x_test[start : start + self.eval_batch_size]).to(device)
             y = self.y_test[start : start + self.eval_batch_size].to(device)
             logits = model(x).float()

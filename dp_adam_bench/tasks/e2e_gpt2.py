@@ -68,6 +68,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from dp_adam_bench import progress
 from dp_adam_bench.paths import shared_data_dir
 from dp_adam_bench.tasks import e2e_metrics, text
 from dp_adam_bench.tasks.base import (
@@ -590,7 +591,7 @@ class E2EGpt2(ModelTask):
         loss_sum, count = 0.0, 0
         n = self.test_mr_ids.lengths()[self.test_mr_of_row] + self.test_ref_ids.lengths()
         order = np.argsort(n, kind="stable")  # similar lengths together, each batch padded to its longest
-        for start in range(0, self.test_size, self.eval_batch_size):
+        for start in progress.iterate(range(0, self.test_size, self.eval_batch_size), desc="evaluate"):
             idx = order[start : start + self.eval_batch_size]
             batch = self._batch(self.test_mr_ids, self.test_mr_of_row, self.test_ref_ids, idx, "longest")
             batch = {k: v.to(device) for k, v in batch.items()}
@@ -614,23 +615,23 @@ class E2EGpt2(ModelTask):
         for k in mrs:
             by_len.setdefault(len(prompts[k]), []).append(k)
         out: dict[int, str] = {}
-        for length, ks in sorted(by_len.items()):
-            for start in range(0, len(ks), self.generate_batch_size):
-                chunk = ks[start : start + self.generate_batch_size]
-                ids = torch.as_tensor(np.stack([prompts[k] for k in chunk]), device=device)
-                gen = model.generate(
-                    input_ids=ids,
-                    attention_mask=torch.ones_like(ids),
-                    num_beams=self.num_beams,
-                    do_sample=False,
-                    max_new_tokens=self.max_new_tokens,
-                    bad_words_ids=self.bad_words_ids,
-                    pad_token_id=self.eos_id,
-                    eos_token_id=self.eos_id,
-                    use_cache=True,
-                )
-                for k, row in zip(chunk, gen[:, length:].tolist(), strict=True):
-                    out[k] = self.decode(row)
+        size = self.generate_batch_size
+        chunks = [ks[i : i + size] for _, ks in sorted(by_len.items()) for i in range(0, len(ks), size)]
+        for chunk in progress.iterate(chunks, desc=f"decode ({len(mrs)} MRs)"):
+            ids = torch.as_tensor(np.stack([prompts[k] for k in chunk]), device=device)
+            gen = model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                num_beams=self.num_beams,
+                do_sample=False,
+                max_new_tokens=self.max_new_tokens,
+                bad_words_ids=self.bad_words_ids,
+                pad_token_id=self.eos_id,
+                eos_token_id=self.eos_id,
+                use_cache=True,
+            )
+            for k, row in zip(chunk, gen[:, ids.shape[1] :].tolist(), strict=True):
+                out[k] = self.decode(row)
         return [out[k] for k in mrs]
 
     def decode(self, new_ids: Sequence[int]) -> str:

@@ -49,6 +49,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from dp_adam_bench import progress
 from dp_adam_bench.paths import shared_data_dir
 from dp_adam_bench.tasks import text
 from dp_adam_bench.tasks.base import (
@@ -360,7 +361,7 @@ class SnliBert(ModelTask):
         loss_sum, correct = 0.0, 0
         # batches of similar lengths, each padded to its longest row: the sums do not depend on the order
         order = np.argsort(self.test_ids.lengths(), kind="stable")
-        for start in range(0, self.test_size, self.eval_batch_size):
+        for start in progress.iterate(range(0, self.test_size, self.eval_batch_size), desc="evaluate"):
             idx = order[start : start + self.eval_batch_size]
             batch = {
                 k: v.to(device) for k, v in self._batch(self.test_ids, self.test_seg, idx, "longest").items()

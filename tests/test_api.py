@@ -1,0 +1,234 @@
+"""The public API (dp_adam_bench.make_private): the same run as the CLI trainer, plain torch optimizers without noise
+or clipping, exact resume from state_dict, the CLI's refusals, and the examples/ scripts."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import dp_adam_bench as dab
+from dp_adam_bench.engine.seeds import RunSeeds
+from dp_adam_bench.tasks import registry
+
+from helpers import compose_cfg, tiny_poisson
+from tiny_task import TinyTask
+
+REPO = Path(__file__).resolve().parents[1]
+CE = nn.CrossEntropyLoss(reduction="none")
+
+
+def digest(params) -> str:
+    h = hashlib.sha1()
+    for p in params:
+        h.update(p.detach().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def tiny_data():
+    task = TinyTask({}, trials=1, seed=0)
+    return task, torch.utils.data.TensorDataset(task.x, task.y)
+
+
+def tiny_model(seed: int = 0) -> nn.Module:
+    """The model the CLI trainer builds for the tiny task (same seed stream)."""
+    torch.manual_seed(RunSeeds.derive(seed, secure=False).model)
+    return TinyTask({}, trials=1, seed=seed).build_model()
+
+
+def test_make_private_is_the_cli_run(monkeypatch, isolated_dirs):
+    """Same config through the API and through `python -m dp_adam_bench.train`: identical parameters and epsilon."""
+    from dp_adam_bench.train import train
+
+    monkeypatch.setitem(registry.TASKS, "tiny", "tiny_task:TinyTask")
+    summary = train(compose_cfg(tiny_poisson("api_vs_cli", 6)))
+    _, dataset = tiny_data()
+    model = tiny_model()
+    private = dab.make_private(
+        model, dataset, CE, optimizer="adam", lr=0.01, noise="independent", sigma=1.0, clip=0.5,
+        batch_size=16, steps=6, physical_batch_size=5,
+    )  # fmt: skip
+    while not private.done:
+        private.step()
+    assert digest(model.parameters()) == summary["final_params_sha1"]
+    eps = private.epsilon()
+    assert set(eps) == set(summary["epsilon"])
+    for k, v in eps.items():
+        assert v == pytest.approx(summary["epsilon"][k], rel=1e-9)
+    with pytest.raises(dab.TrainingComplete, match="6 planned steps"):
+        private.step()
+
+
+@pytest.mark.parametrize(
+    "variant, torch_opt, kwargs",
+    [
+        ("adam", torch.optim.Adam, {"lr": 0.01, "betas": (0.9, 0.999), "eps": 1e-8}),
+        ("sgd", torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}),
+    ],
+)
+def test_no_noise_no_clipping_is_the_torch_optimizer(variant, torch_opt, kwargs):
+    """noise='none' (no noise, no clipping), full-batch single-pass: the variant is torch's optimizer on the mean
+    loss (the gradient is divided by the expected batch size N)."""
+    _, dataset = tiny_data()
+    x, y = dataset.tensors
+    ours = tiny_model()
+    ref = copy.deepcopy(ours)
+    extra = {"momentum": 0.9} if variant == "sgd" else {}
+    private = dab.make_private(
+        ours, dataset, CE, optimizer=variant, noise="none", lr=kwargs["lr"], optimizer_args=extra,
+        sampler="single_pass", batch_size=len(dataset), epochs=5,
+    )  # fmt: skip
+    assert private.epsilon() == {}
+    opt = torch_opt(ref.parameters(), **kwargs)
+    for _ in range(5):
+        private.step()
+        opt.zero_grad()
+        nn.functional.cross_entropy(ref(x), y).backward()
+        opt.step()
+    for a, b in zip(ours.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_state_dict_resume_is_exact(tmp_path):
+    """AdamBC + BandMF: 4 steps, state_dict through torch.save, a fresh model and make_private, 4 more steps ==
+    8 uninterrupted steps (parameters, epsilon and the noise mechanism's buffers included)."""
+    _, dataset = tiny_data()
+    args = dict(
+        optimizer="adambc", noise="bandmf", noise_args={"bands": 2}, clip=0.5, sigma=1.0, batch_size=16,
+        epochs=2, lr=0.01,
+    )  # fmt: skip
+    straight_model = tiny_model()
+    straight = dab.make_private(straight_model, dataset, CE, **args)
+    assert straight.steps == 8
+    for _ in range(8):
+        straight.step()
+
+    first_model = tiny_model()
+    first = dab.make_private(first_model, dataset, CE, **args)
+    for _ in range(4):
+        first.step()
+    torch.save(first.state_dict(), tmp_path / "state.pt")
+    resumed_model = tiny_model()
+    resumed = dab.make_private(resumed_model, dataset, CE, **args)
+    resumed.load_state_dict(torch.load(tmp_path / "state.pt", weights_only=False))
+    assert resumed.steps_done == 4
+    while not resumed.done:
+        resumed.step()
+    assert digest(resumed_model.parameters()) == digest(straight_model.parameters())
+    assert resumed.epsilon() == straight.epsilon()
+    with pytest.raises(ValueError, match="missing"):
+        resumed.load_state_dict({"step": 3})
+
+
+def test_target_epsilon_calibrates_sigma():
+    _, dataset = tiny_data()
+    private = dab.make_private(
+        tiny_model(), dataset, CE, optimizer="adam", sigma=None, target_epsilon=3.0, batch_size=16, steps=20
+    )
+    assert private.sigma == pytest.approx(dab.calibrate_sigma(3.0, 1e-5, 16 / 64, 20, "rdp"))
+    while not private.done:
+        private.step()
+    assert private.epsilon("rdp") == pytest.approx(3.0, abs=0.01)
+
+
+def _refusal(**overrides):
+    _, dataset = tiny_data()
+    args = dict(optimizer="adambc", noise="independent", clip=1.0, sigma=1.0, batch_size=16, steps=4)
+    args |= overrides
+    return dab.make_private(tiny_model(), args.pop("dataset", dataset), args.pop("loss_fn", CE), **args)
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        ({"noise": "bandmf", "sampler": "poisson"}, "train.sampler"),
+        ({"sigma": float("nan")}, "privacy.sigma=nan"),
+        ({"sigma": -1.0}, "privacy.sigma=-1.0"),
+        ({"sigma": None}, "privacy.sigma=null"),
+        ({"batch_size": 1000}, "larger than the training set"),
+        ({"optimizer": "adamw"}, "optimizer='adamw' is not known; valid: .*adambc"),
+        ({"noise": "gauss"}, "noise='gauss' is not known; valid: .*bandmf"),
+        ({"optimizer_args": {"beta3": 0.5}}, "unknown key.*beta3; valid: .*beta2"),
+        ({"noise_args": {"bands": 2}}, "noise_args: unknown key.*bands"),
+        ({"loss_fn": nn.CrossEntropyLoss()}, "reduction='mean'.*reduction='none'"),
+        ({"epochs": 2}, "steps=4 and epochs=2: give one"),
+        ({"sampler": "single_pass", "steps": 4}, "give epochs"),
+        ({"dataset": [torch.zeros(3)] * 4}, "pairs or dicts"),
+        ({"clipping": "magic"}, "train.clipping='magic'"),
+    ],
+)
+def test_the_api_refuses_what_the_cli_refuses(overrides, match):
+    with pytest.raises(dab.ConfigError, match=match):
+        _refusal(**overrides)
+
+
+def test_a_loss_that_is_not_per_example_is_named():
+    _, dataset = tiny_data()
+    private = dab.make_private(
+        tiny_model(), dataset, lambda out, y: nn.functional.cross_entropy(out, y), optimizer="adam", sigma=1.0,
+        batch_size=16, steps=2, clipping="hooks",
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"one loss per example, shape \("):
+        private.step()
+
+
+def test_dict_datasets_call_the_model_with_keywords():
+    """Dict items: every key but target_key goes to model(**inputs); the run trains and is accounted."""
+
+    class KeywordModel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(6, 2)
+
+        def forward(self, features):
+            return self.lin(features)
+
+    _, pairs = tiny_data()
+    x, y = pairs.tensors
+    dataset = [{"features": x[i], "target": y[i]} for i in range(len(y))]
+    model = KeywordModel()
+    before = model.lin.weight.detach().clone()
+    private = dab.make_private(
+        model, dataset, CE, target_key="target", optimizer="adambc", sigma=1.0, batch_size=16, steps=3
+    )
+    for _ in range(3):
+        private.step()
+    assert not torch.equal(before, model.lin.weight)
+    assert math.isfinite(private.epsilon("pld"))
+    with pytest.raises(dab.ConfigError, match="target_key='labels'"):
+        dab.make_private(model, dataset, CE, sigma=1.0, batch_size=16, steps=3)
+
+
+EXAMPLES = {
+    "own_loop_adambc_bandmf.py": ([], "epsilon at delta"),
+    "epsilon_and_sigma.py": ([], "sigma for epsilon = 8"),
+    "hf_finetune_bk_clipping.py": (["--steps", "2"], "epsilon (rdp)"),
+}
+
+
+def test_every_example_is_tested():
+    assert set(EXAMPLES) == {p.name for p in (REPO / "examples").glob("*.py")}
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_example_runs(name):
+    from dp_adam_bench.tasks.text import minilm_folder
+
+    args, expected = EXAMPLES[name]
+    if name.startswith("hf_") and minilm_folder() is None:
+        pytest.skip("the [minilm] extra (pretrained MiniLM-L6) is not installed")
+    env = os.environ | {"OMP_NUM_THREADS": "2", "DP_ADAM_BENCH_PROGRESS": "off"}
+    out = subprocess.run(
+        [sys.executable, str(REPO / "examples" / name), *args],
+        capture_output=True, text=True, timeout=300, env=env, cwd=REPO,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert expected in out.stdout

@@ -1,0 +1,74 @@
+"""What a run shows while it trains: a bar with ETA, loss and epsilon on a terminal, log lines elsewhere."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from dp_adam_bench import progress
+from dp_adam_bench.tasks import registry
+
+from helpers import compose_cfg, tiny_poisson
+
+
+@pytest.fixture
+def tiny(monkeypatch, isolated_dirs):
+    monkeypatch.setitem(registry.TASKS, "tiny", "tiny_task:TinyTask")
+
+
+def _train(name: str):
+    from dp_adam_bench.train import train
+
+    return train(compose_cfg(tiny_poisson(name, 6, "train.log_every=2", "train.eval_every=3")))
+
+
+def test_the_bar_shows_steps_eta_loss_and_epsilon(tiny, monkeypatch, capsys):
+    monkeypatch.setenv("DP_ADAM_BENCH_PROGRESS", "bar")
+    summary = _train("bar")
+    err = capsys.readouterr().err
+    assert "6/6" in err
+    assert "<00:00" in err  # tqdm's elapsed<remaining field (the ETA)
+    assert "epsilon=" in err and "test_loss=" in err
+    eps_shown = float(err.rsplit("epsilon=", 1)[1].split(",")[0].split("]")[0])
+    assert eps_shown == pytest.approx(summary["epsilon"]["rdp"], rel=1e-3)
+
+
+def test_off_a_terminal_a_line_per_logged_step(tiny, monkeypatch, caplog):
+    monkeypatch.setenv("DP_ADAM_BENCH_PROGRESS", "lines")
+    with caplog.at_level(logging.INFO, logger="dp_adam_bench.progress"):
+        _train("lines")
+    lines = [r.getMessage() for r in caplog.records if r.name == "dp_adam_bench.progress"]
+    assert [ln.split()[2] for ln in lines] == ["2/6", "4/6", "6/6"]
+    assert all("ETA" in ln for ln in lines)
+    assert "epsilon=" in lines[-1] and "test_loss=" in lines[-1]
+
+
+def test_off_shows_nothing(tiny, monkeypatch, caplog, capsys):
+    monkeypatch.setenv("DP_ADAM_BENCH_PROGRESS", "off")
+    with caplog.at_level(logging.INFO, logger="dp_adam_bench.progress"):
+        _train("off")
+    assert not [r for r in caplog.records if r.name == "dp_adam_bench.progress"]
+    assert "6/6" not in capsys.readouterr().err
+
+
+def test_auto_follows_the_terminal_and_bad_values_are_named(monkeypatch):
+    monkeypatch.delenv("DP_ADAM_BENCH_PROGRESS", raising=False)
+    monkeypatch.setattr("sys.stderr.isatty", lambda: False, raising=False)
+    assert progress.mode() == "lines"
+    monkeypatch.setenv("DP_ADAM_BENCH_PROGRESS", "fancy")
+    with pytest.raises(ValueError, match="'fancy' is not one of auto, bar, lines, off"):
+        progress.mode()
+
+
+@pytest.mark.parametrize("mode", ["bar", "lines", "off"])
+def test_iterate_yields_every_item(monkeypatch, mode):
+    monkeypatch.setenv("DP_ADAM_BENCH_PROGRESS", mode)
+    assert list(progress.iterate(range(5), desc="x")) == [0, 1, 2, 3, 4]
+
+
+def test_diagnostics_are_never_shown_as_progress():
+    assert progress._shown({"diag/loss": 1.0, "test_loss": 2.0, "epsilon": 3.0, "lr": 0.1}) == {
+        "test_loss": 2.0,
+        "epsilon": 3.0,
+    }
