@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 log = logging.getLogger("dp_adam_bench.progress")
 
@@ -43,8 +43,23 @@ def _shown(metrics: dict) -> dict:
 class Progress:
     """Training progress from ``initial`` to ``total`` steps (see the module docstring)."""
 
-    def __init__(self, total: int, initial: int = 0, *, enabled: bool = True, what: str = "train"):
+    #: seconds between two epsilon evaluations for the bar (an accountant call can cost a fraction of a second)
+    EPSILON_EVERY_S = 2.0
+
+    def __init__(
+        self,
+        total: int,
+        initial: int = 0,
+        *,
+        enabled: bool = True,
+        what: str = "train",
+        epsilon: Callable[[], dict] | None = None,
+    ):
+        """``epsilon()`` returns ``{"epsilon": value}`` so far (or {}): the bar refreshes it every few seconds,
+        between the logged steps that carry it."""
         self.total, self.what = int(total), what
+        self.epsilon = epsilon
+        self._eps_t = float("-inf")
         self.mode = mode() if enabled else "off"
         self.t0 = time.time()
         self.initial = int(initial)
@@ -62,6 +77,15 @@ class Progress:
         self.last |= shown
         if self.bar is not None:
             self.bar.update(step - self.bar.n)
+            now = time.time()
+            if "epsilon" in shown:
+                self._eps_t = now
+            elif self.epsilon is not None and (
+                now - self._eps_t > self.EPSILON_EVERY_S or step == self.total
+            ):
+                self._eps_t = now
+                shown = shown | self.epsilon()
+                self.last |= shown
             if shown:
                 self.bar.set_postfix({k: f"{v:.4g}" for k, v in self.last.items()}, refresh=False)
         elif self.mode == "lines" and logged:

