@@ -94,11 +94,17 @@ def _smoke_settings(data: dict) -> dict:
     return data
 
 
+_TASKS: dict[str, object] = {}  # the runs of a preset share few task configs: each is built once
+
+
 def _build_task(data: dict):
     from dp_adam_bench.tasks.registry import build_task
 
-    cfg = OmegaConf.create(data)
-    return build_task(cfg.task, trials=int(cfg.task.get("trials", 1)), seed=int(cfg.seed))
+    key = json.dumps([data["task"], data["seed"]], sort_keys=True, default=str)
+    if key not in _TASKS:
+        cfg = OmegaConf.create(data)
+        _TASKS[key] = build_task(cfg.task, trials=int(cfg.task.get("trials", 1)), seed=int(cfg.seed))
+    return _TASKS[key]
 
 
 def fit_to_data(data: dict) -> tuple[dict, object, str | None]:
@@ -160,7 +166,9 @@ def smoke_run(data: dict, root: Path, steps: int = SMOKE_STEPS) -> Path:
         cfg = OmegaConf.create({**data, "train": {**data["train"], "stop_after": stop_after}})
         torch.manual_seed(int(cfg.seed))
         run = trainer.prepare(cfg, task)
-        return cfg, dataclasses.replace(run, plan=dataclasses.replace(run.plan, steps=min(steps, run.plan.steps)))
+        return cfg, dataclasses.replace(
+            run, plan=dataclasses.replace(run.plan, steps=min(steps, run.plan.steps))
+        )
 
     folder = RunFolder.create(root, name, data)
     try:
@@ -195,7 +203,9 @@ def smoke_run(data: dict, root: Path, steps: int = SMOKE_STEPS) -> Path:
 
 def _mark(path: Path, experiment: str, profile: str) -> None:
     if path.suffix == ".md":
-        path.write_text(BANNER.format(steps=SMOKE_STEPS, experiment=experiment, profile=profile) + path.read_text())
+        path.write_text(
+            BANNER.format(steps=SMOKE_STEPS, experiment=experiment, profile=profile) + path.read_text()
+        )
 
 
 def run_smoke(experiment: str, profile: str = "paper", overrides=(), runs: Path | None = None) -> int:
@@ -215,7 +225,7 @@ def run_smoke(experiment: str, profile: str = "paper", overrides=(), runs: Path 
         print(
             f"smoke {i}/{len(points)} {path.name}: {sm['steps']} of {sm['planned_steps']} steps, sigma "
             f"{sm['sigma']:.4g}{' (calibrated)' if sm['calibrated'] else ''}, batch {sm['batch_size']:.4g}"
-            + (f", epsilon of the 2 steps: {eps}" if eps else "")
+            + (f", epsilon in the ledger: {eps}" if eps else "")
             + (f" [{sm['scaled']}]" if sm["scaled"] else ""),
             flush=True,
         )

@@ -212,7 +212,10 @@ def _arxiv(root: Path, rng) -> None:
     cols = ("id", "submitter", "authors", "title", "comments", "journal-ref", "doi", "abstract", "report-no")
     feats = datasets.Features(
         {c: datasets.Value("string") for c in cols}
-        | {"categories": datasets.Sequence(datasets.Value("string")), "versions": datasets.Sequence(datasets.Value("string"))}
+        | {
+            "categories": datasets.Sequence(datasets.Value("string")),
+            "versions": datasets.Sequence(datasets.Value("string")),
+        }
     )
     n = 900
     data = {c: [None] * n for c in cols}
