@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import shutil
 import time
 from pathlib import Path
 
@@ -148,19 +149,27 @@ def fit_to_data(data: dict) -> tuple[dict, object, str | None]:
     return data, _build_task(data), note
 
 
-def smoke_run(data: dict, root: Path, steps: int = SMOKE_STEPS) -> Path:
+def smoke_run(data: dict, root: Path, steps: int = SMOKE_STEPS, done: set | None = None) -> Path:
     """Train one run for ``steps`` steps (killed after step 1, resumed from its checkpoint), with the privacy plan
-    of the whole run; returns its folder, whose ``summary.json`` carries a ``smoke`` entry."""
+    of the whole run; returns its folder, whose ``summary.json`` carries a ``smoke`` entry. A folder already in
+    ``done`` (two sweep points that are the same run, e.g. a grid value equal to the default) is not run again;
+    any other earlier smoke folder of the run is replaced."""
     from dp_adam_bench.config import validate
     from dp_adam_bench.engine import checkpoint as ckpt
     from dp_adam_bench.engine import trainer
-    from dp_adam_bench.tracking.run_store import RunFolder
+    from dp_adam_bench.tracking.run_store import RunFolder, run_id
 
     data = _smoke_settings(data)
     validate(data)
     data, task, note = fit_to_data(data)
     validate(data)
     name = data["experiment_name"]
+    path = RunFolder.folder(root, name, run_id(data))
+    if done is not None and path in done:
+        return path
+    shutil.rmtree(path, ignore_errors=True)
+    if done is not None:
+        done.add(path)
 
     def prepared(stop_after):
         cfg = OmegaConf.create({**data, "train": {**data["train"], "stop_after": stop_after}})
@@ -216,9 +225,10 @@ def run_smoke(experiment: str, profile: str = "paper", overrides=(), runs: Path 
     root = smoke_root(runs)
     points = smoke_points(experiment, profile)
     t0 = time.time()
+    done: set = set()
     for i, point in enumerate(points, 1):
         data = compose_run(experiment, profile, point, overrides)
-        path = smoke_run(data, root)
+        path = smoke_run(data, root, done=done)
         summary = json.loads((path / "summary.json").read_text())
         sm = summary["smoke"]
         eps = ", ".join(f"{k} {v:.3g}" for k, v in (summary.get("epsilon") or {}).items() if v is not None)

@@ -195,7 +195,8 @@ def _e2e(root: Path, rng) -> None:
         for _ in range(n_mr):
             mr = (
                 f"name[{rng.choice(WORDS).title()}], eatType[{rng.choice(['pub', 'restaurant', 'coffee shop'])}], "
-                f"food[{rng.choice(['French', 'English', 'Italian'])}], area[{rng.choice(['riverside', 'city centre'])}]"
+                f"food[{rng.choice(['French', 'English', 'Italian'])}], "
+                f"area[{rng.choice(['riverside', 'city centre'])}]"
             )
             for _ in range(refs):
                 mrs.append(mr)
