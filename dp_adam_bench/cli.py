@@ -61,11 +61,15 @@ def _sweep(args) -> int:
     from dp_adam_bench.sweep import run_sweep
 
     if args.plan or args.smoke:
-        from dp_adam_bench.sweep import run_plan_or_smoke
+        if args.plan:
+            from dp_adam_bench.paper_plan import format_plan, table_plan
 
-        return run_plan_or_smoke(
-            args.experiment, args.profile, args.overrides, plan=args.plan, smoke=args.smoke
-        )
+            print(format_plan(table_plan(args.experiment, args.profile, args.overrides), args.experiment))
+        if args.smoke:
+            from dp_adam_bench.smoke import run_smoke
+
+            return run_smoke(args.experiment, args.profile, args.overrides)
+        return 0
     return run_sweep(args.experiment, args.profile, args.launcher, args.overrides, dry_run=args.dry_run)
 
 

@@ -197,6 +197,35 @@ def peak_memory_gb(shape: ModelShape, physical_batch: int, state_floats: float) 
     return (weights + acts) / 2**30
 
 
+def smoke_points(experiment: str, profile: str) -> list[dict]:
+    """The preset's runs (``SweepSpec.points``) up to seed and tuned values: the first of each group."""
+    from dp_adam_bench.sweep import sweep_spec
+
+    spec = sweep_spec(experiment, profile)
+    ignored = {"seed", *(spec.selection.tuned if spec.selection else ())}
+    out, seen = [], set()
+    for point in spec.points():
+        key = json.dumps({k: v for k, v in point.items() if k not in ignored}, sort_keys=True, default=str)
+        if key not in seen:
+            seen.add(key)
+            out.append(point)
+    return out
+
+
+def compose_run(experiment: str, profile: str, point: dict, overrides=()) -> dict:
+    """The run config of one sweep point, as the training entry point resolves it."""
+    from hydra import compose, initialize_config_dir
+
+    from dp_adam_bench.paths import CONFIG_DIR
+    from dp_adam_bench.sweep import override_value
+    from dp_adam_bench.train import run_config
+
+    args = [f"experiment={experiment}", f"profile={profile}"]
+    args += [f"{k}={override_value(v)}" for k, v in point.items()] + list(overrides)
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return run_config(compose("config", overrides=args))
+
+
 @dataclass
 class RunPlan:
     """One group of runs that differ only in seed or tuned values (the same cost and epsilon)."""
@@ -234,7 +263,6 @@ def table_plan(experiment: str, profile: str = "paper", overrides=()) -> list[Ru
     from dp_adam_bench.engine.plan import build_plan
     from dp_adam_bench.optim.registry import build_variant
     from dp_adam_bench.privacy.accounting.dpsgd import epsilons_with_errors
-    from dp_adam_bench.smoke import compose_run, smoke_points
     from dp_adam_bench.sweep import sweep_spec
 
     spec = sweep_spec(experiment, profile)

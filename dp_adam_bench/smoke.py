@@ -33,6 +33,7 @@ import torch
 from omegaconf import OmegaConf
 
 from dp_adam_bench.errors import ConfigError
+from dp_adam_bench.paper_plan import compose_run, paper_examples, smoke_points
 
 log = logging.getLogger(__name__)
 
@@ -50,35 +51,6 @@ def smoke_root(runs: Path | None = None) -> Path:
     from dp_adam_bench.paths import runs_dir
 
     return Path(runs or runs_dir()) / SMOKE_FOLDER
-
-
-def smoke_points(experiment: str, profile: str) -> list[dict]:
-    """The preset's runs (``SweepSpec.points``) up to seed and tuned values: the first of each group."""
-    from dp_adam_bench.sweep import sweep_spec
-
-    spec = sweep_spec(experiment, profile)
-    ignored = {"seed", *(spec.selection.tuned if spec.selection else ())}
-    out, seen = [], set()
-    for point in spec.points():
-        key = json.dumps({k: v for k, v in point.items() if k not in ignored}, sort_keys=True, default=str)
-        if key not in seen:
-            seen.add(key)
-            out.append(point)
-    return out
-
-
-def compose_run(experiment: str, profile: str, point: dict, overrides=()) -> dict:
-    """The run config of one sweep point, as the training entry point resolves it."""
-    from hydra import compose, initialize_config_dir
-
-    from dp_adam_bench.paths import CONFIG_DIR
-    from dp_adam_bench.sweep import override_value
-    from dp_adam_bench.train import run_config
-
-    args = [f"experiment={experiment}", f"profile={profile}"]
-    args += [f"{k}={override_value(v)}" for k, v in point.items()] + list(overrides)
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return run_config(compose("config", overrides=args))
 
 
 def _smoke_settings(data: dict) -> dict:
@@ -111,7 +83,6 @@ def _build_task(data: dict):
 def fit_to_data(data: dict) -> tuple[dict, object, str | None]:
     """(config, task, note): the task built from the run config; when the data present are smaller than the
     paper's, the batch (and a single-pass subset) scaled so that the accounting stays the paper's."""
-    from dp_adam_bench.paper_plan import paper_examples
 
     n_paper = paper_examples(data)
     t = data["train"]

@@ -344,18 +344,3 @@ def set_aside_stale_runs(experiment: str, profile: str = "cpu", root: Path | Non
             shutil.move(str(folder), str(target))
             moved.append(target)
     return moved
-
-
-def run_plan_or_smoke(
-    experiment: str, profile: str = "paper", overrides: Sequence[str] = (), *, plan: bool, smoke: bool
-) -> int:
-    """``sweep --plan`` (:mod:`dp_adam_bench.paper_plan`) and / or ``sweep --smoke`` (:mod:`dp_adam_bench.smoke`)."""
-    if plan:
-        from dp_adam_bench.paper_plan import format_plan, table_plan
-
-        print(format_plan(table_plan(experiment, profile, overrides), experiment), flush=True)
-    if smoke:
-        from dp_adam_bench.smoke import run_smoke
-
-        return run_smoke(experiment, profile, overrides)
-    return 0

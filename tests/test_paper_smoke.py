@@ -58,7 +58,7 @@ def test_paper_smoke(experiment, fake_hub, tmp_path):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
     root = tmp_path / "runs" / "_smoke"
     summaries = [json.loads(p.read_text()) for p in root.glob("*/*/summary.json")]
-    from dp_adam_bench.smoke import smoke_points
+    from dp_adam_bench.paper_plan import smoke_points
 
     assert 0 < len(summaries) <= len(smoke_points(experiment, "paper"))  # equal points are one run
     for s in summaries:
