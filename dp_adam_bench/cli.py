@@ -61,6 +61,16 @@ def _report(args) -> int:
 def _sweep(args) -> int:
     from dp_adam_bench.sweep import run_sweep
 
+    if args.plan or args.smoke:
+        if args.plan:
+            from dp_adam_bench.paper_plan import format_plan, table_plan
+
+            print(format_plan(table_plan(args.experiment, args.profile, args.overrides), args.experiment))
+        if args.smoke:
+            from dp_adam_bench.smoke import run_smoke
+
+            return run_smoke(args.experiment, args.profile, args.overrides)
+        return 0
     return run_sweep(args.experiment, args.profile, args.launcher, args.overrides, dry_run=args.dry_run)
 
 
@@ -142,6 +152,18 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="print the multirun commands only, as shell lines to paste (with --launcher slurm, also the sbatch "
         "parameters)",
+    )
+    p.add_argument(
+        "--plan",
+        action="store_true",
+        help="print what each table of the preset costs: runs, steps, examples per step, epsilon under every "
+        "accountant, trainable parameters, peak memory per GPU and GPU-hours (estimates); trains nothing",
+    )
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="run every run of the preset for 2 steps (full privacy plan, kill and resume, evaluation on a few "
+        "examples) and build its reports from them, under <run store>/_smoke/ (never results/)",
     )
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
     p.set_defaults(func=_sweep)

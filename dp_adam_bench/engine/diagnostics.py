@@ -38,7 +38,7 @@ def summary_stats(x: torch.Tensor, gen: torch.Generator) -> dict[str, float]:
         if x.numel() <= MAX_QUANTILE_SAMPLE
         else x[torch.randint(x.numel(), (MAX_QUANTILE_SAMPLE,), generator=gen)]
     )
-    q = torch.quantile(sample, torch.tensor([0.25, 0.5, 0.75], dtype=sample.dtype))
+    q = torch.quantile(sample, torch.tensor([0.25, 0.5, 0.75], dtype=sample.dtype, device=sample.device))
     return {
         "min": float(x.min()),
         "q1": float(q[0]),
@@ -133,6 +133,7 @@ class Diagnostics:
             n = arrays["m_clean"].numel()
             idx = torch.randperm(n, generator=gen)[: self.hist_size]
             np.savez_compressed(
-                self.hist_dir / f"step_{t}.npz", **{k: a[idx].float().numpy() for k, a in arrays.items()}
+                self.hist_dir / f"step_{t}.npz",
+                **{k: a[idx.to(a.device)].float().cpu().numpy() for k, a in arrays.items()},
             )
         return out

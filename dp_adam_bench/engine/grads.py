@@ -72,7 +72,7 @@ def batch_len(batch: dict) -> int:
 
 def zero_sum(params: list[torch.Tensor]) -> ClippedSum:
     """The clipped sum of no examples: zeros of every parameter's shape, dtype and device, and no norms."""
-    ref = params[0] if params else torch.empty(0)
+    ref = params[0] if params else torch.empty(0, device="cpu")  # no parameters: nothing to follow
     return ClippedSum(
         [torch.zeros_like(p) for p in params], torch.zeros(0, dtype=ref.dtype, device=ref.device), 0
     )

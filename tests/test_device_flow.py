@@ -1,0 +1,63 @@
+"""Tensors the engine creates follow the model's device and dtype (GPU readiness, checked on CPU)."""
+
+import ast
+from pathlib import Path
+
+import torch
+
+from dp_adam_bench.engine.diagnostics import Diagnostics, summary_stats
+
+PACKAGE = Path(__file__).resolve().parents[1] / "dp_adam_bench"
+FACTORIES = {"tensor", "zeros", "ones", "empty", "full", "randn", "rand", "linspace", "eye"}
+# creations that are meant to live on the CPU: sampler indices and seeds, the host-side accounting
+CPU_BY_DESIGN = {"engine/sampling.py", "engine/trainer.py", "engine/bk.py"}
+
+
+def test_engine_factories_name_a_device():
+    """Static: every torch factory call in the engine / privatizer / optimizers / noise mechanisms passes
+    ``device=`` (or is a ``*_like`` / ``new_*``), except in the files that build host-side tensors on purpose."""
+    bad = []
+    for sub in ("engine", "optim", "privacy"):
+        for f in sorted((PACKAGE / sub).rglob("*.py")):
+            rel = f.relative_to(PACKAGE).as_posix()
+            if rel in CPU_BY_DESIGN or "accounting" in rel:
+                continue
+            for node in ast.walk(ast.parse(f.read_text())):
+                if (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Attribute)
+                    and isinstance(node.func.value, ast.Name)
+                    and node.func.value.id == "torch"
+                    and node.func.attr in FACTORIES
+                    and not any(k.arg == "device" for k in node.keywords)
+                ):
+                    bad.append(f"{rel}:{node.lineno} torch.{node.func.attr}")
+    assert not bad, "tensor factories without device=: " + ", ".join(bad)
+
+
+def test_quantile_levels_follow_the_sample(monkeypatch):
+    """Regression: the quantile levels were built on the default device (CPU) whatever the sample's."""
+    seen = {}
+    real = torch.quantile
+
+    def spy(x, q, *a, **kw):
+        seen["q"] = (q.device, q.dtype, x.device, x.dtype)
+        return real(x, q, *a, **kw)
+
+    monkeypatch.setattr(torch, "quantile", spy)
+    x = torch.rand(100, dtype=torch.float64)
+    stats = summary_stats(x, torch.Generator().manual_seed(0))
+    assert seen["q"][0] == seen["q"][2] and seen["q"][1] == torch.float64
+    assert stats["q1"] <= stats["median"] <= stats["q3"]
+
+
+def test_diagnostics_keep_float64(tmp_path):
+    """A float64 model's clean moments stay float64, and histograms are written from them."""
+    from types import SimpleNamespace
+
+    d = Diagnostics(every=1, hist_dir=tmp_path)
+    clean = [torch.randn(3, 4, dtype=torch.float64), torch.randn(4, dtype=torch.float64)]
+    state = {"m": [c * 0.1 for c in clean], "v": [c * c for c in clean], "step": 1}
+    out = d.observe(SimpleNamespace(clean=clean, clip=1.0, expected_batch_size=4), state)
+    assert d.state["m"][0].dtype == torch.float64 and out["diag/v_clean_max"] >= 0
+    assert (tmp_path / "step_1.npz").is_file()

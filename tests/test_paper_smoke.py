@@ -1,0 +1,115 @@
+"""Every paper-profile table, smoke-run end to end through the fake hub (tests/fake_hub.py): the same hub loaders,
+model classes, samplers and privacy plans a GPU run uses, 2 steps each, with kill and resume and the reports."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fake_hub import hub_env
+
+from dp_adam_bench.report import registry
+
+REPO = Path(__file__).resolve().parents[1]
+# the presets whose paper profile loads from the hub, and the paper's numbers their plan must show
+HUB_TABLES = (
+    "tang_fig1_cifar10",
+    "tang_fig1_snli",
+    "tang_fig3_cifar10",
+    "tang_fig3_snli",
+    "li_e2e",
+    "ganesh_fig3",
+)
+
+
+@pytest.fixture(scope="session")
+def fake_hub(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hf")
+    # built in a child process: the Hugging Face libraries read their cache paths when imported
+    code = "import sys; sys.path.insert(0, 'tests'); from fake_hub import build_fake_hub; build_fake_hub(sys.argv[1])"
+    env = {**os.environ, **hub_env(root), "PYTHONPATH": str(REPO)}
+    subprocess.run(
+        [sys.executable, "-c", code, str(root)], check=True, cwd=REPO, env=env, capture_output=True
+    )
+    return root
+
+
+def _cli(args, hub: Path, tmp: Path) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        **hub_env(hub),
+        "PYTHONPATH": str(REPO),
+        "DP_ADAM_BENCH_RUNS": str(tmp / "runs"),
+        "DP_ADAM_BENCH_RESULTS": str(tmp / "results"),
+        "DP_ADAM_BENCH_DATA": str(tmp / "no_local_data"),  # only the hub: the paper profile's loaders
+        "OMP_NUM_THREADS": "1",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "dp_adam_bench", *args], cwd=REPO, env=env, capture_output=True, text=True
+    )
+
+
+@pytest.mark.parametrize("experiment", HUB_TABLES)
+def test_paper_smoke(experiment, fake_hub, tmp_path):
+    out = _cli(["sweep", experiment, "--profile", "paper", "--smoke"], fake_hub, tmp_path)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
+    root = tmp_path / "runs" / "_smoke"
+    summaries = [json.loads(p.read_text()) for p in root.glob("*/*/summary.json")]
+    from dp_adam_bench.paper_plan import smoke_points
+
+    assert 0 < len(summaries) <= len(smoke_points(experiment, "paper"))  # equal points are one run
+    for s in summaries:
+        assert s["status"] == "complete" and s["steps"] == 2
+        assert s["smoke"]["resumed_from_step"] == 1
+        assert s["planned_steps"] > 2  # the whole paper schedule was planned (sigma, steps to epsilon)
+        assert s["metrics"], s
+    # every report of the preset was built from the smoke runs, marked, and nothing went to results/
+    tables = [t for t in registry.GROUPS["all"] if registry.spec(t).experiment == experiment]
+    for t in tables:
+        md = root / "results" / "paper" / f"{t}.md"
+        assert md.read_text().startswith("> **SMOKE RUN**"), t
+    assert not (tmp_path / "results").exists()
+    if experiment == "li_e2e":  # 5-beam decoding ran on the evaluated MRs
+        assert all("test_bleu" in s["metrics"] for s in summaries)
+
+
+def test_smoke_keeps_the_paper_sampling_rate(fake_hub, tmp_path):
+    out = _cli(["sweep", "tang_fig1_cifar10", "--profile", "paper", "--smoke"], fake_hub, tmp_path)
+    assert out.returncode == 0, out.stderr[-4000:]
+    for p in (tmp_path / "runs" / "_smoke").glob("*/*/summary.json"):
+        s = json.loads(p.read_text())
+        cfg = json.loads(json.dumps(__import__("yaml").safe_load((p.parent / "config.yaml").read_text())))
+        assert cfg["train"]["batch_size"] / 400 == pytest.approx(2048 / 50_000)  # the fake hub's 400 images
+        assert s["planned_steps"] == 549  # Tang: steps to eps = 7 under RDP at q = 2048 / 50,000, sigma = 1
+
+
+def test_plan_prints_from_the_cli(tmp_path):
+    out = _cli(["sweep", "li_e2e", "--profile", "paper", "--plan"], tmp_path / "no_hub", tmp_path)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert "GPU-hours in all" in out.stdout and "| runs |" in out.stdout
+
+
+@pytest.mark.parametrize("experiment", [*HUB_TABLES, "ganesh_fig2", "ganesh_quadratic"])
+def test_plan_for_every_table(experiment):
+    from dp_adam_bench.paper_plan import format_plan, table_plan
+
+    plans = table_plan(experiment)
+    assert plans and all(p.steps > 0 and p.runs > 0 for p in plans)
+    assert all(math.isfinite(p.gpu_hours) and p.gpu_hours >= 0 for p in plans)
+    assert "GPU-hours in all" in format_plan(plans, experiment)
+
+
+def test_plan_shows_the_papers_epsilons():
+    from dp_adam_bench.paper_plan import table_plan
+
+    cifar = table_plan("tang_fig1_cifar10")
+    assert {p.steps for p in cifar} == {549} and sum(p.runs for p in cifar) == 9
+    assert all(abs(p.epsilon["rdp"] - 7.0) < 0.05 for p in cifar)  # Tang & Lecuyer: eps = 7
+    li = table_plan("li_e2e")
+    eps = sorted(p.epsilon["rdp"] for p in li if p.epsilon)
+    assert eps == pytest.approx([3.0, 8.0], abs=0.02)  # Li et al.: eps = 3 and 8, 4,108 steps
+    assert {p.steps for p in li} == {4108}
+    assert li[0].trainable == 124_439_808 + 50_257 * 768  # gpt2 + its untied output layer
