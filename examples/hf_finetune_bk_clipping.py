@@ -1,7 +1,8 @@
 """Fine-tune a pretrained Hugging Face encoder privately, with book-keeping (bk) or Opacus ghost clipping
 (Li, Tramer, Liang & Hashimoto 2022, "Large language models can be strong differentially private learners",
 arXiv 2110.05679): DP-Adam on a small sentiment task (1,024 template sentences), Poisson sampling, sigma calibrated to
-epsilon = 8. With the defaults it reaches about 100 % train accuracy in 30 steps (a few minutes on 2 cores).
+epsilon = 8. With the defaults it reached 87.5 % train accuracy (7 of the 8 sentence templates) in 30 steps, in
+about 35 s on 2 cores.
 
     python examples/hf_finetune_bk_clipping.py [path/to/model_folder] [--clipping bk|ghost] [--steps 30]
 
