@@ -109,3 +109,51 @@ def iterate(items: Iterable, *, desc: str, total: int | None = None) -> Iterator
     from tqdm import tqdm
 
     yield from tqdm(items, desc=desc, total=total, leave=False, dynamic_ncols=True)
+
+
+class SweepProgress:
+    """Runs done / total across every multirun command of a sweep, polled from the run store (the runs are child
+    processes): one line on stderr each time the count changes, with the elapsed time and an ETA from the runs this
+    sweep completed. ``count()`` returns the number of complete runs."""
+
+    def __init__(self, total: int, count: Callable[[], int], *, what: str = "sweep", every_s: float = 2.0):
+        import threading
+
+        self.total, self.count, self.what, self.every_s = int(total), count, what, every_s
+        self.t0 = time.time()
+        self.initial = self.done = count()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def start(self) -> SweepProgress:
+        if mode() != "off":
+            self._report()
+            self._thread.start()
+        return self
+
+    def _report(self) -> None:
+        elapsed = time.time() - self.t0
+        new = self.done - self.initial
+        eta = f", ETA {elapsed / new * (self.total - self.done) / 60:.0f} min" if new > 0 else ""
+        print(
+            f"{self.what}: {self.done}/{self.total} runs complete ({elapsed / 60:.0f} min{eta})",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.update()
+
+    def update(self) -> None:
+        done = self.count()
+        if done != self.done:
+            self.done = done
+            self._report()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        if mode() != "off":
+            self.update()

@@ -296,15 +296,45 @@ def run_sweep(
     commands = sweep_commands(experiment, profile, launcher, overrides)
     if dry_run and launcher == "slurm":
         print(slurm_plan(experiment, profile, commands, overrides), flush=True)
-    for cmd in commands:
-        print("+ " + shell_line(cmd), flush=True)
-        if dry_run:
-            continue
-        rc = subprocess.run(cmd, check=False).returncode
-        if rc != 0:
-            print(f"sweep command failed with exit code {rc}", file=sys.stderr)
-            return rc
+    tracker = None if dry_run else _sweep_progress(experiment, profile, commands, overrides)
+    try:
+        for cmd in commands:
+            print("+ " + shell_line(cmd), flush=True)
+            if dry_run:
+                continue
+            rc = subprocess.run(cmd, check=False).returncode
+            if rc != 0:
+                print(f"sweep command failed with exit code {rc}", file=sys.stderr)
+                return rc
+    finally:
+        if tracker is not None:
+            tracker.stop()
     return 0
+
+
+def _sweep_progress(
+    experiment: str, profile: str, commands: Sequence[Sequence[str]], overrides: Sequence[str]
+):
+    """Runs done / total across all the sweep's multirun commands (:class:`~dp_adam_bench.progress.SweepProgress`),
+    counted in the run store. With the preset's runs (no config overrides) the count is exact, runs completed by an
+    earlier launch included; with config overrides the total is the commands' job count and the count is the runs
+    this launch completes (skipped complete runs finish at once and are counted when their folder is checked)."""
+    from dp_adam_bench.paths import runs_dir
+    from dp_adam_bench.progress import SweepProgress
+    from dp_adam_bench.tracking.run_store import RunFolder, is_complete
+
+    name, ids = expected_runs(experiment, profile)
+    root = runs_dir()
+    what = f"sweep {experiment}"
+    if all(_is_hydra_override(o) for o in overrides):
+        folders = [RunFolder.folder(root, name, rid) for rid in sorted(ids)]
+        return SweepProgress(len(folders), lambda: sum(is_complete(f) for f in folders), what=what).start()
+    total = sum(count_jobs(cmd) for cmd in commands)
+    base = Path(root) / name
+    already = {f.parent.name for f in base.glob("*/summary.json")}
+    return SweepProgress(
+        total, lambda: sum(f.parent.name not in already for f in base.glob("*/summary.json")), what=what
+    ).start()
 
 
 def expected_runs(experiment: str, profile: str = "cpu") -> tuple[str, set[str]]:

@@ -72,3 +72,33 @@ def test_diagnostics_are_never_shown_as_progress():
         "test_loss": 2.0,
         "epsilon": 3.0,
     }
+
+
+def test_sweep_progress_counts_runs_across_commands(monkeypatch, capsys):
+    monkeypatch.setenv("DP_ADAM_BENCH_PROGRESS", "lines")
+    counts = iter([1, 1, 2, 4])
+    tracker = progress.SweepProgress(4, lambda: next(counts), what="sweep x", every_s=3600).start()
+    tracker.update()  # unchanged: no line
+    tracker.update()
+    tracker.stop()
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert [ln.split()[2] for ln in lines] == ["1/4", "2/4", "4/4"]
+    assert "ETA" not in lines[0] and "ETA" in lines[1]
+
+
+def test_a_sweep_reports_its_runs(isolated_dirs, monkeypatch, capfd):
+    """The real sweep command of ganesh_quadratic's preset with every run already complete: one line, n/n."""
+    from dp_adam_bench import sweep
+    from dp_adam_bench.paths import runs_dir
+    from dp_adam_bench.tracking.run_store import RunFolder
+
+    monkeypatch.setenv("DP_ADAM_BENCH_PROGRESS", "lines")
+    name, ids = sweep.expected_runs("ganesh_quadratic")
+    for rid in ids:
+        folder = RunFolder.folder(runs_dir(), name, rid)
+        folder.mkdir(parents=True)
+        (folder / "summary.json").write_text('{"status": "complete"}')
+    monkeypatch.setattr(sweep.subprocess, "run", lambda cmd, check: type("R", (), {"returncode": 0})())
+    assert sweep.run_sweep("ganesh_quadratic") == 0
+    err = capfd.readouterr().err
+    assert f"sweep ganesh_quadratic: {len(ids)}/{len(ids)} runs complete" in err
