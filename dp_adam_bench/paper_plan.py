@@ -262,7 +262,6 @@ def table_plan(experiment: str, profile: str = "paper", overrides=()) -> list[Ru
 
     from dp_adam_bench.engine.plan import build_plan
     from dp_adam_bench.optim.registry import build_variant
-    from dp_adam_bench.privacy.accounting.dpsgd import epsilons_with_errors
     from dp_adam_bench.sweep import sweep_spec
 
     spec = sweep_spec(experiment, profile)
@@ -288,13 +287,7 @@ def table_plan(experiment: str, profile: str = "paper", overrides=()) -> list[Ru
             shape = model_shape(data)
             numel = shape.trainable
         plan = build_plan(cfg, n, variant, numel=numel, sampler_seed=0)
-        if plan.amplified:
-            eps, _ = epsilons_with_errors(plan.account_sigma, plan.sampler.q, plan.steps, plan.delta)
-        elif plan.noisy:
-            ledger = plan.new_ledger()
-            eps, _ = ledger.epsilons_with_errors(plan.delta)
-        else:
-            eps = {}
+        eps = plan.ledger_after().epsilons_with_errors(plan.delta)[0] if plan.noisy else {}
         batch = float(cfg.train.batch_size)
         label = " ".join(f"{k}={v}" for k, v in point.items() if k not in ignored)
         if shape is not None:

@@ -310,3 +310,25 @@ def test_epsilon_budget_stops_amplified_bandmf_at_a_cycle_boundary():
     assert plan.steps < 40 and plan.steps % 4 == 0
     assert amplified_bandmf_epsilon(1.0, q, plan.steps, 4, 1e-5, "pld") <= 4.0
     assert amplified_bandmf_epsilon(1.0, q, plan.steps + 1, 4, 1e-5, "pld") > 4.0
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ("train.steps=11",),
+        ("train.steps=11", "noise=bandmf", "noise.bands=3", "train.sampler=cyclic_poisson"),
+        ("train.steps=null", "noise=bandmf", "noise.bands=2", "train.sampler=single_pass", "train.epochs=2"),
+    ],
+)
+def test_the_plans_final_ledger_is_the_ledger_a_run_ends_with(isolated_dirs, extra):
+    """PrivacyPlan.ledger_after() (what `sweep --plan` reports) against the ledger the trainer records step by step,
+    including a run that stops mid-cycle (11 steps, cycles of 3)."""
+    from dp_adam_bench.engine.trainer import build
+    from dp_adam_bench.train import run_config, train
+
+    cfg = compose_cfg(tiny_poisson("ledger_after", 11, *extra))
+    summary = train(cfg)
+    planned = build(compose_cfg(tiny_poisson("ledger_after", 11, *extra)))
+    planned.backend.close()
+    assert planned.plan.ledger_after().to_dict() == summary["ledger"]
+    assert run_config(cfg)["train"]["sampler"] == summary["sampler"]

@@ -107,6 +107,18 @@ class PrivacyPlan:
             if missing > 0:
                 ledger.record_poisson_step(self.account_sigma / self.column_norm, self.sampler.q, missing)
 
+    def ledger_after(self, steps: int | None = None):
+        """The ledger a run ends with after ``steps`` steps (default: the plan's), without running it: what
+        :meth:`new_ledger` and :meth:`record_step` make, step by step, in a training run."""
+        ledger = self.new_ledger()
+        steps = self.steps if steps is None else int(steps)
+        if self.noisy and self.accounting == "poisson":
+            ledger.record_poisson_step(self.account_sigma, self.sampler.q, steps)
+        elif self.noisy and self.accounting == "amplified_mf":
+            cycles = -(-steps // self.sampler.cycle_length)
+            ledger.record_poisson_step(self.account_sigma / self.column_norm, self.sampler.q, cycles)
+        return ledger
+
     def describe(self) -> dict:
         """What the summary records of the plan."""
         return {
