@@ -80,6 +80,10 @@ def _build_task(data: dict):
     return _TASKS[key]
 
 
+#: samplers whose accounting depends on the sampling rate B / N, kept by scaling the expected batch
+RATE_SAMPLERS = ("poisson", "cyclic_poisson")
+
+
 def fit_to_data(data: dict) -> tuple[dict, object, str | None]:
     """(config, task, note): the task built from the run config; when the data present are smaller than the
     paper's, the batch (and a single-pass subset) scaled so that the accounting stays the paper's."""
@@ -89,7 +93,12 @@ def fit_to_data(data: dict) -> tuple[dict, object, str | None]:
     try:
         task = _build_task(data)
         n = task.dataset_size
-        if n_paper is None or n >= n_paper or float(t["batch_size"]) <= n and t["sampler"] != "poisson":
+        if (
+            n_paper is None
+            or n >= n_paper
+            or float(t["batch_size"]) <= n
+            and t["sampler"] not in RATE_SAMPLERS
+        ):
             return data, task, None
     except ValueError as err:  # a train_subset larger than the data here
         if "train_subset" not in str(err) or n_paper is None:
@@ -100,9 +109,12 @@ def fit_to_data(data: dict) -> tuple[dict, object, str | None]:
         n = task.dataset_size
     data = json.loads(json.dumps(data))
     b = float(t["batch_size"])
-    if t["sampler"] == "poisson":
+    if t["sampler"] in RATE_SAMPLERS:  # q = B / N (cyclic Poisson: b B / N, b unchanged)
         data["train"]["batch_size"] = b * n / n_paper
-        note = f"Poisson q = {b:g} / {n_paper} kept: expected batch {b * n / n_paper:.4g} of the {n} examples here"
+        note = (
+            f"{t['sampler']}: B / N = {b:g} / {n_paper} kept: expected batch {b * n / n_paper:.4g} of the {n} "
+            "examples here"
+        )
         if data["task"].get("train_subset") is not None:
             data["task"]["train_subset"] = None
             task = _build_task(data)

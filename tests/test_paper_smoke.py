@@ -22,6 +22,7 @@ HUB_TABLES = (
     "tang_fig3_snli",
     "li_e2e",
     "ganesh_fig3",
+    "mf_amplified",
 )
 
 
