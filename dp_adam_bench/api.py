@@ -25,7 +25,9 @@ Your objects:
 
 Sampling follows the accountant: Poisson sampling with ``noise="independent"`` (DP-SGD's accountants), cyclic
 fixed-size batches (``sampler="single_pass"``) for correlated noise, accounted as one Gaussian mechanism without
-amplification (Choquette-Choo et al. 2023, arXiv 2211.06530). The gradient is divided by the *expected* batch size.
+amplification (Choquette-Choo et al. 2023, arXiv 2211.06530), or cyclic Poisson sampling with BandMF, accounted
+as amplified BandMF (Choquette-Choo et al. 2023, arXiv 2306.08153). The gradient is divided by the *expected* batch
+size.
 """
 
 from __future__ import annotations
@@ -179,9 +181,11 @@ def make_private(
     ``epsilon_budget`` stops a Poisson run before the step that would exceed it. ``noise="none"`` trains without
     noise or clipping (a non-private baseline).
 
-    Schedule: ``steps`` (Poisson) or ``epochs`` (Poisson: ``round(epochs * N / batch_size)`` steps; fixed-size
-    samplers: full passes). ``sampler`` defaults to ``poisson`` for independent noise and ``single_pass`` for
-    correlated noise (``dpmf_sqrt``, ``bandmf``, ``blt``).
+    Schedule: ``steps`` (Poisson, cyclic Poisson) or ``epochs`` (those: ``round(epochs * N / batch_size)``
+    steps; fixed-size samplers: full passes). ``sampler`` defaults to ``poisson`` for independent noise and
+    ``single_pass`` for correlated noise (``dpmf_sqrt``, ``bandmf``, ``blt``); ``cyclic_poisson`` gives BandMF
+    amplification by sampling (Choquette-Choo et al. 2023, arXiv 2306.08153), ``balls_in_bins`` and ``shuffle``
+    are the others (the README's "What the engine guarantees" says how each is accounted).
 
     ``optimizer``: a variant of ``configs/optimizer/`` (``sgd``, ``adam``, ``adambc``, ``bc``, ``ime``, ``stp``,
     ...) with its defaults, ``lr`` and ``optimizer_args`` overriding them; ``noise``: ``none``, ``independent``,
@@ -227,7 +231,7 @@ def make_private(
         train["physical_batch_size"] = physical_batch_size
     if steps is not None and epochs is not None:
         raise ConfigError(f"steps={steps!r} and epochs={epochs!r}: give one")
-    if sampler == "poisson":
+    if sampler in ("poisson", "cyclic_poisson"):  # a number of steps (epochs: that many expected passes)
         if epochs is not None:
             train["steps"] = _epochs_to_steps(epochs, batch_size, task.dataset_size)
         else:

@@ -232,3 +232,18 @@ def test_example_runs(name):
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     assert expected in out.stdout
+
+
+def test_amplified_bandmf_through_the_api():
+    """BandMF with cyclic Poisson sampling is accepted (amplified BandMF) and accounted one round per cycle."""
+    from dp_adam_bench.privacy.accounting.amplified_mf import amplified_bandmf_epsilon
+
+    _, dataset = tiny_data()
+    private = dab.make_private(
+        tiny_model(), dataset, CE, optimizer="adambc", noise="bandmf", noise_args={"bands": 2},
+        sampler="cyclic_poisson", clip=1.0, sigma=1.0, batch_size=8, steps=6,
+    )  # fmt: skip
+    while not private.done:
+        private.step()
+    expected = amplified_bandmf_epsilon(1.0, 2 * 8 / 64, 6, 2, 1e-5, "pld")
+    assert private.epsilon("pld") == pytest.approx(expected)
