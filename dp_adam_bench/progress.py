@@ -29,6 +29,18 @@ def mode() -> str:
     return chosen
 
 
+def _width() -> dict:
+    """tqdm's width: the terminal's, followed as it changes; 100 columns on a terminal that reports width 0 (a
+    pseudo-terminal without a size, e.g. under ``script`` or some CI runners), where tqdm would print nothing (it
+    hides bars beyond the terminal's 0 rows)."""
+    try:
+        if os.get_terminal_size(sys.stderr.fileno()).columns > 0:
+            return {"dynamic_ncols": True}
+    except (OSError, ValueError):
+        pass
+    return {"ncols": 100, "nrows": 20}
+
+
 def _shown(metrics: dict) -> dict:
     """What a progress line shows of a step's metrics: epsilon, losses and the main evaluation metrics (never the
     ``diag/`` diagnostics, which are not private outputs)."""
@@ -68,9 +80,7 @@ class Progress:
         if self.mode == "bar":
             from tqdm import tqdm
 
-            self.bar = tqdm(
-                total=self.total, initial=self.initial, desc=what, unit="step", dynamic_ncols=True
-            )
+            self.bar = tqdm(total=self.total, initial=self.initial, desc=what, unit="step", **_width())
 
     def update(self, step: int, metrics: dict, logged: bool) -> None:
         shown = _shown(metrics)
@@ -108,7 +118,7 @@ def iterate(items: Iterable, *, desc: str, total: int | None = None) -> Iterator
         return
     from tqdm import tqdm
 
-    yield from tqdm(items, desc=desc, total=total, leave=False, dynamic_ncols=True)
+    yield from tqdm(items, desc=desc, total=total, leave=False, **_width())
 
 
 class SweepProgress:
