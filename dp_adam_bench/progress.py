@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -30,15 +31,16 @@ def mode() -> str:
 
 
 def _width() -> dict:
-    """tqdm's width: the terminal's, followed as it changes; 100 columns on a terminal that reports width 0 (a
-    pseudo-terminal without a size, e.g. under ``script`` or some CI runners), where tqdm would print nothing (it
-    hides bars beyond the terminal's 0 rows)."""
+    """tqdm's width: the terminal's, followed as it changes. Where stderr has no width (not a terminal, or a
+    pseudo-terminal that reports 0 columns, e.g. under ``script`` or some CI runners, where tqdm would print nothing:
+    it hides bars beyond 0 rows), ``$COLUMNS`` or 100 columns and 20 rows."""
     try:
         if os.get_terminal_size(sys.stderr.fileno()).columns > 0:
             return {"dynamic_ncols": True}
     except (OSError, ValueError):
         pass
-    return {"ncols": 100, "nrows": 20}
+    columns = shutil.get_terminal_size((100, 20)).columns  # $COLUMNS, if set
+    return {"ncols": columns if columns > 0 else 100, "nrows": 20}
 
 
 def _shown(metrics: dict) -> dict:
@@ -83,23 +85,26 @@ class Progress:
             self.bar = tqdm(total=self.total, initial=self.initial, desc=what, unit="step", **_width())
 
     def update(self, step: int, metrics: dict, logged: bool) -> None:
+        if self.mode == "off":
+            return
         shown = _shown(metrics)
+        now = time.time()
+        if "epsilon" in shown:
+            self._eps_t = now
+        elif self.epsilon is not None and (
+            logged
+            or step == self.total
+            or (self.bar is not None and now - self._eps_t > self.EPSILON_EVERY_S)
+        ):  # a non-amplified run logs no epsilon (it is spent up front): ask the ledger
+            self._eps_t = now
+            shown |= self.epsilon()
         self.last |= shown
         if self.bar is not None:
             self.bar.update(step - self.bar.n)
-            now = time.time()
-            if "epsilon" in shown:
-                self._eps_t = now
-            elif self.epsilon is not None and (
-                now - self._eps_t > self.EPSILON_EVERY_S or step == self.total
-            ):
-                self._eps_t = now
-                shown = shown | self.epsilon()
-                self.last |= shown
             if shown:
                 self.bar.set_postfix({k: f"{v:.4g}" for k, v in self.last.items()}, refresh=False)
-        elif self.mode == "lines" and logged:
-            elapsed = time.time() - self.t0
+        elif logged:
+            elapsed = now - self.t0
             done = step - self.initial
             eta = elapsed / done * (self.total - step) if done > 0 else float("nan")
             text = " ".join(f"{k}={v:.4g}" for k, v in self.last.items())

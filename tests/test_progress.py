@@ -25,6 +25,7 @@ def _train(name: str):
 
 def test_the_bar_shows_steps_eta_loss_and_epsilon(tiny, monkeypatch, capsys):
     monkeypatch.setenv("DP_ADAM_BENCH_PROGRESS", "bar")
+    monkeypatch.setenv("COLUMNS", "250")  # captured stderr has no width: the bar takes $COLUMNS
     summary = _train("bar")
     err = capsys.readouterr().err
     assert "6/6" in err
@@ -102,3 +103,21 @@ def test_a_sweep_reports_its_runs(isolated_dirs, monkeypatch, capfd):
     assert sweep.run_sweep("ganesh_quadratic") == 0
     err = capfd.readouterr().err
     assert f"sweep ganesh_quadratic: {len(ids)}/{len(ids)} runs complete" in err
+
+
+def test_a_non_amplified_run_shows_the_epsilon_it_spent_up_front(tiny, monkeypatch, caplog):
+    """BandMF on cyclic fixed-size batches logs no per-step epsilon (the whole stream is paid at step 0): the
+    progress lines ask the ledger."""
+    from dp_adam_bench.train import train
+
+    monkeypatch.setenv("DP_ADAM_BENCH_PROGRESS", "lines")
+    over = tiny_poisson(
+        "mf", 4, "noise=bandmf", "noise.bands=2", "train.sampler=single_pass", "train.steps=null"
+    )
+    with caplog.at_level(logging.INFO, logger="dp_adam_bench.progress"):
+        summary = train(compose_cfg([*over, "train.log_every=2", "train.epochs=1"]))
+    lines = [r.getMessage() for r in caplog.records if r.name == "dp_adam_bench.progress"]
+    assert lines and all("epsilon=" in ln for ln in lines)
+    assert float(lines[-1].split("epsilon=")[1].split()[0]) == pytest.approx(
+        summary["epsilon"]["rdp"], rel=1e-3
+    )
