@@ -216,6 +216,8 @@ class AuditResult:
     tests: list[AuditTest] = field(default_factory=list)
     control: str | None = None
     max_possible: float = math.nan
+    auditor: str = "white-box"
+    extra: dict = field(default_factory=dict)
 
     @property
     def audit_epsilon_lower(self) -> float:
@@ -235,6 +237,7 @@ class AuditResult:
     def row(self) -> dict:
         best = self.best
         return {
+            "auditor": self.auditor,
             "variant": self.variant,
             "noise": self.noise,
             "sampler": self.sampler,
@@ -252,7 +255,7 @@ class AuditResult:
 
     def describe(self) -> str:
         lines = [
-            f"{self.variant} x {self.noise} x {self.sampler}"
+            f"{self.auditor}: {self.variant} x {self.noise} x {self.sampler}"
             + (f" [control {self.control}]" if self.control else "")
             + f": sigma = {self.sigma:g}, {self.steps} steps, N = {self.dataset_size}, B = {self.batch_size:g}, "
             f"{self.canaries} canaries ({self.included} in)",
