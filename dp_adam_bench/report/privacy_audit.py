@@ -268,8 +268,9 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
         "determined groups, bins or slots, never its random draws), whitened by the noise strategy C (C^T C "
         "applied to the updates): it is what gives the cyclic Poisson rows their power, since a canary has "
         f"only {-(-100 // CYCLE)} chances among 100 steps there.",
-        "max_possible: the bound if every guess of the largest k were right, the most 1,000 canaries can show "
-        "at this confidence; a one-run audit cannot exceed it whatever the true epsilon.",
+        "max_possible: the bound if every guess of the largest k were right, the most the row's canaries (1,000 "
+        "white-box, 500 black-box) can show at this confidence; a one-run audit cannot exceed it whatever the true "
+        "epsilon.",
         "Controls: " + "; ".join(f"{n} = {CONTROLS.get(n).what}" for n in controls) + ".",
         f"Refused by the engine, so not audited ({sum(len(v) for v in refused.values())}): "
         + ("; ".join(f"{', '.join(rows)} ({why})" for why, rows in refused.items()) if refused else "none")
