@@ -163,7 +163,7 @@ def audit_rows(rows, controls, canaries: int = CANARIES, background: int = BACKG
             results.append(audit_config(cfg, canaries=canaries, background=background, seed=seed))
         except ConfigError as err:
             why = re.sub(r"'[^']*'", "...", str(err)).split(";")[0]  # names out: one reason, many rows
-            why = re.sub(rf"\b{re.escape(noise)}\b", "<noise>", why).split(". ")[0]
+            why = re.split(r"(?<!\.)\. (?=[A-Z])", re.sub(rf"\b{re.escape(noise)}\b", "<noise>", why))[0]
             refused.setdefault(why, []).append(f"{variant} x {noise} x {sampler}")
             continue
         log.info("%s (%.1f s)", results[-1].describe().splitlines()[-1], time.time() - t0)
