@@ -146,7 +146,7 @@ def test_honest_audit_is_consistent():
     r = _audit("adam", "independent", "poisson")
     assert r.verdict == "consistent"
     assert 0 < r.claimed_epsilon < r.max_possible
-    assert len(r.tests) == 9 and r.steps == 100
+    assert len(r.tests) == 12 and r.steps == 100
 
 
 @pytest.mark.parametrize(
@@ -160,6 +160,7 @@ def test_honest_audit_is_consistent():
         "clean_square",
         "tenth_noise_mf",
         "noiseless_precond_mf",
+        "cycle_ignored",
     ],
 )
 def test_every_control_is_caught(control):
@@ -208,10 +209,16 @@ def test_report_writes_its_table(tmp_path, monkeypatch):
 
     monkeypatch.setattr(privacy_audit, "CANARIES", 100)
     monkeypatch.setattr(privacy_audit, "BACKGROUND", 20)
+    monkeypatch.setattr(privacy_audit, "BLACKBOX", None)  # CIFAR-10 training: tested on a tiny task below
     monkeypatch.setattr(
         privacy_audit,
         "candidates",
-        lambda: [("sgd", "blt", "single_pass"), ("ime", "independent", "poisson")],
+        lambda: [
+            ("sgd", "blt", "single_pass"),
+            ("ime", "independent", "poisson"),
+            ("sgd", "bandmf", "cyclic_poisson"),
+            ("ime", "bandmf", "balls_in_bins"),
+        ],
     )
     paths = privacy_audit.build(ReportContext(out=tmp_path))
     import pandas as pd
@@ -219,7 +226,8 @@ def test_report_writes_its_table(tmp_path, monkeypatch):
     df = pd.read_csv(paths[0])
     need = {"variant", "noise", "sampler", "sigma", "steps", "canaries", "claimed_epsilon", "accountant"}
     assert need | {"audit_epsilon_lower", "control", "verdict"} <= set(df.columns)
-    assert (df.control.isna()).sum() == 1  # ime x poisson is refused by the engine
+    assert (df.control.isna()).sum() == 2  # ime x poisson and ime x balls_in_bins are refused by the engine
+    assert set(df.sampler[df.control.isna()]) == {"single_pass", "cyclic_poisson"}
     md = paths[1].read_text()
     assert "Regenerate: `make reproduce-table TABLE=privacy_audit`" in md
     assert "ime x independent x poisson" in md
@@ -250,4 +258,117 @@ def test_black_box_input_canaries_on_a_tiny_model(monkeypatch):
     base = registry.build_task(cfg.task, trials=1, seed=0)
     out = audit_model_task(cfg, base, canaries=40, num_classes=2)
     assert math.isfinite(out.claimed_epsilon) and out.claimed_epsilon > 0
-    assert len(out.tests) == 3 and all(0 <= b <= out.max_possible for *_, b in out.tests)
+    assert out.auditor.startswith("black-box") and out.verdict == "consistent"
+    assert len(out.tests) == 3 and all(0 <= t.epsilon_lower <= out.max_possible for t in out.tests)
+
+
+# --- the eligible-steps score (public sampler structure, matched filter) ----------------------------------------
+
+
+def _sampler(kind):
+    from dp_adam_bench.engine.sampling import BallsInBinsSampler, CyclicPoissonSampler, SinglePassSampler
+
+    return {
+        "cyclic_poisson": lambda: CyclicPoissonSampler(60, 3.0, steps=20, cycle_length=5, seed=3),
+        "balls_in_bins": lambda: BallsInBinsSampler(60, cycle_length=6, epochs=3, seed=3),
+        "single_pass": lambda: SinglePassSampler(60, 10, epochs=3, seed=3),
+    }[kind]()
+
+
+@pytest.mark.parametrize("kind", ["cyclic_poisson", "balls_in_bins", "single_pass"])
+def test_eligible_steps_are_the_public_structure_of_the_sampler(kind):
+    """Oracle: cyclic Poisson, the steps t = g mod b of the example's group; balls-in-bins, the steps of its bin;
+    single pass, the batches that hold it (its slot); computed before any draw, from the seed alone."""
+    from dp_adam_bench.audit.whitebox import eligible_steps
+
+    sampler = _sampler(kind)
+    positions = np.array([0, 7, 33, 59])
+    got = eligible_steps(sampler, positions, sampler.steps)
+    want = np.zeros_like(got)
+    for j, p in enumerate(positions):
+        for t in range(sampler.steps):
+            if kind == "cyclic_poisson":
+                want[t, j] = any(p in g.tolist() for g in [sampler.groups[t % 5]])
+            elif kind == "balls_in_bins":
+                want[t, j] = int(sampler.bins[p]) == t % 6
+            else:
+                want[t, j] = p in list(sampler.iter_from(0))[t].tolist()
+    np.testing.assert_array_equal(got, want)
+    if kind == "cyclic_poisson":  # every draw the run makes is within the eligible steps
+        where = {int(p): j for j, p in enumerate(positions)}
+        for t, batch in enumerate(sampler):
+            for p in batch.tolist():
+                if p in where:
+                    assert got[t, where[p]]
+    assert np.all(got.sum(0) >= 1)
+
+
+def test_poisson_makes_every_step_eligible_and_the_score_equal_descent():
+    from dp_adam_bench.audit.whitebox import eligible_steps, scores
+    from dp_adam_bench.engine.sampling import PoissonSampler
+
+    e = eligible_steps(PoissonSampler(50, 5.0, steps=7), np.arange(4), 7)
+    assert e.all() and e.shape == (7, 4)
+    theta = np.random.default_rng(0).normal(size=(8, 4)).cumsum(0)
+    s = scores(theta, e)
+    np.testing.assert_allclose(s["eligible"], s["descent"])
+
+
+def test_eligible_score_is_the_matched_filter_of_the_strategy():
+    """With updates d = -(x + C^{-1} z), C^T C (-d) restricted to the eligible steps equals an independent
+    computation: the inner products of y = C(-d) = C x + z with the columns C e_s of the eligible steps s."""
+    from dp_adam_bench.audit.whitebox import scores
+    from dp_adam_bench.privacy.strategies import SqrtPrefixStrategy
+
+    n, m = 12, 3
+    c = SqrtPrefixStrategy(n).matrix()
+    rng = np.random.default_rng(1)
+    g = rng.normal(size=(n, m))
+    theta = np.vstack([np.zeros((1, m)), -g.cumsum(0)])
+    eligible = rng.random((n, m)) < 0.4
+    y = c @ g
+    want = np.array([sum(y[:, j] @ c[:, s] for s in range(n) if eligible[s, j]) for j in range(m)])
+    np.testing.assert_allclose(scores(theta, eligible, c)["eligible"], want, rtol=1e-10)
+    with pytest.raises(ValueError, match="eligible steps of shape"):
+        scores(theta, eligible[:-1], c)
+
+
+def test_honest_cyclic_poisson_is_consistent_and_its_eligible_score_has_power():
+    """Amplified BandMF (Choquette-Choo et al. 2023, arXiv 2306.08153): the honest run is consistent, and the
+    eligible-steps score sees more than the plain descent (which sums the noise of the steps a canary cannot be
+    in): with the cycle ignored it is caught."""
+    r = _audit("sgd", "independent", "cyclic_poisson", m=500)
+    assert r.verdict == "consistent", r.describe()
+    best = {t.score: max(u.epsilon_lower for u in r.tests if u.score == t.score) for t in r.tests}
+    assert best["eligible"] > best["descent"], r.describe()
+
+
+def test_cycle_ignored_needs_a_cyclic_sampler():
+    from dp_adam_bench.audit.controls import CONTROLS
+    from dp_adam_bench.engine.sampling import PoissonSampler
+
+    with pytest.raises(ValueError, match="breaks a cyclic Poisson sampler, got 'poisson'"):
+        CONTROLS.get("cycle_ignored").wrap_sampler(PoissonSampler(10, 2.0, steps=3))
+
+
+def test_black_box_control_replaces_the_privatizer_once():
+    from types import SimpleNamespace
+
+    from dp_adam_bench.audit.blackbox import _break
+    from dp_adam_bench.audit.controls import CONTROLS, NoNoisePrivatizer
+    from dp_adam_bench.engine.privatizer import Privatizer
+
+    honest = Privatizer(
+        clip=1.0,
+        sigma=0.0,  # no mechanism needed: only the privatizer's type and build arguments matter here
+        expected_batch_size=4.0,
+        mechanisms=[],
+        releases=None,
+        trial_dims=0,
+        keep_clean=False,
+    )
+    backend = SimpleNamespace(release=lambda idx, p, scale: p)
+    _break(backend, CONTROLS.get("no_noise"))
+    first = backend.release(None, honest, None)
+    assert isinstance(first, NoNoisePrivatizer) and first.noise_std == 0.0
+    assert backend.release(None, honest, None) is first

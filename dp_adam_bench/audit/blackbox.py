@@ -10,7 +10,6 @@ canaries are in (by about sqrt(m)), and q = B / N with it: the claim is the run'
 
 from __future__ import annotations
 
-import dataclasses
 import tempfile
 from pathlib import Path
 
@@ -56,17 +55,37 @@ class InputCanaryTask:
 
 
 def audit_model_task(
-    cfg, base_task, *, canaries: int, num_classes: int, seed: int = 0, confidence: float = 0.95
+    cfg,
+    base_task,
+    *,
+    canaries: int,
+    num_classes: int,
+    seed: int = 0,
+    confidence: float = 0.95,
+    control=None,
+    control_name: str | None = None,
 ):
-    """Train ``cfg`` once on ``base_task`` with ``canaries`` mislabeled input canaries; return (claimed epsilon,
-    accountant, tests as (k, guesses, correct, bound), the most these canaries could show)."""
+    """Train ``cfg`` once on ``base_task`` with ``canaries`` mislabeled input canaries and return its
+    :class:`~dp_adam_bench.audit.whitebox.AuditResult` (``auditor`` = "black-box"); ``control``: a
+    :class:`~dp_adam_bench.audit.controls.Control` whose broken privatizer replaces the trainer's."""
+    from dp_adam_bench.audit.whitebox import AuditResult, AuditTest
     from dp_adam_bench.engine import trainer
 
+    if (
+        isinstance(canaries, bool)
+        or not isinstance(canaries, int)
+        or not 10 <= canaries < base_task.dataset_size
+    ):
+        raise ValueError(
+            f"canaries={canaries!r} must be an integer in [10, {base_task.dataset_size}) (the task's examples)"
+        )
     rng = np.random.default_rng([int(seed), 13])
     chosen = rng.choice(base_task.dataset_size, size=canaries, replace=False)
     included = rng.random(canaries) < 0.5
     task = InputCanaryTask(base_task, chosen, included, num_classes)
     run = trainer.prepare(cfg, task)
+    if control is not None:
+        _break(run.backend, control)
     model = run.backend.model
     with tempfile.TemporaryDirectory(prefix="dp-adam-bench-audit-") as folder:
         summary = trainer.run(cfg, Path(folder), lambda step, metrics: None, prepared=run)
@@ -74,16 +93,50 @@ def audit_model_task(
     batch = {k: v.to(next(model.parameters()).device) for k, v in task.canary_batch().items()}
     with torch.no_grad():
         score = -task.loss_per_example(model, batch).double().cpu().numpy()
+    if not np.all(np.isfinite(score)):
+        raise ValueError("a canary's loss is not finite: the run diverged, so its scores cannot be ranked")
     level = (1 - confidence) / len(FRACTIONS)
     tiebreak = np.random.default_rng([int(seed), 7]).permutation(canaries)
-    delta = float(run.plan.delta)
+    plan = run.plan
+    delta = float(plan.delta)
     tests = []
     for frac in FRACTIONS:
         k = max(1, int(frac * canaries))
         r, v = count_correct(Guesses(k, k).guess(score, tiebreak), included)
-        tests.append((k, r, v, epsilon_lower_bound(canaries, r, v, delta, level)))
-    most = max_epsilon(canaries, 2 * max(1, int(max(FRACTIONS) * canaries)), delta, level)
-    accountant = run.plan.accountant
-    return dataclasses.make_dataclass(
-        "BlackBoxAudit", ["claimed_epsilon", "accountant", "tests", "max_possible"]
-    )(float(summary["epsilon"][accountant]), accountant, tests, most)
+        tests.append(AuditTest("-loss", k, r, v, epsilon_lower_bound(canaries, r, v, delta, level)))
+    accountant = plan.accountant
+    if accountant not in summary["epsilon"]:
+        raise ValueError(f"the {accountant} accountant gave no epsilon for this run")
+    return AuditResult(
+        variant=run.variant.name,
+        noise=str(cfg.noise.kind),
+        sampler=plan.sampler.kind,
+        sigma=float(plan.sigma),
+        steps=int(summary["steps"]),
+        canaries=canaries,
+        included=int(included.sum()),
+        dataset_size=task.dataset_size,
+        batch_size=float(plan.sampler.expected_batch_size),
+        claimed_epsilon=float(summary["epsilon"][accountant]),
+        accountant=accountant,
+        delta=delta,
+        confidence=confidence,
+        tests=tests,
+        control=control_name,
+        max_possible=max_epsilon(canaries, 2 * max(1, int(max(FRACTIONS) * canaries)), delta, level),
+        auditor=f"black-box ({getattr(base_task, 'name', 'model task')})",
+        # reported only (the bound never sees inclusion): how far training pulled in-canaries' losses down
+        extra={"loss_in": float(-score[included].mean()), "loss_out": float(-score[~included].mean())},
+    )
+
+
+def _break(backend, control) -> None:
+    """Route the backend's releases through the control's broken privatizer (built once, from the trainer's)."""
+    release, broken = backend.release, {}
+
+    def broken_release(idx, privatizer, scale):
+        if "p" not in broken:
+            broken["p"] = control.wrap(privatizer)
+        return release(idx, broken["p"], scale)
+
+    backend.release = broken_release

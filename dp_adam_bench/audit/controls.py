@@ -7,6 +7,10 @@ the plan:
 * ``tenth_noise`` — noise std a tenth of k sigma C / B (a scale bug);
 * ``no_noise`` — no noise at all (the bound's power: every canary is then exactly visible);
 * ``reused_noise`` — the first noise draw replayed at every step (a noise stream reused across steps);
+* ``cycle_ignored`` — cyclic Poisson sampling that forgets its cycle: every example may join every step (Poisson at
+  the group rate q = b B / N over the whole dataset), while the run is still accounted as amplified BandMF with one
+  Poisson-subsampled Gaussian per cycle (Choquette-Choo et al. 2023, arXiv 2306.08153, Thm. 4 needs an example to
+  be sampled only at the steps of its group, t = g mod b): each example gets b times the participations claimed;
 * ``clean_square`` — independent moment estimation whose release of g^2 is the clean g^2 (Ganesh, McMahan &
   Thakurta 2025, arXiv 2507.01129, Alg. 6 without the noise on its second release): the variant's update reads the
   clean second moment.
@@ -17,9 +21,13 @@ design) are audited as controls too, with the epsilon their noise would claim.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
+import torch
+
 from dp_adam_bench.engine.privatizer import Privatizer, Release
+from dp_adam_bench.engine.sampling import CyclicPoissonSampler
 from dp_adam_bench.registry import Registry
 
 
@@ -86,19 +94,45 @@ class CleanSquarePrivatizer(Privatizer):
         return out
 
 
+class CycleIgnoredSampler(CyclicPoissonSampler):
+    """A cyclic Poisson sampler that ignores the cycle: at every step every example joins with probability q (the
+    group rate b B / N), instead of only the members of group t mod b. Its ``position`` and ``cycle_length`` are
+    the honest sampler's, so the plan still records one amplified step per cycle."""
+
+    def __init__(self, honest: CyclicPoissonSampler):
+        self.__dict__.update(honest.__dict__)
+        self.generator = torch.Generator().manual_seed(honest.seed * 1_000_003 + 1)
+
+    def iter_from(self, step: int) -> Iterator[torch.Tensor]:
+        for t in range(step, self.steps):
+            mask = torch.rand(self.n, generator=self.generator) < self.q
+            self.position = t + 1
+            yield mask.nonzero().squeeze(1)
+
+
 @dataclass(frozen=True)
 class Control:
     """A control row: the registered variant, mechanism and sampler it runs, and the broken privatizer (None for a
-    registered non-private baseline)."""
+    registered non-private baseline) or broken sampler (``sampler_bug``: the plan's sampler -> its replacement)."""
 
     variant: str
     noise: str
     sampler: str
     privatizer: type[Privatizer] | None
     what: str
+    sampler_bug: type | None = None
 
     def wrap(self, p: Privatizer) -> Privatizer:
         return p if self.privatizer is None else rebuilt(self.privatizer, p)
+
+    def wrap_sampler(self, sampler):
+        if self.sampler_bug is None:
+            return sampler
+        if not isinstance(sampler, CyclicPoissonSampler):
+            raise ValueError(
+                f"the {self.sampler_bug.__name__} control breaks a cyclic Poisson sampler, got {sampler.kind!r}"
+            )
+        return self.sampler_bug(sampler)
 
 
 CONTROLS = Registry("audit control", "audit.control")
@@ -130,6 +164,17 @@ for _name, _control in (
         "reused_noise",
         Control(
             "adam", "independent", "poisson", ReusedNoisePrivatizer, "first noise draw reused every step"
+        ),
+    ),
+    (
+        "cycle_ignored",
+        Control(
+            "sgd",
+            "bandmf",
+            "cyclic_poisson",
+            None,
+            "cyclic Poisson sampling every example at every step, accounted as amplified BandMF",
+            CycleIgnoredSampler,
         ),
     ),
     (

@@ -19,11 +19,21 @@ The auditor sees the parameters before every step and at the end (the strongest 
 * ``path`` = -sum_t |theta_t - theta_{t-1}|: minus the path length (a variant whose second moment is the clean g^2
   divides the noise of an absent canary's coordinate by eps alone and makes it travel far);
 * ``roughness`` = sum_t |d_t - d_{t-1}| with d_t = theta_t - theta_{t-1}: how irregular the steps are (with one
-  noise draw reused every step an absent canary's coordinate moves by the same amount each step).
+  noise draw reused every step an absent canary's coordinate moves by the same amount each step);
+* ``eligible``: a matched filter on the canary's eligible steps. With a noise strategy C (lower triangular, C = I
+  for independent noise) the released gradients are g_t = x_t + (C^{-1} z)_t, so y = C g = C x + z has white noise
+  and a participation at step s adds a multiple of the column C e_s; the log-likelihood ratio of a participation at
+  s is then proportional to (C^T C g)_s. With g taken as -d (exact for SGD up to the learning rate and 1 / B, a
+  heuristic for the adaptive variants), the score sums (C^T C (-d))_s over the steps s at which the canary *can*
+  be sampled: the sampler's public structure, never its random draws (single pass and balls-in-bins: the steps of
+  its slot or bin; cyclic Poisson: the steps t = g mod b of its group g; Poisson: every step, where with C = I it
+  equals ``descent``). Under cyclic Poisson a canary has ceil(T / b) chances among T steps, and summing the noise
+  of the other steps would drown it.
 
-The guesses are +1 on the k highest and -1 on the k lowest scores for k in ``FRACTIONS`` of m: 3 scores x 3 values
-of k are 9 pre-registered tests, each judged at significance beta / 9, so that the largest of their bounds holds
-with confidence 1 - beta (a union bound; no test is chosen after looking at the data).
+The guesses are +1 on the k highest and -1 on the k lowest scores for k in ``FRACTIONS`` of m: 4 scores x 3 values
+of k are 12 pre-registered tests, each judged at significance beta / 9, so that the largest of their bounds holds
+with confidence 1 - beta (a union bound; no test is chosen after looking at the data). Nothing the auditor uses
+depends on which canaries are in: the eligible steps come from the sampler's seed-determined partition or order.
 """
 
 from __future__ import annotations
@@ -42,7 +52,7 @@ from dp_adam_bench.audit.bound import Guesses, count_correct, epsilon_lower_boun
 from dp_adam_bench.engine.backends import VectorBackend
 from dp_adam_bench.errors import ConfigError
 
-SCORES = ("descent", "path", "roughness")
+SCORES = ("descent", "path", "roughness", "eligible")
 FRACTIONS = (
     0.01,
     0.05,
@@ -129,14 +139,52 @@ class AuditBackend(VectorBackend):
         return [g.mean(0) for g in self.task.per_example_grads(self.params, pick)]
 
 
-def scores(theta: np.ndarray) -> dict[str, np.ndarray]:
-    """The pre-registered scores of each canary from its coordinate's trajectory ``theta`` (steps + 1, m)."""
+def scores(
+    theta: np.ndarray, eligible: np.ndarray | None = None, strategy: np.ndarray | None = None
+) -> dict[str, np.ndarray]:
+    """The pre-registered scores of each canary from its coordinate's trajectory ``theta`` (steps + 1, m);
+    ``eligible`` (steps, m): the steps at which each canary can be sampled (None: every step); ``strategy``: the
+    noise strategy's matrix C, at least steps x steps (None: C = I, independent noise)."""
     d = np.diff(theta, axis=0)
+    if eligible is None:
+        eligible = np.ones(d.shape, dtype=bool)
+    if eligible.shape != d.shape:
+        raise ValueError(f"eligible steps of shape {eligible.shape} for {d.shape} (steps, canaries) updates")
+    filtered = -d
+    if strategy is not None:
+        c = np.asarray(strategy, dtype=np.float64)
+        if c.ndim != 2 or c.shape[0] < len(d) or c.shape[0] != c.shape[1]:
+            raise ValueError(f"strategy matrix of shape {c.shape} for {len(d)} steps: need a square matrix")
+        c = c[: len(d), : len(d)]
+        filtered = c.T @ (c @ filtered)
     return {
         "descent": theta[0] - theta[-1],
         "path": -np.abs(d).sum(0),
         "roughness": np.abs(np.diff(d, axis=0)).sum(0) if len(d) > 1 else np.zeros(theta.shape[1]),
+        "eligible": np.where(eligible, filtered, 0.0).sum(0),
     }
+
+
+def eligible_steps(sampler, positions: np.ndarray, steps: int) -> np.ndarray:
+    """(steps, m): whether the example at sampler position ``positions[i]`` can be in the batch of step t (0-based),
+    from the sampler's public, seed-determined structure only (never from a random draw of the run)."""
+    positions = np.asarray(positions)
+    out = np.zeros((steps, len(positions)), dtype=bool)
+    kind = getattr(sampler, "kind", "")
+    if kind == "cyclic_poisson":
+        group = np.empty(sampler.n, dtype=np.int64)
+        for g, members in enumerate(sampler.groups):
+            group[members.numpy()] = g
+        return (np.arange(steps)[:, None] % sampler.cycle_length) == group[positions][None, :]
+    if kind in ("single_pass", "balls_in_bins"):  # deterministic given the seed: replay the order
+        where = np.full(sampler.n, -1, dtype=np.int64)
+        where[positions] = np.arange(len(positions))
+        for t, batch in zip(range(steps), sampler.iter_from(0), strict=False):
+            hit = where[batch.numpy()]
+            out[t, hit[hit >= 0]] = True
+        return out
+    out[:] = True  # Poisson (and anything else): every step
+    return out
 
 
 @dataclass
@@ -168,6 +216,8 @@ class AuditResult:
     tests: list[AuditTest] = field(default_factory=list)
     control: str | None = None
     max_possible: float = math.nan
+    auditor: str = "white-box"
+    extra: dict = field(default_factory=dict)
 
     @property
     def audit_epsilon_lower(self) -> float:
@@ -187,6 +237,7 @@ class AuditResult:
     def row(self) -> dict:
         best = self.best
         return {
+            "auditor": self.auditor,
             "variant": self.variant,
             "noise": self.noise,
             "sampler": self.sampler,
@@ -204,7 +255,7 @@ class AuditResult:
 
     def describe(self) -> str:
         lines = [
-            f"{self.variant} x {self.noise} x {self.sampler}"
+            f"{self.auditor}: {self.variant} x {self.noise} x {self.sampler}"
             + (f" [control {self.control}]" if self.control else "")
             + f": sigma = {self.sigma:g}, {self.steps} steps, N = {self.dataset_size}, B = {self.batch_size:g}, "
             f"{self.canaries} canaries ({self.included} in)",
@@ -223,9 +274,16 @@ class AuditResult:
 
 
 def judge(
-    theta: np.ndarray, included: np.ndarray, delta: float, confidence: float, seed: int = 0
+    theta: np.ndarray,
+    included: np.ndarray,
+    delta: float,
+    confidence: float,
+    seed: int = 0,
+    eligible: np.ndarray | None = None,
+    strategy: np.ndarray | None = None,
 ) -> tuple[list[AuditTest], float]:
-    """The pre-registered tests on the trajectories ``theta`` (steps + 1, m) and the most they could show."""
+    """The pre-registered tests on the trajectories ``theta`` (steps + 1, m) and the most they could show;
+    ``eligible``, ``strategy``: see :func:`scores` and :func:`eligible_steps`."""
     m = theta.shape[1]
     if not np.all(np.isfinite(theta)):
         raise ValueError(
@@ -235,7 +293,7 @@ def judge(
     level = (1 - confidence) / family
     tiebreak = np.random.default_rng([int(seed), 7]).permutation(m)
     tests = []
-    for name, s in scores(theta).items():
+    for name, s in scores(theta, eligible, strategy).items():
         for frac in FRACTIONS:
             k = max(1, int(frac * m))
             r, v = count_correct(Guesses(k, k).guess(s, tiebreak), included)
@@ -293,24 +351,31 @@ def audit_config(
     n = canaries + background
     population, _ = trainer.split_public(cfg, n, int(cfg.seed), side)
     rng = np.random.default_rng([int(seed), 12])
-    slots = population[torch.as_tensor(rng.permutation(len(population))[:canaries])]
+    positions = rng.permutation(len(population))[:canaries]  # in the sampler's numbering of the private set
+    slots = population[torch.as_tensor(positions)]
     included = rng.random(canaries) < 0.5
     task = CanaryTask(n, slots, included, float(cfg.privacy.clip), seed=int(seed))
     run = trainer.prepare(cfg, task)
     run.backend.close()
     backend = AuditBackend(task, control)
-    run = dataclasses.replace(run, backend=backend)
+    plan = run.plan
+    eligible = eligible_steps(plan.sampler, positions, plan.steps)  # the honest sampler's, before any draw
+    if control is not None:
+        plan = dataclasses.replace(plan, sampler=control.wrap_sampler(plan.sampler))
+    run = dataclasses.replace(run, backend=backend, plan=plan)
     with tempfile.TemporaryDirectory(prefix="dp-adam-bench-audit-") as folder:
         summary = trainer.run(cfg, Path(folder), lambda step, metrics: None, prepared=run)
     backend.observe()  # the final parameters
     theta = torch.stack(backend.trajectory).numpy()
-    plan = run.plan
     accountant = plan.accountant
     if accountant not in summary["epsilon"]:
         raise ValueError(
             f"the {accountant} accountant gave no epsilon for this run: {summary['epsilon_errors'].get(accountant)}"
         )
-    tests, most = judge(theta, included, float(plan.delta), confidence, seed)
+    if theta.shape[0] - 1 != plan.steps:
+        raise ValueError(f"the audit observed {theta.shape[0] - 1} steps of the {plan.steps} planned")
+    strategy = plan.strategy.matrix() if plan.strategy is not None else None
+    tests, most = judge(theta, included, float(plan.delta), confidence, seed, eligible, strategy)
     return AuditResult(
         variant=run.variant.name,
         noise=str(cfg.noise.kind),
