@@ -53,9 +53,26 @@ def _cli(args, hub: Path, tmp: Path) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.fixture(scope="session")
+def smoke_results(fake_hub, tmp_path_factory):
+    """Every table's smoke, two child processes at a time (each runs on one thread, CI has two cores):
+    {experiment: (its temporary folder, the finished process)}."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    base = tmp_path_factory.mktemp("smoke")
+
+    def one(experiment):
+        tmp = base / experiment
+        tmp.mkdir()
+        return experiment, tmp, _cli(["sweep", experiment, "--profile", "paper", "--smoke"], fake_hub, tmp)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return {exp: (tmp, out) for exp, tmp, out in pool.map(one, HUB_TABLES)}
+
+
 @pytest.mark.parametrize("experiment", HUB_TABLES)
-def test_paper_smoke(experiment, fake_hub, tmp_path):
-    out = _cli(["sweep", experiment, "--profile", "paper", "--smoke"], fake_hub, tmp_path)
+def test_paper_smoke(experiment, smoke_results):
+    tmp_path, out = smoke_results[experiment]
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
     root = tmp_path / "runs" / "_smoke"
     summaries = [json.loads(p.read_text()) for p in root.glob("*/*/summary.json")]
@@ -77,8 +94,8 @@ def test_paper_smoke(experiment, fake_hub, tmp_path):
         assert all("test_bleu" in s["metrics"] for s in summaries)
 
 
-def test_smoke_keeps_the_paper_sampling_rate(fake_hub, tmp_path):
-    out = _cli(["sweep", "tang_fig1_cifar10", "--profile", "paper", "--smoke"], fake_hub, tmp_path)
+def test_smoke_keeps_the_paper_sampling_rate(smoke_results):
+    tmp_path, out = smoke_results["tang_fig1_cifar10"]
     assert out.returncode == 0, out.stderr[-4000:]
     for p in (tmp_path / "runs" / "_smoke").glob("*/*/summary.json"):
         s = json.loads(p.read_text())
