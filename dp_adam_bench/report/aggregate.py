@@ -99,3 +99,25 @@ def select_best(
             ),
         )
     return cells
+
+
+def select_cells(records: list[RunRecord], selection, locate) -> dict[tuple[str, str], Cell]:
+    """The selection rule of a preset (``selection``: per, tuned, metric, mode) applied to ``records``, each group's
+    cell placed at ``locate(config of the group) -> (row, column)`` (None: not in the table). Two groups in one
+    place are a bug in the preset or in ``locate``: ValueError."""
+    cells = select_best(
+        records,
+        per=list(selection.per),
+        tuned=list(selection.tuned),
+        metric=selection.metric,
+        mode=selection.mode,
+    )
+    out: dict[tuple[str, str], Cell] = {}
+    for key, cell in cells.items():
+        place = locate(key_config(list(selection.per), key))
+        if place is None or None in place:
+            continue
+        if place in out:
+            raise ValueError(f"two selection groups fall in cell {place}: {out[place].key} and {key}")
+        out[place] = cell
+    return out

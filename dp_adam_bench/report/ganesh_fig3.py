@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dp_adam_bench.report.aggregate import Cell, get, key_config, select_best
+from dp_adam_bench.report.aggregate import Cell, get, select_cells
 from dp_adam_bench.report.common import Claim, incomplete_note, load_paper, markdown_table, write_table
 from dp_adam_bench.report.context import ReportContext
 from dp_adam_bench.report.expected import preset_runs
@@ -94,22 +94,7 @@ def cells_for(
 ) -> dict[tuple[str, str], Cell]:
     """{(row, column): Cell}: the preset's selection rule within each of its groups (optimizer, noise, sigma),
     each group being one cell of the paper's table."""
-    cells = select_best(
-        records,
-        per=list(selection.per),
-        tuned=list(selection.tuned),
-        metric=selection.metric,
-        mode=selection.mode,
-    )
-    out = {}
-    for key, cell in cells.items():
-        cfg = key_config(list(selection.per), key)
-        row, col = row_of(cfg), column_of(cfg, sigma_low, sigma_high)
-        if row is not None and col is not None:
-            if (row, col) in out:
-                raise ValueError(f"two selection groups of ganesh_fig3 fall in cell ({row}, {col}): {key}")
-            out[(row, col)] = cell
-    return out
+    return select_cells(records, selection, lambda cfg: (row_of(cfg), column_of(cfg, sigma_low, sigma_high)))
 
 
 def initial_loss(records) -> tuple[float | None, float | None, int]:

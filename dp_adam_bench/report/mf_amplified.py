@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from dp_adam_bench.report.aggregate import Cell, get, key_config, select_best
+from dp_adam_bench.report.aggregate import Cell, get, select_cells
 from dp_adam_bench.report.common import Claim, incomplete_note, markdown_table, write_table
 from dp_adam_bench.report.context import ReportContext
 from dp_adam_bench.report.expected import preset_runs
@@ -73,20 +73,8 @@ def profile_setting(profile: str) -> dict:
 
 
 def cells_for(records, selection: Selection) -> dict[tuple[str, str], Cell]:
-    cells = select_best(
-        records,
-        per=list(selection.per),
-        tuned=list(selection.tuned),
-        metric=selection.metric,
-        mode=selection.mode,
-    )
-    out = {}
-    for key, cell in cells.items():
-        cfg = key_config(list(selection.per), key)
-        row, col = row_of(cfg), column_of(cfg)
-        if row is not None and col is not None:
-            out[(row, col)] = cell
-    return out
+    """{(row, column): Cell} under the preset's selection rule."""
+    return select_cells(records, selection, lambda cfg: (row_of(cfg), column_of(cfg)))
 
 
 # --- the mechanisms at the target epsilon, exactly ----------------------------------------------------------
