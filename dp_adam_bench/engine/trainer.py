@@ -221,10 +221,11 @@ def _train(r: Run, folder: Path, log_metrics, t0: float) -> dict:
                 metrics |= {"diag/batch_size": result.batch_size} | backend.clipped_fraction(clip)
             else:
                 metrics |= backend.evaluate(final=final_step)
-        if model_task and ddp.is_main and ((every_eval and step % every_eval == 0) or final_step):
+        evaluated = model_task and ddp.is_main and ((every_eval and step % every_eval == 0) or final_step)
+        if evaluated:
             last_metrics = backend.evaluate(final=final_step)
             metrics |= last_metrics
-        if logged and plan.amplified and ddp.is_main:
+        if (logged or evaluated) and plan.amplified and ddp.is_main:  # the ledger so far (a cheap, cached call)
             metrics |= session.epsilon_so_far()
         if metrics and ddp.is_main:
             log_metrics(step, metrics)
