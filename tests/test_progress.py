@@ -121,3 +121,12 @@ def test_a_non_amplified_run_shows_the_epsilon_it_spent_up_front(tiny, monkeypat
     assert float(lines[-1].split("epsilon=")[1].split()[0]) == pytest.approx(
         summary["epsilon"]["rdp"], rel=1e-3
     )
+
+
+def test_a_complete_run_relaunched_says_it_was_skipped(tiny, capsys):
+    first = _train("again")
+    assert first is not None
+    capsys.readouterr()
+    assert _train("again") is None
+    err = capsys.readouterr().err
+    assert "complete, skipped:" in err and "(train.force=true reruns it)" in err
