@@ -191,7 +191,8 @@ def make_private(
     ...) with its defaults, ``lr`` and ``optimizer_args`` overriding them; ``noise``: ``none``, ``independent``,
     ``dpmf_sqrt``, ``bandmf`` (``noise_args={"bands": b}``), ``blt`` (``{"buffers": k}``).
 
-    ``evaluate(model) -> dict`` is optional: your own metrics, which the CLI trainer logs for its tasks.
+    ``evaluate(model) -> dict`` is optional: your own metrics, which ``private.evaluate()`` returns (the model in
+    eval mode, without gradients).
     Seeds: ``seed`` fixes the sampler, the noise and dropout (this re-seeds torch's global generator);
     ``secure_rng=True`` draws them from the OS CSPRNG instead (for real private data; not reproducible).
     """
@@ -221,7 +222,7 @@ def make_private(
         accountant=accountant,
         secure_rng=secure_rng,
     )
-    correlated = NOISE.check(cfg["noise"]["kind"]) and NOISE.get(cfg["noise"]["kind"]).correlated
+    correlated = NOISE.get(cfg["noise"]["kind"]).correlated
     sampler = sampler or ("single_pass" if correlated else "poisson")
     task = UserTask(model, dataset, loss_fn, target_key, evaluate)
     train = cfg["train"]

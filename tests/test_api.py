@@ -196,13 +196,22 @@ def test_dict_datasets_call_the_model_with_keywords():
     dataset = [{"features": x[i], "target": y[i]} for i in range(len(y))]
     model = KeywordModel()
     before = model.lin.weight.detach().clone()
+    seen = []
+
+    def evaluate(m):
+        seen.append((m.training, torch.is_grad_enabled()))
+        return {"weight_norm": float(m.lin.weight.norm())}
+
     private = dab.make_private(
-        model, dataset, CE, target_key="target", optimizer="adambc", sigma=1.0, batch_size=16, steps=3
-    )
+        model, dataset, CE, target_key="target", optimizer="adambc", sigma=1.0, batch_size=16, steps=3,
+        evaluate=evaluate,
+    )  # fmt: skip
     for _ in range(3):
         private.step()
     assert not torch.equal(before, model.lin.weight)
     assert math.isfinite(private.epsilon("pld"))
+    assert private.evaluate() == {"weight_norm": pytest.approx(float(model.lin.weight.detach().norm()))}
+    assert seen == [(False, False)]
     with pytest.raises(dab.ConfigError, match="target_key='labels'"):
         dab.make_private(model, dataset, CE, sigma=1.0, batch_size=16, steps=3)
 

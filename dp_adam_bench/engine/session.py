@@ -179,6 +179,11 @@ class PrivateTraining:
             diag = self.diagnostics.observe(dataclasses.replace(ctx, clean=release.clean), self.state)
         return StepResult(self.steps_done, self.last_batch_size, diag or {})
 
+    def evaluate(self, final: bool = False) -> dict:
+        """The task's metrics on its held-out data (a model in eval mode, without gradients; the next step puts it
+        back in train mode). ``final``: the run's last evaluation (E2E decodes only then)."""
+        return self.backend.evaluate(final=final)
+
     # --- privacy ------------------------------------------------------------------------------------------------
     def epsilon(self, accountant: str | None = None) -> dict[str, float] | float:
         """Epsilon spent so far at the plan's delta: a dict over every accountant that could compute it (a

@@ -225,7 +225,9 @@ def _train(r: Run, folder: Path, log_metrics, t0: float) -> dict:
         if evaluated:
             last_metrics = backend.evaluate(final=final_step)
             metrics |= last_metrics
-        if (logged or evaluated) and plan.amplified and ddp.is_main:  # the ledger so far (a cheap, cached call)
+        if (
+            (logged or evaluated) and plan.amplified and ddp.is_main
+        ):  # the ledger so far (a cheap, cached call)
             metrics |= session.epsilon_so_far()
         if metrics and ddp.is_main:
             log_metrics(step, metrics)
