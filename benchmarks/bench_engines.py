@@ -38,7 +38,7 @@ records what was done.
 ``--quick`` also shrinks the language models (T = 16; GPT-2 with 2 layers of width 64): it tests the code
 paths, its numbers mean nothing. Threads: ``torch.set_num_threads`` (and OMP/MKL variables of the child) from
 ``BENCH_THREADS`` (default 2). Run one benchmark at a time: two torch jobs on a 2-core machine slow each other by
-up to 18x (PITFALLS.md). Adding a model: a builder returning a :class:`BenchModel`, one entry in ``MODELS``.
+up to 18x (docs/pitfalls.md). Adding a model: a builder returning a :class:`BenchModel`, one entry in ``MODELS``.
 Where a step's time goes: ``benchmarks/profile_step.py`` (torch.profiler) runs the same step (:func:`build_step`)
 with ``record_function`` labels around its phases.
 """
@@ -166,7 +166,7 @@ def build_bert_tiny(quick: bool = False) -> BenchModel:
     """BERT-tiny classifier (L = 2, H = 128, A = 2, vocab 30522, random init), T = 128 random tokens, no mask.
 
     position_ids and token_type_ids are passed with shape (B, T): with transformers' default (1, T) Opacus'
-    per-example gradient of the position embedding is silently wrong (PITFALLS.md). No attention mask: torch.func
+    per-example gradient of the position embedding is silently wrong (docs/pitfalls.md). No attention mask: torch.func
     per-example gradients break inside transformers' mask code.
     """
     import torch
@@ -333,7 +333,7 @@ MODELS: dict[str, Callable[..., BenchModel]] = {
     "gpt2_small": build_gpt2_small,
 }
 _NO_VMAP = (
-    "torch.func.vmap fails inside transformers' attention-mask code (PITFALLS.md); the task passes a mask"
+    "torch.func.vmap fails inside transformers' attention-mask code (docs/pitfalls.md); the task passes a mask"
 )
 #: model -> {mode: why it is not run}; such rows are skipped, not failed
 UNSUPPORTED: dict[str, dict[str, str]] = {

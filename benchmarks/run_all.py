@@ -17,7 +17,7 @@ about half of it) and needs about 17 GB of free memory at its peak (stp via Opac
 Each successful run is recorded in ``results_provenance.json`` (command, BENCH_THREADS, finish time, wall time,
 sha256 of the CSV); the README names the command and time of each table from it, or says that they were not
 recorded when the CSV was written some other way. Every number in the README comes from the CSVs and the
-profiles; the only constants here are the targets (the issue's and PITFALLS.md's numbers to beat).
+profiles; the only constants here are the targets (the issue's and docs/pitfalls.md's numbers to beat).
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ BANDMF_FRACTION_MAX = 0.10  # BandMF b = 128 noise per step / DP step at d = 4.4
 BLT_FRACTION_MAX = 0.02  # BLT noise per step / DP step at d = 4.4M
 CALIBRATION_MAX_S = 1.0  # sigma calibration, seconds
 FIG2_MAX_S = 15.0  # the 1-D logistic Fig. 2 table end to end, seconds
-#: PITFALLS.md, "Measured cost on this CPU (2 threads)", small CNN, B = 32-256: (low, high) ratios to beat
+#: docs/pitfalls.md, "Measured cost on CPU (2 threads)", small CNN, B = 32-256: (low, high) ratios to beat
 PITFALLS_CNN = {
     ("ghost", "time"): (2.2, 2.3),
     ("ghost", "memory"): (1.3, 1.4),
@@ -567,7 +567,7 @@ def target_rows(dfs: dict[str, pd.DataFrame | None]) -> list[tuple[str, str, str
                 )
             )
 
-    # PITFALLS.md numbers to beat, small CNN
+    # docs/pitfalls.md numbers to beat, small CNN
     for (mode, kind), (low, high) in PITFALLS_CNN.items():
         col = "ratio_to_nonprivate" if kind == "time" else "ratio_mem_to_nonprivate"
         rng = f"{low}-{high}x" if low is not None else f"<= {high}x"
@@ -765,8 +765,8 @@ def render_readme(bench_dir: Path = BENCH_DIR) -> str:
     lines += [
         "## Targets",
         "",
-        "Computed from the CSVs above. Issue targets are upper limits; for the PITFALLS.md numbers (Opacus on this "
-        "CPU, 2 threads, small CNN, B = 32-256) 'met' means better than the best of the measured range. Ratios "
+        "Computed from the CSVs above. Issue targets are upper limits; for the docs/pitfalls.md numbers (Opacus on "
+        "this CPU, 2 threads, small CNN, B = 32-256) 'met' means better than the best of the measured range. Ratios "
         "are DP step / non-private step at the same model and batch size; memory is peak RSS of the whole process "
         "(interpreter, torch and opacus included: see rss_before_steps_gib for that baseline).",
         "",
