@@ -332,9 +332,7 @@ MODELS: dict[str, Callable[..., BenchModel]] = {
     "bert_tiny_mlm": build_bert_tiny_mlm,
     "gpt2_small": build_gpt2_small,
 }
-_NO_VMAP = (
-    "torch.func.vmap fails inside transformers' attention-mask code (docs/pitfalls.md); the task passes a mask"
-)
+_NO_VMAP = "torch.func.vmap fails inside transformers' attention-mask code (docs/pitfalls.md); the task passes a mask"
 #: model -> {mode: why it is not run}; such rows are skipped, not failed
 UNSUPPORTED: dict[str, dict[str, str]] = {
     "bert_tiny_mlm": {"functorch": _NO_VMAP},
