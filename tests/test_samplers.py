@@ -163,20 +163,20 @@ def test_amplified_ledger_records_one_round_per_cycle_and_resume_keeps_it():
     ledger = plan.new_ledger()
     counts = []
     it = plan.sampler.iter_from(0)
-    for _ in range(11):
+    for t in range(1, 12):
         next(it)
-        plan.record_step(ledger)
+        plan.record_step(ledger, t)
         counts.append(ledger.num_poisson_steps)
     assert counts == [math.ceil(t / 5) for t in range(1, 12)]
     # a fresh plan continuing from a checkpoint at step 11 ends where the uninterrupted one does
     saved = (plan.sampler.state_dict(), ledger.to_dict())
-    for _ in it:
-        plan.record_step(ledger)
+    for t, _ in enumerate(it, start=12):
+        plan.record_step(ledger, t)
     again = _plan(tiny_poisson("x", 24, "noise=bandmf", "noise.bands=4", "train.cycle_length=5", *CYCLIC[:2]))
     again.sampler.load_state_dict(saved[0])
     resumed = PrivacyLedger.from_dict(saved[1])
-    for _ in again.sampler.iter_from(11):
-        again.record_step(resumed)
+    for t, _ in enumerate(again.sampler.iter_from(11), start=12):
+        again.record_step(resumed, t)
     assert resumed == ledger and ledger.num_poisson_steps == math.ceil(24 / 5)
     (event,) = ledger.events
     assert event.q == pytest.approx(5 * 4 / 64) and event.sigma == pytest.approx(plan.account_sigma)

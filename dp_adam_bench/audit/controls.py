@@ -96,8 +96,9 @@ class CleanSquarePrivatizer(Privatizer):
 
 class CycleIgnoredSampler(CyclicPoissonSampler):
     """A cyclic Poisson sampler that ignores the cycle: at every step every example joins with probability q (the
-    group rate b B / N), instead of only the members of group t mod b. Its ``position`` and ``cycle_length`` are
-    the honest sampler's, so the plan still records one amplified step per cycle."""
+    group rate b B / N), instead of only the members of group t mod b. Its ``cycle_length`` is the honest
+    sampler's, and the plan counts rounds from the step, so the run is still accounted one amplified round per
+    cycle."""
 
     def __init__(self, honest: CyclicPoissonSampler):
         self.__dict__.update(honest.__dict__)

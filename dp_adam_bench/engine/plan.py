@@ -93,30 +93,27 @@ class PrivacyPlan:
             ledger.record_gaussian(self.sensitivity / self.account_sigma)
         return ledger
 
-    def record_step(self, ledger) -> None:
-        """Account one training step: a Poisson-subsampled Gaussian (poisson); for amplified BandMF, one at the
-        first step of each cycle, so that after step t the ledger holds ceil(t / b) of them (counted from the
-        sampler's position, which a resumed run restores); nothing for non-amplified runs."""
-        if not self.noisy:
-            return
-        if self.accounting == "poisson":
-            ledger.record_poisson_step(self.account_sigma, self.sampler.q)
-        elif self.accounting == "amplified_mf":
-            want = -(-self.sampler.position // self.sampler.cycle_length)
-            missing = want - ledger.num_poisson_steps
-            if missing > 0:
-                ledger.record_poisson_step(self.account_sigma / self.column_norm, self.sampler.q, missing)
+    def rounds_after(self, step: int) -> int:
+        """Poisson-subsampled Gaussian rounds the ledger holds after ``step`` steps: one per step (poisson), one
+        per started cycle, ceil(step / b) (amplified BandMF), none otherwise (the Gaussian release is up front)."""
+        if not self.noisy or self.accounting == "gaussian":
+            return 0
+        if self.accounting == "amplified_mf":
+            return -(-int(step) // self.sampler.cycle_length)
+        return int(step)
+
+    def record_step(self, ledger, step: int) -> None:
+        """Account training step ``step`` (1-based): the rounds :meth:`rounds_after` adds by then. Counted from the
+        step and the ledger alone, so a run resumed from a checkpoint (its ledger, its step) continues exactly."""
+        missing = self.rounds_after(step) - ledger.num_poisson_steps
+        if missing > 0:
+            ledger.record_poisson_step(self.account_sigma / self.column_norm, self.sampler.q, missing)
 
     def ledger_after(self, steps: int | None = None):
         """The ledger a run ends with after ``steps`` steps (default: the plan's), without running it: what
         :meth:`new_ledger` and :meth:`record_step` make, step by step, in a training run."""
         ledger = self.new_ledger()
-        steps = self.steps if steps is None else int(steps)
-        if self.noisy and self.accounting == "poisson":
-            ledger.record_poisson_step(self.account_sigma, self.sampler.q, steps)
-        elif self.noisy and self.accounting == "amplified_mf":
-            cycles = -(-steps // self.sampler.cycle_length)
-            ledger.record_poisson_step(self.account_sigma / self.column_norm, self.sampler.q, cycles)
+        self.record_step(ledger, self.steps if steps is None else int(steps))
         return ledger
 
     def describe(self) -> dict:

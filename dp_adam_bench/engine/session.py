@@ -172,7 +172,7 @@ class PrivateTraining:
             ctx.side = backend.public_grad(pick)
         with torch.no_grad():
             variant.update(backend.params, self.state, ctx)
-        self.plan.record_step(self.ledger)
+        self.plan.record_step(self.ledger, self.steps_done)
         self.last_batch_size = int(idx.numel())
         diag = None
         if release.clean is not None:
