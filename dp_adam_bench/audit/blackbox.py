@@ -104,22 +104,12 @@ def audit_model_task(
         k = max(1, int(frac * canaries))
         r, v = count_correct(Guesses(k, k).guess(score, tiebreak), included)
         tests.append(AuditTest("-loss", k, r, v, epsilon_lower_bound(canaries, r, v, delta, level)))
-    accountant = plan.accountant
-    if accountant not in summary["epsilon"]:
-        raise ValueError(f"the {accountant} accountant gave no epsilon for this run")
-    return AuditResult(
-        variant=run.variant.name,
-        noise=str(cfg.noise.kind),
-        sampler=plan.sampler.kind,
-        sigma=float(plan.sigma),
-        steps=int(summary["steps"]),
+    return AuditResult.of_run(
+        run,
+        summary,
         canaries=canaries,
         included=int(included.sum()),
         dataset_size=task.dataset_size,
-        batch_size=float(plan.sampler.expected_batch_size),
-        claimed_epsilon=float(summary["epsilon"][accountant]),
-        accountant=accountant,
-        delta=delta,
         confidence=confidence,
         tests=tests,
         control=control_name,

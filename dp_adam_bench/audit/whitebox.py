@@ -219,6 +219,29 @@ class AuditResult:
     auditor: str = "white-box"
     extra: dict = field(default_factory=dict)
 
+    @classmethod
+    def of_run(cls, run, summary: dict, **fields) -> AuditResult:
+        """The result of an audited training run (the prepared ``run`` and its ``summary``): what the run claims is
+        read from its own plan and ledger; ``fields`` give the rest (canaries, included, dataset_size, tests, ...).
+        ValueError when the plan's accountant gave no epsilon."""
+        plan = run.plan
+        accountant = plan.accountant
+        if accountant not in summary["epsilon"]:
+            reason = (summary.get("epsilon_errors") or {}).get(accountant)
+            raise ValueError(f"the {accountant} accountant gave no epsilon for this run: {reason}")
+        return cls(
+            variant=run.variant.name,
+            noise=str(run.cfg.noise.kind),
+            sampler=plan.sampler.kind,
+            sigma=float(plan.sigma),
+            steps=int(summary["steps"]),
+            batch_size=float(plan.sampler.expected_batch_size),
+            claimed_epsilon=float(summary["epsilon"][accountant]),
+            accountant=accountant,
+            delta=float(plan.delta),
+            **fields,
+        )
+
     @property
     def audit_epsilon_lower(self) -> float:
         return max((t.epsilon_lower for t in self.tests), default=0.0)
@@ -367,28 +390,16 @@ def audit_config(
         summary = trainer.run(cfg, Path(folder), lambda step, metrics: None, prepared=run)
     backend.observe()  # the final parameters
     theta = torch.stack(backend.trajectory).numpy()
-    accountant = plan.accountant
-    if accountant not in summary["epsilon"]:
-        raise ValueError(
-            f"the {accountant} accountant gave no epsilon for this run: {summary['epsilon_errors'].get(accountant)}"
-        )
     if theta.shape[0] - 1 != plan.steps:
         raise ValueError(f"the audit observed {theta.shape[0] - 1} steps of the {plan.steps} planned")
     strategy = plan.strategy.matrix() if plan.strategy is not None else None
     tests, most = judge(theta, included, float(plan.delta), confidence, seed, eligible, strategy)
-    return AuditResult(
-        variant=run.variant.name,
-        noise=str(cfg.noise.kind),
-        sampler=plan.sampler.kind,
-        sigma=float(plan.sigma),
-        steps=int(summary["steps"]),
+    return AuditResult.of_run(
+        run,
+        summary,
         canaries=canaries,
         included=int(included.sum()),
         dataset_size=n,
-        batch_size=float(plan.sampler.expected_batch_size),
-        claimed_epsilon=float(summary["epsilon"][accountant]),
-        accountant=accountant,
-        delta=float(plan.delta),
         confidence=confidence,
         tests=tests,
         control=control_name,
