@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -251,6 +252,12 @@ def make_private(
         raise
     except ValueError as err:  # a variant or task refusing one of its fields
         raise ConfigError(str(err)) from err
+    if run.plan.noisy and run.plan.sampler.kind == "shuffle":
+        warnings.warn(
+            "sampler='shuffle' is accounted as Poisson sampling, which it does not implement: its epsilon is not a "
+            "guarantee (use sampler='poisson' for DP-SGD's accountants)",
+            stacklevel=2,
+        )
     return PrivateTraining(run)
 
 

@@ -256,3 +256,20 @@ def test_amplified_bandmf_through_the_api():
         private.step()
     expected = amplified_bandmf_epsilon(1.0, 2 * 8 / 64, 6, 2, 1e-5, "pld")
     assert private.epsilon("pld") == pytest.approx(expected)
+
+
+def test_a_state_from_another_privacy_plan_is_refused(tmp_path):
+    """Loading a state saved under another sigma would continue its ledger under the wrong plan."""
+    _, dataset = tiny_data()
+    args = dict(optimizer="adam", clip=1.0, batch_size=16, steps=4)
+    first = dab.make_private(tiny_model(), dataset, CE, sigma=1.0, **args)
+    first.step()
+    other = dab.make_private(tiny_model(), dataset, CE, sigma=2.0, **args)
+    with pytest.raises(ValueError, match="another privacy plan.*sigma: saved 1.0, here 2.0"):
+        other.load_state_dict(first.state_dict())
+
+
+def test_shuffled_batches_warn_that_epsilon_is_not_a_guarantee():
+    _, dataset = tiny_data()
+    with pytest.warns(UserWarning, match="not a guarantee"):
+        dab.make_private(tiny_model(), dataset, CE, sigma=1.0, sampler="shuffle", batch_size=16, epochs=1)

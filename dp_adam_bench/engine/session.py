@@ -220,6 +220,7 @@ class PrivateTraining:
             "torch_rng": torch.get_rng_state(),
             "side_rng": self.side_gen.get_state(),
             "torch_rng_ranks": self.run.ddp.gather_objects(torch.get_rng_state()),
+            "plan": self.plan.describe(),  # what the ledger was accounted under (checked on load)
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -227,6 +228,15 @@ class PrivateTraining:
         missing = [k for k in STATE_KEYS if k not in state]
         if missing:
             raise ValueError(f"not a PrivateTraining state: missing {', '.join(missing)}")
+        saved, here = state.get("plan"), self.plan.describe()
+        if saved is not None and saved != here:  # its ledger and noise were made under another privacy plan
+            diff = ", ".join(
+                f"{k}: saved {saved.get(k)!r}, here {here.get(k)!r}" for k in here if saved.get(k) != here[k]
+            )
+            raise ValueError(
+                f"this state was saved by a run with another privacy plan ({diff}); resume it with the "
+                "same arguments"
+            )
         with torch.no_grad():
             for p, saved in zip(self.backend.params, state["params"], strict=True):
                 p.copy_(saved.to(p.device))
