@@ -96,9 +96,11 @@ class ModelBackend:
         summed = [torch.zeros_like(p) for p in self.params]
         self._counts = torch.zeros(2, dtype=torch.float64, device=self.device)  # (examples, clipped) here
         self.model.train()
-        for chunk in idx[ddp.rank :: ddp.world].split(
-            self.physical
-        ):  # this rank's share of the logical batch
+        share = idx[ddp.rank :: ddp.world]  # this rank's share of the logical batch
+        order = getattr(self.task, "micro_batch_order", None)
+        if order is not None:  # e.g. similar lengths together: less padding; the clipped sum is order-free
+            share = order(share)
+        for chunk in share.split(self.physical):
             if not len(chunk):  # an empty Poisson batch, or fewer examples than ranks: noise only
                 continue
             batch = {k: v.to(self.device) for k, v in self.task.get_batch(chunk).items()}
