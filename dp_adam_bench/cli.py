@@ -1,4 +1,5 @@
-"""``dp-adam-bench`` command line: train, sweep, report, reproduce, privacy, audit, data, wandb-dashboard."""
+"""``dp-adam-bench`` command line: train, sweep, report, reproduce, pretrain, privacy, audit, data,
+wandb-dashboard."""
 
 from __future__ import annotations
 
@@ -116,6 +117,18 @@ def _reproduce(args) -> int:
     return 0
 
 
+def _pretrain(args) -> int:
+    from dp_adam_bench import pretrain
+
+    spec = pretrain.load_spec(args.preset, pretrain.parse_overrides(args.overrides))
+    folder = pretrain.folder_for(spec)
+    if pretrain.is_complete(folder):
+        print(f"already built: {folder / 'model'} (delete the folder to build it again)")
+        return 0
+    print(f"built: {pretrain.ensure(spec)}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "train":
@@ -173,6 +186,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", default="cpu", choices=["cpu", "paper"])
     p.add_argument("--launcher", default="basic", choices=["basic", "joblib", "slurm"])
     p.set_defaults(func=_reproduce)
+
+    p = sub.add_parser(
+        "pretrain",
+        help="build a non-private pretrained starting point (configs/pretrain/<preset>.yaml) into the cache; "
+        "resumes an interrupted build",
+    )
+    p.add_argument("preset", nargs="?", default="gpt2_arxiv")
+    p.add_argument("overrides", nargs="*", help="key=value changes to the preset (another cache folder)")
+    p.set_defaults(func=_pretrain)
 
     p = sub.add_parser(
         "wandb-dashboard", help="save the W&B workspace of configs/wandb/dashboard.yaml (one per experiment)"

@@ -258,20 +258,27 @@ def test_tang_fig3_sorts_runs_into_ablations(isolated_dirs):
 # ---------------------------------------------------------------------------------------------- li_e2e
 
 
-def test_li_e2e_columns_metrics_and_accounting_rows(isolated_dirs):
-    root, exp = isolated_dirs / "runs", "li_e2e_cpu"
+def _li_cfg(noise, target, pretrained):
+    return {
+        "task": {
+            "name": "e2e_gpt2",
+            "profile": "cpu",
+            "pretrain": "gpt2_arxiv",
+            "pretrained": pretrained,
+            "test_subset": 100,
+            "num_beams": 5,
+        },
+        "optimizer": {"name": "adam", "lr": 2e-3},
+        "noise": {"kind": noise},
+        "privacy": {"sigma": None, "clip": 0.1, "delta": 1.1887e-5, "target_epsilon": target},
+        "train": {"batch_size": 512, "clipping": "bk"},
+        "seed": 0,
+    }
 
-    def cfg(noise, target):
-        return {
-            "task": {"name": "e2e_gpt2", "test_subset": 100, "num_beams": 5},
-            "optimizer": {"name": "adam", "lr": 2e-3},
-            "noise": {"kind": noise},
-            "privacy": {"sigma": None, "clip": 0.1, "delta": 1.1887e-5, "target_epsilon": target},
-            "train": {"batch_size": 32, "clipping": "bk"},
-            "seed": 0,
-        }
 
-    for noise, target, bleu in (("independent", 3.0, 10.0), ("independent", 8.0, 12.0), ("none", None, 30.0)):
+def _li_store(root, bleus: dict):
+    """One run per (pretrained, noise, target) with the given BLEU (ROUGE-L = BLEU + 5)."""
+    for (pretrained, noise, target), bleu in bleus.items():
         eps = (
             {"rdp": target, "gdp_clt": 0.9 * target, "prv": 0.95 * target, "pld": 0.95 * target}
             if target
@@ -279,25 +286,67 @@ def test_li_e2e_columns_metrics_and_accounting_rows(isolated_dirs):
         )
         write_run(
             root,
-            exp,
-            f"{noise}-{target}",
-            cfg(noise, target),
+            "li_e2e_cpu",
+            f"{pretrained}-{noise}-{target}",
+            _li_cfg(noise, target, pretrained),
             {
                 "metrics": {"test_bleu": bleu, "test_rougeL": bleu + 5},
                 "epsilon": eps,
                 "sigma": 0.5 if target else 0.0,
-                "steps": 150,
+                "steps": 30,
+                "data_note": "GPT-2 architecture (...) PRETRAINED NON-PRIVATELY by `dp-adam-bench pretrain gpt2_arxiv`"
+                if pretrained
+                else "GPT-2 architecture (...) of the gpt2_arxiv preset TRAINED FROM SCRATCH",
             },
         )
+
+
+def test_li_e2e_pretrained_and_scratch_rows_and_claims(isolated_dirs):
+    _li_store(
+        isolated_dirs / "runs",
+        {
+            (True, "independent", 3.0): 40.0,
+            (True, "independent", 8.0): 45.0,
+            (True, "none", None): 50.0,
+            (False, "independent", 3.0): 1.0,
+            (False, "independent", 8.0): 47.0,  # scratch beats pretrained at eps = 8: a claim that fails
+            (False, "none", None): 20.0,
+        },
+    )
     li_e2e.build(ReportContext())
     df = pd.read_csv(isolated_dirs / "results" / "li_e2e.csv")
-    bleu = df[df.quantity == "bleu"].set_index("column")
-    assert bleu.loc["eps3", "paper"] == pytest.approx(61.519) and bleu.loc["nonprivate", "ours"] == 30.0
-    gdp = df[df.quantity.str.contains("CLT")].set_index("column")
-    assert gdp.loc["eps8", "paper"] == pytest.approx(6.77) and gdp.loc["eps8", "ours"] == pytest.approx(7.2)
+    bleu = df[df.quantity == "bleu"].set_index(["init", "column"])
+    assert bleu.loc[("pretrained", "eps3"), "paper"] == pytest.approx(61.519)
+    assert bleu.loc[("pretrained", "nonprivate"), "ours"] == 50.0
+    assert bleu.loc[("scratch", "eps8"), "ours"] == 47.0 and np.isnan(bleu.loc[("scratch", "eps8"), "paper"])
+    gdp = df[df.quantity.str.contains("CLT")].set_index(["init", "column"])
+    assert gdp.loc[("pretrained", "eps8"), "paper"] == pytest.approx(6.77)
+    assert gdp.loc[("pretrained", "eps8"), "ours"] == pytest.approx(7.2)
     md = (isolated_dirs / "results" / "li_e2e.md").read_text()
-    assert "bleu: non-private > eps = 8 > eps = 3: **holds**" in md
-    assert "TRAINED FROM SCRATCH" in md
+    assert "bleu, pretrained: non-private > eps = 8 > eps = 3: **holds**" in md
+    assert "bleu, eps3: under DP the pretrained model beats the same network trained from scratch" in md
+    assert (
+        "(Li et al.: pretraining is what makes DP fine-tuning work): **holds** (pretrained 40.00, scratch 1.00)"
+        in md
+    )
+    assert "(pretrained 45.00, scratch 47.00)" in md and md.count("**does not hold** (pretrained") == 2
+    # 45 / 50 = 0.90 >= 0.8
+    assert (
+        "x the non-private BLEU (our goal for the CPU profile; paper 0.91): **holds** (45.00 / 50.00 = 0.90)"
+        in md
+    )
+    assert "PRETRAINED NON-PRIVATELY" in md
+
+
+def test_li_e2e_goal_ratio_fails_below_0_8(isolated_dirs):
+    _li_store(
+        isolated_dirs / "runs",
+        {(True, "independent", 3.0): 10.0, (True, "independent", 8.0): 39.0, (True, "none", None): 50.0},
+    )
+    li_e2e.build(ReportContext())
+    md = (isolated_dirs / "results" / "li_e2e.md").read_text()
+    assert "**does not hold** (39.00 / 50.00 = 0.78)" in md
+    assert "scratch" not in pd.read_csv(isolated_dirs / "results" / "li_e2e.csv")["init"].tolist()
 
 
 def test_li_ghost_clipping_reads_the_engine_benchmark(isolated_dirs, tmp_path, monkeypatch):

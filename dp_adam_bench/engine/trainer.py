@@ -265,6 +265,8 @@ def _train(r: Run, folder: Path, log_metrics, t0: float) -> dict:
         "train_time_s": time.time() - t0,
         "final_params_sha1": _params_digest(backend.params),
     }
+    if getattr(backend.task, "data_note", None):  # what model and data (e.g. pretrained on what, how long)
+        summary["data_note"] = backend.task.data_note
     if model_task:
         summary |= {"clipping": backend.engine_name, "world_size": ddp.world}
     else:

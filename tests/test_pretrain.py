@@ -1,0 +1,161 @@
+"""The pretraining stage (dp_adam_bench/pretrain.py): builds once into the cache, resumes exactly after a kill,
+loads with from_pretrained, refuses bad presets, and the E2E task fine-tunes it (or its architecture from scratch)."""
+
+import gzip
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from dp_adam_bench import pretrain
+from dp_adam_bench.errors import ConfigError
+from dp_adam_bench.paths import shared_data_dir
+
+ABSTRACTS = shared_data_dir() / "arxiv_abstracts" / "arxiv_abstracts.jsonl.gz"
+TOKENIZER = shared_data_dir() / "gpt2_tokenizer"
+pytestmark = pytest.mark.skipif(
+    not (ABSTRACTS.is_file() and TOKENIZER.is_dir()),
+    reason="needs the offline arXiv abstracts and GPT-2 tokenizer",
+)
+
+TINY = {
+    "n_layer": 1,
+    "n_embd": 16,
+    "n_head": 2,
+    "n_positions": 256,
+    "block_size": 16,
+    "batch_size": 4,
+    "steps": 6,
+    "warmup_steps": 1,
+    "log_every": 1,
+    "eval_every": 2,
+    "checkpoint_every": 2,
+    "val_blocks": 4,
+    "wandb": {"mode": "disabled"},
+}
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A cache folder and a 300-abstract data file (the first abstracts of the offline file)."""
+    monkeypatch.setenv("DP_ADAM_BENCH_CACHE", str(tmp_path / "cache"))
+    data = tmp_path / "abstracts.jsonl.gz"
+    with gzip.open(ABSTRACTS, "rt") as f:
+        lines = [next(f) for _ in range(300)]
+    with gzip.open(data, "wt") as f:
+        f.writelines(lines)
+    return tmp_path, {**TINY, "data_dir": str(data)}
+
+
+def _weights(model_dir):
+    return load_file(str(model_dir / "model.safetensors"))
+
+
+def test_builds_once_and_loads_with_from_pretrained(cache):
+    from transformers import GPT2LMHeadModel
+
+    _, over = cache
+    spec = pretrain.load_spec("gpt2_arxiv", over)
+    model_dir = pretrain.ensure(spec)
+    summary = json.loads((model_dir.parent / pretrain.SUMMARY).read_text())
+    assert summary["status"] == "complete" and summary["tokens_seen"] == 6 * 4 * 16
+    assert 0 < summary["val_loss"] < 11.5  # ln(50257) = 10.8 at random; finite
+    assert not (model_dir.parent / pretrain.CHECKPOINT).exists()
+    rows = [json.loads(r) for r in (model_dir.parent / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "train_loss" in r] == [1, 2, 3, 4, 5, 6]
+    lm = GPT2LMHeadModel.from_pretrained(str(model_dir))
+    assert lm.config.n_layer == 1 and lm.config.vocab_size == 50257
+    assert lm.lm_head.weight is lm.transformer.wte.weight  # tied, as GPT-2
+    mtime = (model_dir / "model.safetensors").stat().st_mtime_ns
+    assert pretrain.ensure(pretrain.load_spec("gpt2_arxiv", over)) == model_dir  # cached: not trained again
+    assert (model_dir / "model.safetensors").stat().st_mtime_ns == mtime
+    # watching keys do not change the model, so not the cache folder; a training key does
+    assert pretrain.folder_for(pretrain.load_spec("gpt2_arxiv", {**over, "log_every": 3})) == model_dir.parent
+    assert pretrain.folder_for(pretrain.load_spec("gpt2_arxiv", {**over, "seed": 1})) != model_dir.parent
+
+
+def test_a_killed_build_resumes_to_the_same_weights(cache, tmp_path, monkeypatch):
+    _, over = cache
+    spec = pretrain.load_spec("gpt2_arxiv", {**over, "checkpoint_every": 0})
+    straight = _weights(pretrain.ensure(spec))
+    monkeypatch.setenv("DP_ADAM_BENCH_CACHE", str(tmp_path / "cache2"))
+    with pytest.raises(pretrain.Interrupted):
+        pretrain.ensure(spec, stop_after=3)  # killed after step 3 (its checkpoint written)
+    folder = pretrain.folder_for(spec)
+    assert (folder / pretrain.CHECKPOINT).is_file() and not pretrain.is_complete(folder)
+    resumed_dir = pretrain.ensure(spec)
+    summary = json.loads((folder / pretrain.SUMMARY).read_text())
+    assert summary["resumed_from_step"] == 3
+    resumed = _weights(resumed_dir)
+    assert resumed.keys() == straight.keys()
+    for k in straight:
+        assert torch.equal(straight[k], resumed[k]), k
+    steps = [json.loads(r)["step"] for r in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(steps) and steps.count(3) == 1  # the resumed run does not log step 3 twice
+
+
+def test_a_corrupt_checkpoint_is_named(cache):
+    _, over = cache
+    spec = pretrain.load_spec("gpt2_arxiv", over)
+    folder = pretrain.folder_for(spec)
+    folder.mkdir(parents=True)
+    (folder / pretrain.CHECKPOINT).write_bytes(b"not a checkpoint")
+    with pytest.raises(ConfigError, match="checkpoint.pt cannot be read.*delete it"):
+        pretrain.ensure(spec)
+
+
+@pytest.mark.parametrize(
+    "over, match",
+    [
+        ({"lr": float("nan")}, "lr must be a finite number > 0, got nan"),
+        ({"lr": -1.0}, "lr must be a finite number > 0, got -1.0"),
+        ({"steps": 0}, "steps must be an integer >= 1, got 0"),
+        ({"n_head": 3}, "n_embd=16 must be divisible by n_head=3"),
+        ({"block_size": 512}, "block_size=512 > n_positions=256"),
+        ({"dropout": 1.5}, "dropout must be in \\[0, 1\\], got 1.5"),
+        ({"warmup_steps": 6}, "warmup_steps=6 must be < steps=6"),
+        ({"nlayers": 2}, "unknown key 'nlayers'; valid: "),
+    ],
+)
+def test_bad_presets_are_refused_naming_the_value(over, match):
+    with pytest.raises(ConfigError, match=match):
+        pretrain.load_spec("gpt2_arxiv", {**TINY, **over})
+
+
+def test_unknown_preset_lists_the_valid_ones():
+    with pytest.raises(ConfigError, match="unknown pretraining preset 'gpt3'; valid: gpt2_arxiv"):
+        pretrain.load_spec("gpt3")
+
+
+def test_e2e_task_fine_tunes_the_pretrained_model_or_its_architecture_from_scratch(cache):
+    from omegaconf import OmegaConf
+
+    from dp_adam_bench.tasks.registry import build_task
+
+    _, over = cache
+    base = OmegaConf.load(pretrain.PRESET_DIR.parent / "task" / "e2e_gpt2.yaml")
+    base.profile = "cpu"
+    base.train_subset, base.test_subset = 64, 4
+    base.pretrain, base.pretrain_overrides = "gpt2_arxiv", over
+    task = build_task(base, trials=1, seed=0)
+    assert task.pretrained and "PRETRAINED NON-PRIVATELY" in task.data_note
+    model = task.build_model()
+    saved = _weights(pretrain.ensure(pretrain.load_spec("gpt2_arxiv", over)))
+    wte = saved["transformer.wte.weight"]
+    assert torch.equal(model.lm.transformer.wte.weight, wte)
+    assert torch.equal(
+        model.lm.lm_head.weight, wte
+    )  # untied for DP, initialised from the embedding (Li et al.)
+    assert model.lm.lm_head.weight is not model.lm.transformer.wte.weight
+
+    base.pretrained = False
+    scratch = build_task(base, trials=1, seed=0)
+    assert not scratch.pretrained and "TRAINED FROM SCRATCH" in scratch.data_note
+    sm = scratch.build_model()
+    assert sm.lm.config.n_layer == 1 and sm.lm.config.n_embd == 16  # the preset's architecture
+    assert not torch.equal(sm.lm.transformer.wte.weight, wte)
+
+    base.model = "/somewhere"
+    with pytest.raises(ValueError, match="task.model='/somewhere' and task.pretrain='gpt2_arxiv' both name"):
+        build_task(base, trials=1, seed=0)
