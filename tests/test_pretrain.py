@@ -159,3 +159,18 @@ def test_e2e_task_fine_tunes_the_pretrained_model_or_its_architecture_from_scrat
     base.model = "/somewhere"
     with pytest.raises(ValueError, match="task.model='/somewhere' and task.pretrain='gpt2_arxiv' both name"):
         build_task(base, trials=1, seed=0)
+
+
+def test_cli_builds_reports_cached_and_refuses_bad_keys(cache, capsys):
+    from dp_adam_bench.cli import main
+
+    _, over = cache
+    args = ["pretrain", "gpt2_arxiv", *(f"{k}={json.dumps(v)}" for k, v in over.items())]
+    assert main(args) == 0
+    assert "built: " in capsys.readouterr().out
+    assert main(args) == 0
+    assert "already built: " in capsys.readouterr().out
+    assert main(["pretrain", "gpt2_arxiv", "lr=nan"]) == 2
+    assert "lr must be a finite number > 0, got 'nan'" in capsys.readouterr().err
+    assert main(["pretrain", "gpt2_arxiv", "lr"]) == 2
+    assert "expected key=value, got 'lr'" in capsys.readouterr().err
