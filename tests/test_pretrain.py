@@ -1,4 +1,4 @@
-"""The pretraining stage (dp_adam_bench/pretrain.py): builds once into the cache, resumes exactly after a kill,
+"""The GPT-2 pretraining stage (dp_adam_bench/pretrain/): builds once into the cache, resumes exactly after a kill,
 loads with from_pretrained, refuses bad presets, and the E2E task fine-tunes it (or its architecture from scratch)."""
 
 import gzip
@@ -116,6 +116,7 @@ def test_a_corrupt_checkpoint_is_named(cache):
         ({"dropout": 1.5}, "dropout must be in \\[0, 1\\], got 1.5"),
         ({"warmup_steps": 6}, "warmup_steps=6 must be < steps=6"),
         ({"nlayers": 2}, "unknown key 'nlayers'; valid: "),
+        ({"weight_decay": float("nan")}, "weight_decay must be in \\[0, 1\\], got nan"),
     ],
 )
 def test_bad_presets_are_refused_naming_the_value(over, match):
@@ -124,7 +125,7 @@ def test_bad_presets_are_refused_naming_the_value(over, match):
 
 
 def test_unknown_preset_lists_the_valid_ones():
-    with pytest.raises(ConfigError, match="unknown pretraining preset 'gpt3'; valid: gpt2_arxiv"):
+    with pytest.raises(ConfigError, match="unknown pretraining preset 'gpt3'; valid: gpt2_arxiv, minilm_mlm_head"):
         pretrain.load_spec("gpt3")
 
 
@@ -155,6 +156,11 @@ def test_e2e_task_fine_tunes_the_pretrained_model_or_its_architecture_from_scrat
     sm = scratch.build_model()
     assert sm.lm.config.n_layer == 1 and sm.lm.config.n_embd == 16  # the preset's architecture
     assert not torch.equal(sm.lm.transformer.wte.weight, wte)
+
+    mlm = OmegaConf.create(OmegaConf.to_container(base))
+    mlm.pretrain, mlm.pretrain_overrides = "minilm_mlm_head", {}
+    with pytest.raises(ValueError, match="is a bert_mlm_head preset; the E2E task fine-tunes a GPT-2"):
+        build_task(mlm, trials=1, seed=0)
 
     base.model = "/somewhere"
     with pytest.raises(ValueError, match="task.model='/somewhere' and task.pretrain='gpt2_arxiv' both name"):

@@ -195,9 +195,13 @@ class ArxivMLM(ModelTask):
     def __init__(self, cfg, *, trials: int, seed: int):
         del trials, seed
         self.profile = task_profile(cfg)
-        self.model_name = str(cfg.get("model") or default_model(self.profile))
-        pretrained = cfg.get("pretrained")
-        self.pretrained = (self.profile == "paper") if pretrained is None else bool(pretrained)
+        self.pretrain_summary: dict | None = None
+        if cfg.get("pretrain"):
+            self.model_name, self.pretrained = self._from_pretrain_preset(cfg)
+        else:
+            self.model_name = str(cfg.get("model") or default_model(self.profile))
+            pretrained = cfg.get("pretrained")
+            self.pretrained = (self.profile == "paper") if pretrained is None else bool(pretrained)
         self.max_length = int(cfg.get("max_length", 128))
         if self.max_length < 8:
             raise ValueError(f"task.max_length must be >= 8, got {self.max_length}")
@@ -275,7 +279,15 @@ class ArxivMLM(ModelTask):
                 f"{len(keys):,} arXiv abstracts ({self.split_sizes['train']:,} / {self.split_sizes['val']:,} / "
                 f"{self.split_sizes['test']:,} train / val / test by hash; Ganesh et al.: ≈ 1.7M / 0.1M / 0.1M)"
             )
-        if not self.pretrained:
+        if self.pretrain_summary is not None:
+            ps = self.pretrain_summary
+            notes.append(
+                f"encoder {Path(str(ps['base'])).name} PRETRAINED (public; frozen here) with a masked-LM head fitted "
+                f"NON-PRIVATELY by `dp-adam-bench pretrain {ps['name']}` on {ps['fit_positions']:,} masked positions "
+                f"of val-split abstracts (held-out loss {ps['heldout_loss']:.3f} nats; Ganesh et al. start from "
+                "pretrained TinyBERT and its MLM head: 4.955)"
+            )
+        elif not self.pretrained:
             notes.append(
                 "BERT-tiny RANDOMLY INITIALISED: no pretrained weights offline (Ganesh et al. fine-tune a "
                 "pretrained TinyBERT: test loss 4.955 before fine-tuning; a random model starts near ln(30522) ≈ 10.3)"
@@ -284,6 +296,45 @@ class ArxivMLM(ModelTask):
             notes.append(f"abstracts truncated to {self.max_length} tokens (paper: 512)")
         self.data_note = "; ".join(notes) if notes else "as in the paper"
         log.info("arxiv_mlm: %s; %s", self.data_source, self.data_note)
+
+    def _from_pretrain_preset(self, cfg) -> tuple[str, bool]:
+        """(model folder, True) for ``task.pretrain``: a ``bert_mlm_head`` preset's encoder with its fitted MLM head,
+        built once and cached by :func:`dp_adam_bench.pretrain.ensure`."""
+        from omegaconf import OmegaConf
+
+        from dp_adam_bench import pretrain
+
+        name = str(cfg.get("pretrain"))
+        if cfg.get("model"):
+            raise ValueError(
+                f"task.model={cfg.get('model')!r} and task.pretrain={name!r} both name the starting point; set one"
+            )
+        if cfg.get("pretrained") is not None and not bool(cfg.get("pretrained")):
+            raise ValueError(
+                f"task.pretrain={name!r} is a pretrained starting point; task.pretrained=false contradicts it"
+            )
+        overrides = cfg.get("pretrain_overrides") or {}
+        if OmegaConf.is_config(overrides):
+            overrides = OmegaConf.to_container(overrides, resolve=True)
+        spec = pretrain.load_spec(name, dict(overrides))
+        if spec["kind"] != "bert_mlm_head":
+            raise ValueError(
+                f"task.pretrain={name!r} is a {spec['kind']} preset; the arxiv_mlm task needs a bert_mlm_head preset "
+                "(such as minilm_mlm_head)"
+            )
+        for key in (
+            "split_seed",
+            "val_fraction",
+            "test_fraction",
+        ):  # the head's public data = this task's val split
+            if float(spec[key]) != float(cfg.get(key, spec[key])):
+                raise ValueError(
+                    f"task.{key}={cfg.get(key)} differs from the {name} preset's {key}={spec[key]}: the head would "
+                    "have been fitted on abstracts this task's split does not hold out"
+                )
+        folder = pretrain.ensure(spec)
+        self.pretrain_summary = json.loads((folder.parent / pretrain.SUMMARY).read_text())
+        return str(folder), True
 
     def _tokenize(self, texts: list[str]) -> text.Ragged:
         return text.tokenize_ragged(self.tokenizer, texts, max_length=self.max_length)[0]

@@ -300,12 +300,6 @@ def default_tokenizer(profile: str, model_name: str | None) -> str:
     return str(shared_data_dir() / TOKENIZER_FOLDER)
 
 
-def pretrain_tokenizer(spec: dict) -> str:
-    from dp_adam_bench.pretrain import tokenizer_path
-
-    return tokenizer_path(spec)
-
-
 # --------------------------------------------------------------------------------------------- task
 
 
@@ -389,7 +383,9 @@ class E2EGpt2(ModelTask):
 
         # --- tokens ------------------------------------------------------------------------------------------------
         if self.pretrain_preset:  # the tokenizer the preset pretrained with (saved beside its weights)
-            default_tok = self.model_name if self.pretrained else pretrain_tokenizer(self.pretrain_spec)
+            from dp_adam_bench.pretrain.gpt2_clm import tokenizer_path
+
+            default_tok = self.model_name if self.pretrained else tokenizer_path(self.pretrain_spec)
         else:
             default_tok = default_tokenizer(self.profile, self.model_name)
         self.tokenizer_name = str(cfg.get("tokenizer") or default_tok)
@@ -451,6 +447,7 @@ class E2EGpt2(ModelTask):
         from omegaconf import OmegaConf
 
         from dp_adam_bench import pretrain
+        from dp_adam_bench.pretrain import gpt2_clm
 
         if model:
             raise ValueError(
@@ -461,7 +458,12 @@ class E2EGpt2(ModelTask):
         if OmegaConf.is_config(overrides):
             overrides = OmegaConf.to_container(overrides, resolve=True)
         spec = pretrain.load_spec(str(self.pretrain_preset), dict(overrides))
-        self.arch = pretrain.architecture(spec)
+        if spec["kind"] != "gpt2_clm":
+            raise ValueError(
+                f"task.pretrain={self.pretrain_preset!r} is a {spec['kind']} preset; the E2E task fine-tunes a GPT-2 "
+                "(a gpt2_clm preset such as gpt2_arxiv)"
+            )
+        self.arch = gpt2_clm.architecture(spec)
         self.pretrain_spec = spec
         if pretrained is not None and not bool(pretrained):
             return None, False

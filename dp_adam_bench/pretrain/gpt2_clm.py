@@ -1,100 +1,53 @@
-"""Non-private pretraining of the starting points a CPU machine lacks: ``dp-adam-bench pretrain <preset>``.
+"""``kind: gpt2_clm``: a small GPT-2 pretrained with the causal LM loss on public text (``gpt2_arxiv`` preset).
 
-Li, Tramèr, Liang & Hashimoto (ICLR 2022, arXiv:2110.05679) fine-tune *pretrained* GPT-2 with DP-Adam; their
-point is that pretraining plus large batches make DP fine-tuning work. No GPT-2 weights exist offline, so a preset
-(``configs/pretrain/<name>.yaml``) pretrains a small ``GPT2LMHeadModel`` with the real GPT-2 tokenizer, causal LM
-loss, NON-PRIVATELY on public text disjoint from the private task: the arXiv abstracts of the offline data (the train
-split of :func:`dp_adam_bench.tasks.arxiv_mlm.assign_splits`, validated on its val split) for E2E fine-tuning.
-That is what GPT-2 is too: a model pretrained without privacy on public web text, then fine-tuned privately. It is
-a far smaller model on far less text than GPT-2 (124M parameters, 40 GB of WebText), and the tables that use it say so.
+The model is a ``GPT2LMHeadModel`` with the real GPT-2 tokenizer, trained NON-PRIVATELY on the arXiv abstracts of the
+offline data (the train split of :func:`dp_adam_bench.tasks.arxiv_mlm.assign_splits`, validated on its val split),
+public text disjoint from E2E, for the CPU ``li_e2e`` table. It is a far smaller model on far less text than GPT-2
+(124M parameters, 40 GB of WebText), and the tables that use it say so.
 
 Training: GPT-2 style packing (abstracts joined with ``<|endoftext|>``, cut into blocks of ``block_size`` tokens),
 AdamW with linear warm-up and cosine decay, gradient-norm clipping at ``grad_clip`` (an optimisation aid, not DP),
 tied input / output embeddings as GPT-2 has them. The block order of epoch e is a permutation seeded by
-(seed, e), so a run is a function of its preset; it checkpoints every ``checkpoint_every`` steps (model, optimizer,
-torch RNG) and resumes exactly from the last checkpoint.
-
-Output: ``<cache>/pretrained/<name>-<hash of the preset>/`` (``DP_ADAM_BENCH_CACHE``, default ``.cache/`` in the
-repository), holding ``model/`` (``save_pretrained``: config, weights and the tokenizer files; loads with
-``GPT2LMHeadModel.from_pretrained``), ``metrics.jsonl`` (train loss every ``log_every`` steps, validation loss
-every ``eval_every``), ``summary.json`` (written last: its presence marks the model complete) and, while training,
-``checkpoint.pt``. Runs are logged to W&B like training runs (offline by default). A task that names a preset
-(``task.pretrain``) calls :func:`ensure`, which builds the model once under a lock and then reads the cache.
+(seed, e), so a build is a function of its preset; it checkpoints every ``checkpoint_every`` steps (model,
+optimizer, torch RNG) and resumes exactly from the last checkpoint. Logged to ``metrics.jsonl`` and W&B (offline by
+default) like a training run.
 """
 
 from __future__ import annotations
 
-import copy
-import hashlib
-import json
 import logging
 import math
-import os
 import shutil
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-import yaml
 
 from dp_adam_bench import progress
 from dp_adam_bench.errors import ConfigError
-from dp_adam_bench.paths import CONFIG_DIR, REPO_ROOT, shared_data_dir
+from dp_adam_bench.paths import shared_data_dir
+from dp_adam_bench.pretrain import (
+    CHECKPOINT,
+    SUMMARY,
+    Interrupted,
+    check_numbers,
+    load_checkpoint,
+    save_checkpoint,
+    truncate_metrics,
+)
 
 log = logging.getLogger(__name__)
 
-PRESET_DIR = CONFIG_DIR / "pretrain"
-CHECKPOINT = "checkpoint.pt"
-SUMMARY = "summary.json"
-# keys that change how a pretraining run is watched, not the model it makes (left out of the cache key)
-OPERATIONAL_KEYS = ("log_every", "eval_every", "checkpoint_every", "val_blocks", "wandb")
 POSITIVE_INTS = ("n_layer", "n_embd", "n_head", "n_positions", "block_size", "batch_size", "steps")
 NONNEG_INTS = ("warmup_steps", "seed", "log_every", "eval_every", "checkpoint_every", "val_blocks")
 
 
-def cache_dir() -> Path:
-    """Built artefacts that runs read (``DP_ADAM_BENCH_CACHE`` overrides; default ``.cache/`` in the repository)."""
-    return Path(os.environ.get("DP_ADAM_BENCH_CACHE", REPO_ROOT / ".cache"))
-
-
-def presets() -> list[str]:
-    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
-
-
-def load_spec(name: str, overrides: dict | None = None) -> dict:
-    """The preset ``configs/pretrain/<name>.yaml`` with ``overrides`` (a flat dict of its keys) applied, checked."""
-    path = PRESET_DIR / f"{name}.yaml"
-    if not path.is_file():
-        raise ConfigError(f"unknown pretraining preset {name!r}; valid: {', '.join(presets()) or 'none'}")
-    spec = yaml.safe_load(path.read_text())
-    for key, value in (overrides or {}).items():
-        if key not in spec:
-            raise ConfigError(f"pretrain {name}: unknown key {key!r}; valid: {', '.join(sorted(spec))}")
-        spec[key] = value
-    return check_spec(spec)
-
-
 def check_spec(spec: dict) -> dict:
-    """ConfigError naming the bad value when a preset cannot make a model."""
     name = spec.get("name", "?")
-    for key in POSITIVE_INTS + NONNEG_INTS:
-        v = spec.get(key)
-        if isinstance(v, bool) or not isinstance(v, int) or v < (1 if key in POSITIVE_INTS else 0):
-            need = ">= 1" if key in POSITIVE_INTS else ">= 0"
-            raise ConfigError(f"pretrain {name}: {key} must be an integer {need}, got {v!r}")
-    for key, lo, hi in (("lr", 0, None), ("grad_clip", 0, None), ("weight_decay", -1e-300, None)):
-        v = spec.get(key)
-        if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= lo or (hi is not None and v > hi):
-            raise ConfigError(f"pretrain {name}: {key} must be a finite number > {max(lo, 0)}, got {v!r}")
-    for key in ("dropout", "min_lr_ratio"):
-        v = spec.get(key)
-        if (
-            not isinstance(v, (int, float))
-            or not math.isfinite(v)
-            or not 0 <= v < 1 + (key == "min_lr_ratio")
-        ):
-            raise ConfigError(f"pretrain {name}: {key} must be in [0, 1], got {v!r}")
+    check_numbers(
+        spec, POSITIVE_INTS, NONNEG_INTS, ("lr", "grad_clip"), ("dropout", "min_lr_ratio", "weight_decay")
+    )
     if spec["n_embd"] % spec["n_head"]:
         raise ConfigError(
             f"pretrain {name}: n_embd={spec['n_embd']} must be divisible by n_head={spec['n_head']}"
@@ -108,19 +61,6 @@ def check_spec(spec: dict) -> dict:
             f"pretrain {name}: warmup_steps={spec['warmup_steps']} must be < steps={spec['steps']}"
         )
     return spec
-
-
-def spec_hash(spec: dict) -> str:
-    ident = {k: v for k, v in spec.items() if k not in OPERATIONAL_KEYS}
-    return hashlib.sha1(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:10]
-
-
-def folder_for(spec: dict) -> Path:
-    return cache_dir() / "pretrained" / f"{spec['name']}-{spec_hash(spec)}"
-
-
-def is_complete(folder: Path) -> bool:
-    return (folder / SUMMARY).is_file() and (folder / "model" / "config.json").is_file()
 
 
 def architecture(spec: dict) -> dict:
@@ -215,50 +155,6 @@ def mean_loss(model, blocks: torch.Tensor, batch_size: int) -> float:
     return total / max(count, 1)
 
 
-def _save_checkpoint(folder: Path, step: int, model, opt) -> None:
-    tmp = folder / f".{CHECKPOINT}.tmp"
-    torch.save(
-        {
-            "step": step,
-            "model": model.state_dict(),
-            "optimizer": opt.state_dict(),
-            "rng": torch.get_rng_state(),
-        },
-        tmp,
-    )
-    tmp.replace(folder / CHECKPOINT)
-
-
-def _load_checkpoint(folder: Path, model, opt) -> int:
-    path = folder / CHECKPOINT
-    if not path.is_file():
-        return 0
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["rng"])
-        return int(state["step"])
-    except Exception as err:  # a torn or foreign file: say which and how to start over
-        raise ConfigError(
-            f"pretraining checkpoint {path} cannot be read ({type(err).__name__}: {str(err).splitlines()[0]}); "
-            "delete it to start the "
-            "pretraining over"
-        ) from err
-
-
-def _truncate_metrics(path: Path, step: int) -> None:
-    """Drop logged rows past ``step`` (a resumed run logs them again)."""
-    if not path.is_file():
-        return
-    rows = [r for r in path.read_text().splitlines() if r.strip() and json.loads(r)["step"] <= step]
-    path.write_text("".join(r + "\n" for r in rows))
-
-
-class Interrupted(RuntimeError):
-    """Raised by :func:`train` with ``stop_after``: the run stopped after a checkpoint (tests, like a kill)."""
-
-
 def train(spec: dict, folder: Path, stop_after: int | None = None) -> dict:
     """Pretrain (or resume) into ``folder``; returns the summary written last to ``folder/summary.json``.
     ``stop_after``: checkpoint after that step and raise :class:`Interrupted` (how tests kill a run)."""
@@ -281,8 +177,8 @@ def train(spec: dict, folder: Path, stop_after: int | None = None) -> dict:
         lr=float(spec["lr"]),
         betas=(0.9, 0.95),
     )
-    start = _load_checkpoint(folder, model, opt)
-    _truncate_metrics(folder / "metrics.jsonl", start)
+    start = load_checkpoint(folder, model, opt)
+    truncate_metrics(folder / "metrics.jsonl", start)
     run = RunFolder(folder)
     wb_cfg = {"experiment_name": "pretrain", "task": {"name": spec["name"]}, "pretrain": spec}
     wandb = WandbLogger(
@@ -333,9 +229,9 @@ def train(spec: dict, folder: Path, stop_after: int | None = None) -> dict:
                 wandb.log(done, row)
             bar.update(done, {"train_loss": row["train_loss"]} if "train_loss" in row else {}, bool(row))
             if spec["checkpoint_every"] and done % spec["checkpoint_every"] == 0 and done < spec["steps"]:
-                _save_checkpoint(folder, done, model, opt)
+                save_checkpoint(folder, done, model, opt)
             if stop_after is not None and done == stop_after:
-                _save_checkpoint(folder, done, model, opt)
+                save_checkpoint(folder, done, model, opt)
                 raise Interrupted(f"stopped after step {done}")
         val = mean_loss(model, val_blocks, int(spec["batch_size"]))
         run.log(int(spec["steps"]), {"val_loss": val})
@@ -365,50 +261,3 @@ def train(spec: dict, folder: Path, stop_after: int | None = None) -> dict:
     finally:
         bar.close()
         wandb.finish()
-
-
-def ensure(spec: dict, stop_after: int | None = None) -> Path:
-    """The ``model/`` folder of ``spec``'s pretrained model: read from the cache, or trained once (under a lock, so
-    parallel runs of a sweep wait for one build instead of each training their own)."""
-    folder = folder_for(spec)
-    if is_complete(folder):
-        return folder / "model"
-    folder.mkdir(parents=True, exist_ok=True)
-    lock = _wait_for_lock(folder)
-    try:
-        if not is_complete(folder):  # another process may have finished it while we waited
-            print(
-                f"pretraining {spec['name']} (once; cached in {folder}); `dp-adam-bench pretrain {spec['name']}` "
-                "does this ahead of time",
-                flush=True,
-            )
-            (folder / "spec.json").write_text(json.dumps(spec, indent=2))
-            train(copy.deepcopy(spec), folder, stop_after)
-    finally:
-        lock.release()
-    return folder / "model"
-
-
-def _wait_for_lock(folder: Path, poll_s: float = 5.0):
-    from dp_adam_bench.tracking.run_store import RunLock, RunLockedError
-
-    announced = False
-    while True:
-        try:
-            return RunLock.acquire(folder)
-        except RunLockedError:
-            if not announced:
-                print(f"waiting for another process pretraining into {folder}", flush=True)
-                announced = True
-            time.sleep(poll_s)
-
-
-def parse_overrides(items: list[str]) -> dict:
-    """``key=value`` strings -> a dict with YAML-typed values."""
-    out = {}
-    for item in items:
-        if "=" not in item:
-            raise ConfigError(f"pretrain: expected key=value, got {item!r}")
-        key, value = item.split("=", 1)
-        out[key.strip()] = yaml.safe_load(value)
-    return out

@@ -1,0 +1,214 @@
+"""Non-private pretraining of the starting points a CPU machine lacks: ``dp-adam-bench pretrain <preset>``.
+
+A preset is ``configs/pretrain/<name>.yaml``; its ``kind`` picks the trainer:
+
+* ``gpt2_clm`` (:mod:`.gpt2_clm`): a small GPT-2 trained with the causal LM loss on public text (the arXiv
+  abstracts), the starting point of the CPU ``li_e2e`` table (Li et al. 2022, arXiv:2110.05679, fine-tune
+  pretrained GPT-2; no GPT-2 weights exist offline);
+* ``bert_mlm_head`` (:mod:`.mlm_head`): a pretrained BERT-family encoder (MiniLM-L6, the ``[minilm]`` extra, ships
+  without its masked-LM head) given a masked-LM head fitted with the encoder frozen on public text, so that a
+  BERT masked-LM fine-tuning starts from a pretrained model's loss (Ganesh, McMahan & Thakurta 2025,
+  arXiv:2507.01129, §5.2 fine-tune a pretrained TinyBERT with its MLM head).
+
+Both train WITHOUT privacy on public data that the private runs do not train on, as the papers' starting points were
+(GPT-2 on WebText, BERT on books and Wikipedia). Output: ``<cache>/pretrained/<name>-<hash of the preset>/``
+(``DP_ADAM_BENCH_CACHE``, default ``.cache/`` in the repository) with ``model/`` (``save_pretrained``: config,
+weights, tokenizer), ``metrics.jsonl`` and ``summary.json`` (written last: its presence marks the model complete).
+A task that names a preset (``task.pretrain``) calls :func:`ensure`, which builds the model once under a lock and
+then reads the cache; ``make pretrain`` builds it ahead of time.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import yaml
+
+from dp_adam_bench.errors import ConfigError
+from dp_adam_bench.paths import CONFIG_DIR, REPO_ROOT
+
+PRESET_DIR = CONFIG_DIR / "pretrain"
+CHECKPOINT = "checkpoint.pt"
+SUMMARY = "summary.json"
+# keys that change how a pretraining run is watched, not the model it makes (left out of the cache key)
+OPERATIONAL_KEYS = ("log_every", "eval_every", "checkpoint_every", "val_blocks", "encode_batch_size", "wandb")
+KINDS = ("gpt2_clm", "bert_mlm_head")
+
+
+class Interrupted(RuntimeError):
+    """Raised by a trainer with ``stop_after``: the build stopped after a checkpoint (how tests kill a build)."""
+
+
+def cache_dir() -> Path:
+    """Built artefacts that runs read (``DP_ADAM_BENCH_CACHE`` overrides; default ``.cache/`` in the repository)."""
+    return Path(os.environ.get("DP_ADAM_BENCH_CACHE", REPO_ROOT / ".cache"))
+
+
+def presets() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def load_spec(name: str, overrides: dict | None = None) -> dict:
+    """The preset ``configs/pretrain/<name>.yaml`` with ``overrides`` (a flat dict of its keys) applied, checked."""
+    path = PRESET_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"unknown pretraining preset {name!r}; valid: {', '.join(presets()) or 'none'}")
+    spec = yaml.safe_load(path.read_text())
+    spec.setdefault("kind", "gpt2_clm")
+    for key, value in (overrides or {}).items():
+        if key not in spec:
+            raise ConfigError(f"pretrain {name}: unknown key {key!r}; valid: {', '.join(sorted(spec))}")
+        spec[key] = value
+    return check_spec(spec)
+
+
+def check_spec(spec: dict) -> dict:
+    """ConfigError naming the bad value when a preset cannot make a model (the checks of its ``kind``)."""
+    kind = spec.get("kind")
+    if kind not in KINDS:
+        raise ConfigError(
+            f"pretrain {spec.get('name', '?')}: kind must be one of {', '.join(KINDS)}, got {kind!r}"
+        )
+    return _module(kind).check_spec(spec)
+
+
+def _module(kind: str):
+    if kind == "gpt2_clm":
+        from dp_adam_bench.pretrain import gpt2_clm
+
+        return gpt2_clm
+    from dp_adam_bench.pretrain import mlm_head
+
+    return mlm_head
+
+
+def check_numbers(spec: dict, positive: tuple, nonneg: tuple, positive_floats: tuple, unit: tuple) -> None:
+    """ConfigError naming the first key whose value is not an integer >= 1 (``positive``), >= 0 (``nonneg``), a
+    finite number > 0 (``positive_floats``) or in [0, 1] (``unit``); NaN fails every check."""
+    name = spec.get("name", "?")
+    for key in positive + nonneg:
+        v = spec.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < (1 if key in positive else 0):
+            need = ">= 1" if key in positive else ">= 0"
+            raise ConfigError(f"pretrain {name}: {key} must be an integer {need}, got {v!r}")
+    for key in positive_floats:
+        v = spec.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise ConfigError(f"pretrain {name}: {key} must be a finite number > 0, got {v!r}")
+    for key in unit:
+        v = spec.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 <= v <= 1:
+            raise ConfigError(f"pretrain {name}: {key} must be in [0, 1], got {v!r}")
+
+
+def spec_hash(spec: dict) -> str:
+    """The cache key: every key that changes the model (``kind`` is implied by the keys a preset has)."""
+    ident = {k: v for k, v in spec.items() if k not in OPERATIONAL_KEYS and k != "kind"}
+    return hashlib.sha1(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
+def folder_for(spec: dict) -> Path:
+    return cache_dir() / "pretrained" / f"{spec['name']}-{spec_hash(spec)}"
+
+
+def is_complete(folder: Path) -> bool:
+    return (folder / SUMMARY).is_file() and (folder / "model" / "config.json").is_file()
+
+
+def save_checkpoint(folder: Path, step: int, model, opt) -> None:
+    """The state a build resumes from: step, trainable state, optimizer and torch RNG (written atomically)."""
+    import torch
+
+    tmp = folder / f".{CHECKPOINT}.tmp"
+    torch.save(
+        {
+            "step": step,
+            "model": model.state_dict(),
+            "optimizer": opt.state_dict(),
+            "rng": torch.get_rng_state(),
+        },
+        tmp,
+    )
+    tmp.replace(folder / CHECKPOINT)
+
+
+def load_checkpoint(folder: Path, model, opt) -> int:
+    """The step of ``folder``'s checkpoint, its state loaded into ``model`` and ``opt`` (0: none); a file that
+    cannot be read is a ConfigError naming it."""
+    import torch
+
+    path = folder / CHECKPOINT
+    if not path.is_file():
+        return 0
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"])
+        return int(state["step"])
+    except Exception as err:  # a torn or foreign file: say which and how to start over
+        raise ConfigError(
+            f"pretraining checkpoint {path} cannot be read ({type(err).__name__}: {str(err).splitlines()[0]}); "
+            "delete it to start the pretraining over"
+        ) from err
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Drop logged rows past ``step`` (a resumed run logs them again)."""
+    if not path.is_file():
+        return
+    rows = [r for r in path.read_text().splitlines() if r.strip() and json.loads(r)["step"] <= step]
+    path.write_text("".join(r + "\n" for r in rows))
+
+
+def ensure(spec: dict, stop_after: int | None = None) -> Path:
+    """The ``model/`` folder of ``spec``'s pretrained model: read from the cache, or trained once (under a lock, so
+    parallel runs of a sweep wait for one build instead of each training their own)."""
+    folder = folder_for(spec)
+    if is_complete(folder):
+        return folder / "model"
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = _wait_for_lock(folder)
+    try:
+        if not is_complete(folder):  # another process may have finished it while we waited
+            print(
+                f"pretraining {spec['name']} (once; cached in {folder}); `dp-adam-bench pretrain {spec['name']}` "
+                "does this ahead of time",
+                flush=True,
+            )
+            (folder / "spec.json").write_text(json.dumps(spec, indent=2))
+            _module(spec["kind"]).train(copy.deepcopy(spec), folder, stop_after)
+    finally:
+        lock.release()
+    return folder / "model"
+
+
+def _wait_for_lock(folder: Path, poll_s: float = 5.0):
+    from dp_adam_bench.tracking.run_store import RunLock, RunLockedError
+
+    announced = False
+    while True:
+        try:
+            return RunLock.acquire(folder)
+        except RunLockedError:
+            if not announced:
+                print(f"waiting for another process pretraining into {folder}", flush=True)
+                announced = True
+            time.sleep(poll_s)
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """``key=value`` strings -> a dict with YAML-typed values."""
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"pretrain: expected key=value, got {item!r}")
+        key, value = item.split("=", 1)
+        out[key.strip()] = yaml.safe_load(value)
+    return out
