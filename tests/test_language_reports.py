@@ -290,7 +290,7 @@ def _li_store(root, bleus: dict):
             f"{pretrained}-{noise}-{target}",
             _li_cfg(noise, target, pretrained),
             {
-                "metrics": {"test_bleu": bleu, "test_rougeL": bleu + 5},
+                "metrics": {"test_bleu": bleu, "test_rougeL": bleu + 5, "test_loss": 10.0 - bleu / 10},
                 "epsilon": eps,
                 "sigma": 0.5 if target else 0.0,
                 "steps": 30,
@@ -329,7 +329,14 @@ def test_li_e2e_pretrained_and_scratch_rows_and_claims(isolated_dirs):
         "(Li et al.: pretraining is what makes DP fine-tuning work): **holds** (pretrained 40.00, scratch 1.00)"
         in md
     )
-    assert "(pretrained 45.00, scratch 47.00)" in md and md.count("**does not hold** (pretrained") == 2
+    assert "(pretrained 45.00, scratch 47.00)" in md and md.count("**does not hold** (pretrained") == 3
+    assert "test_loss, pretrained: non-private < eps = 8 < eps = 3: **holds** (5.00 / 5.50 / 6.00)" in md
+    assert (
+        "test_loss, eps3: under DP the pretrained model beats" in md
+        and "(pretrained 6.00, scratch 9.90)" in md
+    )
+    loss = df[df.quantity == "test_loss"].set_index(["init", "column"])
+    assert loss.loc[("scratch", "eps3"), "ours"] == pytest.approx(9.9) and np.isnan(loss["paper"]).all()
     # 45 / 50 = 0.90 >= 0.8
     assert (
         "x the non-private BLEU (our goal for the CPU profile; paper 0.91): **holds** (45.00 / 50.00 = 0.90)"

@@ -180,3 +180,10 @@ def test_cli_builds_reports_cached_and_refuses_bad_keys(cache, capsys):
     assert "lr must be a finite number > 0, got 'nan'" in capsys.readouterr().err
     assert main(["pretrain", "gpt2_arxiv", "lr"]) == 2
     assert "expected key=value, got 'lr'" in capsys.readouterr().err
+
+
+def test_a_preset_without_a_known_kind_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(pretrain, "PRESET_DIR", tmp_path)
+    (tmp_path / "nokind.yaml").write_text("name: nokind\nsteps: 3\n")
+    with pytest.raises(ConfigError, match="pretrain nokind: kind must be one of gpt2_clm, bert_mlm_head, got None"):
+        pretrain.load_spec("nokind")

@@ -60,7 +60,6 @@ def load_spec(name: str, overrides: dict | None = None) -> dict:
     if not path.is_file():
         raise ConfigError(f"unknown pretraining preset {name!r}; valid: {', '.join(presets()) or 'none'}")
     spec = yaml.safe_load(path.read_text())
-    spec.setdefault("kind", "gpt2_clm")
     for key, value in (overrides or {}).items():
         if key not in spec:
             raise ConfigError(f"pretrain {name}: unknown key {key!r}; valid: {', '.join(sorted(spec))}")
