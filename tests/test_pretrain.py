@@ -125,7 +125,9 @@ def test_bad_presets_are_refused_naming_the_value(over, match):
 
 
 def test_unknown_preset_lists_the_valid_ones():
-    with pytest.raises(ConfigError, match="unknown pretraining preset 'gpt3'; valid: gpt2_arxiv, minilm_mlm_head"):
+    with pytest.raises(
+        ConfigError, match="unknown pretraining preset 'gpt3'; valid: gpt2_arxiv, minilm_mlm_head"
+    ):
         pretrain.load_spec("gpt3")
 
 
@@ -185,5 +187,7 @@ def test_cli_builds_reports_cached_and_refuses_bad_keys(cache, capsys):
 def test_a_preset_without_a_known_kind_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(pretrain, "PRESET_DIR", tmp_path)
     (tmp_path / "nokind.yaml").write_text("name: nokind\nsteps: 3\n")
-    with pytest.raises(ConfigError, match="pretrain nokind: kind must be one of gpt2_clm, bert_mlm_head, got None"):
+    with pytest.raises(
+        ConfigError, match="pretrain nokind: kind must be one of gpt2_clm, bert_mlm_head, got None"
+    ):
         pretrain.load_spec("nokind")

@@ -1,7 +1,7 @@
 """``kind: gpt2_clm``: a small GPT-2 pretrained with the causal LM loss on public text (``gpt2_arxiv`` preset).
 
 The model is a ``GPT2LMHeadModel`` with the real GPT-2 tokenizer, trained NON-PRIVATELY on the arXiv abstracts of the
-offline data (the train split of :func:`dp_adam_bench.tasks.arxiv_mlm.assign_splits`, validated on its val split),
+offline data (the train split of :func:`dp_adam_bench.tasks.arxiv_data.assign_splits`, validated on its val split),
 public text disjoint from E2E, for the CPU ``li_e2e`` table. It is a far smaller model on far less text than GPT-2
 (124M parameters, 40 GB of WebText), and the tables that use it say so.
 
@@ -27,7 +27,7 @@ import torch
 from dp_adam_bench import progress
 from dp_adam_bench.errors import ConfigError
 from dp_adam_bench.paths import shared_data_dir
-from dp_adam_bench.pretrain import (
+from dp_adam_bench.pretrain.common import (
     CHECKPOINT,
     SUMMARY,
     Interrupted,
@@ -78,7 +78,7 @@ def tokenizer_path(spec: dict) -> str:
 def token_blocks(spec: dict, tokenizer) -> tuple[torch.Tensor, torch.Tensor, str]:
     """(train blocks, validation blocks, data origin): the abstracts of each split, each followed by eos, packed
     into rows of ``block_size`` tokens (the incomplete last block dropped)."""
-    from dp_adam_bench.tasks.arxiv_mlm import assign_splits, load_abstracts
+    from dp_adam_bench.tasks.arxiv_data import assign_splits, load_abstracts
 
     keys, texts, origin = load_abstracts(spec.get("source") or "auto", spec.get("data_dir"))
     split = assign_splits(
@@ -158,7 +158,7 @@ def mean_loss(model, blocks: torch.Tensor, batch_size: int) -> float:
 def train(spec: dict, folder: Path, stop_after: int | None = None) -> dict:
     """Pretrain (or resume) into ``folder``; returns the summary written last to ``folder/summary.json``.
     ``stop_after``: checkpoint after that step and raise :class:`Interrupted` (how tests kill a run)."""
-    from dp_adam_bench.tasks.e2e_gpt2 import load_gpt2_tokenizer
+    from dp_adam_bench.tasks.text import load_gpt2_tokenizer
     from dp_adam_bench.tracking.run_store import RunFolder, git_commit
     from dp_adam_bench.tracking.wandb_logger import WandbLogger
 

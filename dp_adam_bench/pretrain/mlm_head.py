@@ -9,7 +9,7 @@ the head, NON-PRIVATELY, with the encoder FROZEN:
 * the head is BERT's (``cls.predictions``: dense + GELU + LayerNorm, then the decoder, whose weight is tied to the
   frozen word embeddings, plus its bias): only the transform and the decoder bias train (~0.18M parameters);
 * the data are public for the arxiv_mlm task: the abstracts of the **val split** of
-  :func:`dp_adam_bench.tasks.arxiv_mlm.assign_splits`, which its private runs never train on and its test split
+  :func:`dp_adam_bench.tasks.arxiv_data.assign_splits`, which its private runs never train on and its test split
   never sees; a ``heldout_fraction`` of them is kept out of the fit to report the head's loss on unseen abstracts;
 * BERT's masking (:func:`dp_adam_bench.tasks.text.mask_tokens`): ``corruptions`` static corruptions per abstract,
   each seeded by (corruption, row); the frozen encoder runs once over them, and the head trains on the hidden
@@ -32,7 +32,7 @@ from torch.nn import functional as F
 
 from dp_adam_bench import progress
 from dp_adam_bench.errors import ConfigError
-from dp_adam_bench.pretrain import (
+from dp_adam_bench.pretrain.common import (
     CHECKPOINT,
     SUMMARY,
     Interrupted,
@@ -77,7 +77,7 @@ def base_folder(spec: dict) -> str:
 def masked_examples(spec: dict, tokenizer) -> tuple[list, list, str]:
     """(fit, heldout, origin): each a list of (corrupted ids, positions, labels) over the val-split abstracts."""
     from dp_adam_bench.tasks import text
-    from dp_adam_bench.tasks.arxiv_mlm import SPLIT_CODES, assign_splits, load_abstracts
+    from dp_adam_bench.tasks.arxiv_data import SPLIT_CODES, assign_splits, load_abstracts
 
     keys, texts, origin = load_abstracts(spec.get("source") or "auto", spec.get("data_dir"))
     split = assign_splits(

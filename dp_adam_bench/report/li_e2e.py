@@ -218,7 +218,7 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
             "initialisation, as the control. The model is ~17x smaller than GPT-2 and saw ~2M tokens instead of "
             "WebText, and the schedule is a fraction of an epoch instead of 50, so BLEU values are far below the "
             "paper's: compare the orderings and the private / non-private ratio, not the values. Beam search "
-            "from an under-trained model can loop (\"5 out of 5 out of ...\"), which BLEU punishes more than a "
+            'from an under-trained model can loop ("5 out of 5 out of ..."), which BLEU punishes more than a '
             "generic sentence, so BLEU can rank a model with a higher test loss above one with a lower: the "
             "test-loss rows are the check that does not depend on decoding."
         )

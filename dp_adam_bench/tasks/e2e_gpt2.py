@@ -86,6 +86,7 @@ from dp_adam_bench.tasks.base import (
     task_profile,
     try_hub,
 )
+from dp_adam_bench.tasks.text import TOKENIZER_HINT, load_gpt2_tokenizer  # noqa: F401 (part of this API)
 
 log = logging.getLogger(__name__)
 
@@ -103,10 +104,6 @@ PAPER_BLEU_EPS3 = 61.519
 MODEL_HINT = (
     "Set task.model to a local GPT-2 folder (config.json, plus model.safetensors when task.pretrained=true) or to a "
     "hub name with hub access; task.model=null on the cpu profile builds a small GPT-2 from scratch."
-)
-TOKENIZER_HINT = (
-    "Set task.tokenizer to a folder with GPT-2's vocab.json and merges.txt (or tokenizer.json), e.g. "
-    "shared/data/gpt2_tokenizer (dp-adam-bench data prepare e2e_gpt2 downloads it), or to a hub name with hub access."
 )
 
 
@@ -192,38 +189,6 @@ def group_by_mr(mrs: Sequence[str], refs: Sequence[str]) -> tuple[list[str], lis
 
 
 # --------------------------------------------------------------------------------------------- tokenizer and model
-
-
-def load_gpt2_tokenizer(name_or_path: str | os.PathLike):
-    """GPT-2's byte-level BPE tokenizer from a folder (``vocab.json`` + ``merges.txt``, or ``tokenizer.json``) or a
-    hub name.
-
-    ``GPT2TokenizerFast.from_pretrained`` is used on folders too: with transformers 5, the constructor's old
-    ``vocab_file=`` / ``merges_file=`` keywords are silently ignored and give a tokenizer with an EMPTY vocabulary."""
-    from transformers import GPT2TokenizerFast
-
-    if text._is_local(name_or_path):
-        folder = Path(str(name_or_path)).expanduser()
-        if not folder.is_dir():
-            raise FileNotFoundError(f"tokenizer folder {folder} does not exist. {TOKENIZER_HINT}")
-        if not (folder / "tokenizer.json").is_file():
-            text.check_folder(folder, "GPT-2 tokenizer", ["vocab.json", "merges.txt"], TOKENIZER_HINT)
-        name_or_path = str(folder)
-    try:
-        with text.quiet_transformers():
-            tok = GPT2TokenizerFast.from_pretrained(str(name_or_path))
-    except (OSError, ValueError) as e:
-        raise text._not_found("tokenizer", name_or_path, e, TOKENIZER_HINT) from e
-    if tok.eos_token_id is None or len(tok) < 256:  # byte-level BPE has at least the 256 byte tokens
-        # from_pretrained does not fail when a hub name resolves to no files (offline): the vocabulary is empty
-        raise text._not_found(
-            "tokenizer",
-            name_or_path,
-            None,
-            f"(transformers built a tokenizer with {len(tok)} token(s): its vocabulary files were not found.) "
-            + TOKENIZER_HINT,
-        )
-    return tok
 
 
 def conv1d_to_linear(model: nn.Module) -> list[str]:

@@ -461,3 +461,41 @@ def bert_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     (B, T): without them Opacus' per-example gradients of the position embedding are silently wrong
     (``docs/pitfalls.md``)."""
     return {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids", "position_ids")}
+
+
+TOKENIZER_HINT = (
+    "Set task.tokenizer to a folder with GPT-2's vocab.json and merges.txt (or tokenizer.json), e.g. "
+    "shared/data/gpt2_tokenizer (dp-adam-bench data prepare e2e_gpt2 downloads it), or to a hub name with hub access."
+)
+
+
+def load_gpt2_tokenizer(name_or_path: str | os.PathLike):
+    """GPT-2's byte-level BPE tokenizer from a folder (``vocab.json`` + ``merges.txt``, or ``tokenizer.json``) or a
+    hub name.
+
+    ``GPT2TokenizerFast.from_pretrained`` is used on folders too: with transformers 5, the constructor's old
+    ``vocab_file=`` / ``merges_file=`` keywords are silently ignored and give a tokenizer with an EMPTY vocabulary."""
+    from transformers import GPT2TokenizerFast
+
+    if _is_local(name_or_path):
+        folder = Path(str(name_or_path)).expanduser()
+        if not folder.is_dir():
+            raise FileNotFoundError(f"tokenizer folder {folder} does not exist. {TOKENIZER_HINT}")
+        if not (folder / "tokenizer.json").is_file():
+            check_folder(folder, "GPT-2 tokenizer", ["vocab.json", "merges.txt"], TOKENIZER_HINT)
+        name_or_path = str(folder)
+    try:
+        with quiet_transformers():
+            tok = GPT2TokenizerFast.from_pretrained(str(name_or_path))
+    except (OSError, ValueError) as e:
+        raise _not_found("tokenizer", name_or_path, e, TOKENIZER_HINT) from e
+    if tok.eos_token_id is None or len(tok) < 256:  # byte-level BPE has at least the 256 byte tokens
+        # from_pretrained does not fail when a hub name resolves to no files (offline): the vocabulary is empty
+        raise _not_found(
+            "tokenizer",
+            name_or_path,
+            None,
+            f"(transformers built a tokenizer with {len(tok)} token(s): its vocabulary files were not found.) "
+            + TOKENIZER_HINT,
+        )
+    return tok

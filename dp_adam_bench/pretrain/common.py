@@ -1,0 +1,93 @@
+"""What the pretraining kinds share: the cache location, file names, checks of numeric preset values, and the
+checkpoint a build resumes from."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+from dp_adam_bench.errors import ConfigError
+from dp_adam_bench.paths import CONFIG_DIR, REPO_ROOT
+
+PRESET_DIR = CONFIG_DIR / "pretrain"
+CHECKPOINT = "checkpoint.pt"
+SUMMARY = "summary.json"
+# keys that change how a pretraining run is watched, not the model it makes (left out of the cache key)
+OPERATIONAL_KEYS = ("log_every", "eval_every", "checkpoint_every", "val_blocks", "encode_batch_size", "wandb")
+KINDS = ("gpt2_clm", "bert_mlm_head")
+
+
+class Interrupted(RuntimeError):
+    """Raised by a trainer with ``stop_after``: the build stopped after a checkpoint (how tests kill a build)."""
+
+
+def cache_dir() -> Path:
+    """Built artefacts that runs read (``DP_ADAM_BENCH_CACHE`` overrides; default ``.cache/`` in the repository)."""
+    return Path(os.environ.get("DP_ADAM_BENCH_CACHE", REPO_ROOT / ".cache"))
+
+
+def check_numbers(spec: dict, positive: tuple, nonneg: tuple, positive_floats: tuple, unit: tuple) -> None:
+    """ConfigError naming the first key whose value is not an integer >= 1 (``positive``), >= 0 (``nonneg``), a
+    finite number > 0 (``positive_floats``) or in [0, 1] (``unit``); NaN fails every check."""
+    name = spec.get("name", "?")
+    for key in positive + nonneg:
+        v = spec.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < (1 if key in positive else 0):
+            need = ">= 1" if key in positive else ">= 0"
+            raise ConfigError(f"pretrain {name}: {key} must be an integer {need}, got {v!r}")
+    for key in positive_floats:
+        v = spec.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise ConfigError(f"pretrain {name}: {key} must be a finite number > 0, got {v!r}")
+    for key in unit:
+        v = spec.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 <= v <= 1:
+            raise ConfigError(f"pretrain {name}: {key} must be in [0, 1], got {v!r}")
+
+
+def save_checkpoint(folder: Path, step: int, model, opt) -> None:
+    """The state a build resumes from: step, trainable state, optimizer and torch RNG (written atomically)."""
+    import torch
+
+    tmp = folder / f".{CHECKPOINT}.tmp"
+    torch.save(
+        {
+            "step": step,
+            "model": model.state_dict(),
+            "optimizer": opt.state_dict(),
+            "rng": torch.get_rng_state(),
+        },
+        tmp,
+    )
+    tmp.replace(folder / CHECKPOINT)
+
+
+def load_checkpoint(folder: Path, model, opt) -> int:
+    """The step of ``folder``'s checkpoint, its state loaded into ``model`` and ``opt`` (0: none); a file that
+    cannot be read is a ConfigError naming it."""
+    import torch
+
+    path = folder / CHECKPOINT
+    if not path.is_file():
+        return 0
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"])
+        return int(state["step"])
+    except Exception as err:  # a torn or foreign file: say which and how to start over
+        raise ConfigError(
+            f"pretraining checkpoint {path} cannot be read ({type(err).__name__}: {str(err).splitlines()[0]}); "
+            "delete it to start the pretraining over"
+        ) from err
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Drop logged rows past ``step`` (a resumed run logs them again)."""
+    if not path.is_file():
+        return
+    rows = [r for r in path.read_text().splitlines() if r.strip() and json.loads(r)["step"] <= step]
+    path.write_text("".join(r + "\n" for r in rows))
