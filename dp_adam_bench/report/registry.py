@@ -178,7 +178,7 @@ _TABLES: tuple[tuple[str, ReportSpec], ...] = (
             "Ganesh et al. Fig. 3",
             "private Adam variants x {DP-SGD at BandMF's RMSE, DP-BandMF, DP-SGD at BandMF's epsilon} on BERT-tiny "
             "MLM (arXiv)",
-            "~60 min (32 runs, untuned)",
+            "~60 min (32 runs, untuned; 26 min with LAUNCHER=joblib)",
             experiment="ganesh_fig3",
             runtime_paper="thousands of GPU runs (tuning grid x 30 seeds)",
         ),
