@@ -32,3 +32,16 @@ def tiny_poisson(experiment: str, steps: int, *extra: str) -> list[str]:
         "logger.wandb.mode=disabled",
         *extra,
     ]
+
+
+def first_abstracts(path, n: int):
+    """Write the first ``n`` abstracts of the offline arXiv file to ``path`` (gzipped JSON lines); returns ``path``."""
+    import gzip
+
+    from dp_adam_bench.paths import shared_data_dir
+
+    with gzip.open(shared_data_dir() / "arxiv_abstracts" / "arxiv_abstracts.jsonl.gz", "rt") as f:
+        lines = [next(f) for _ in range(n)]
+    with gzip.open(path, "wt") as f:
+        f.writelines(lines)
+    return path

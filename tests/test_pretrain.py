@@ -1,7 +1,6 @@
 """The GPT-2 pretraining stage (dp_adam_bench/pretrain/): builds once into the cache, resumes exactly after a kill,
 loads with from_pretrained, refuses bad presets, and the E2E task fine-tunes it (or its architecture from scratch)."""
 
-import gzip
 import json
 
 import pytest
@@ -11,6 +10,8 @@ from safetensors.torch import load_file
 from dp_adam_bench import pretrain
 from dp_adam_bench.errors import ConfigError
 from dp_adam_bench.paths import shared_data_dir
+
+from helpers import first_abstracts
 
 ABSTRACTS = shared_data_dir() / "arxiv_abstracts" / "arxiv_abstracts.jsonl.gz"
 TOKENIZER = shared_data_dir() / "gpt2_tokenizer"
@@ -40,11 +41,7 @@ TINY = {
 def cache(tmp_path, monkeypatch):
     """A cache folder and a 300-abstract data file (the first abstracts of the offline file)."""
     monkeypatch.setenv("DP_ADAM_BENCH_CACHE", str(tmp_path / "cache"))
-    data = tmp_path / "abstracts.jsonl.gz"
-    with gzip.open(ABSTRACTS, "rt") as f:
-        lines = [next(f) for _ in range(300)]
-    with gzip.open(data, "wt") as f:
-        f.writelines(lines)
+    data = first_abstracts(tmp_path / "abstracts.jsonl.gz", 300)
     return tmp_path, {**TINY, "data_dir": str(data)}
 
 

@@ -2,7 +2,6 @@
 pretrained MiniLM, only the head moves and lowers the held-out masked-token loss, a killed build resumes to the same
 weights, and the arxiv_mlm task starts from the result (and refuses presets and splits that do not fit it)."""
 
-import gzip
 import json
 
 import pytest
@@ -13,6 +12,8 @@ from safetensors.torch import load_file
 from dp_adam_bench import pretrain
 from dp_adam_bench.paths import CONFIG_DIR, shared_data_dir
 from dp_adam_bench.tasks import text
+
+from helpers import first_abstracts
 
 ABSTRACTS = shared_data_dir() / "arxiv_abstracts" / "arxiv_abstracts.jsonl.gz"
 MINILM = text.minilm_folder()
@@ -40,11 +41,7 @@ TINY = {
 @pytest.fixture
 def tiny(tmp_path, monkeypatch):
     monkeypatch.setenv("DP_ADAM_BENCH_CACHE", str(tmp_path / "cache"))
-    data = tmp_path / "abstracts.jsonl.gz"
-    with gzip.open(ABSTRACTS, "rt") as f:
-        lines = [next(f) for _ in range(80)]
-    with gzip.open(data, "wt") as f:
-        f.writelines(lines)
+    data = first_abstracts(tmp_path / "abstracts.jsonl.gz", 80)
     return {**TINY, "data_dir": str(data)}
 
 

@@ -78,6 +78,31 @@ def check_spec(spec: dict) -> dict:
     return _module(kind).check_spec(spec)
 
 
+def task_spec(cfg, kind: str, task: str, need: str) -> dict:
+    """The preset a task config names (``task.pretrain``, with ``task.pretrain_overrides``), checked against the
+    task: ValueError when ``task.model`` names another starting point or the preset is not of ``kind`` (the message
+    says what the task ``need``s)."""
+    from omegaconf import OmegaConf
+
+    name = str(cfg.get("pretrain"))
+    if cfg.get("model"):
+        raise ValueError(
+            f"task.model={cfg.get('model')!r} and task.pretrain={name!r} both name the starting point; set one of them"
+        )
+    overrides = cfg.get("pretrain_overrides") or {}
+    if OmegaConf.is_config(overrides):
+        overrides = OmegaConf.to_container(overrides, resolve=True)
+    spec = load_spec(name, dict(overrides))
+    if spec["kind"] != kind:
+        raise ValueError(f"task.pretrain={name!r} is a {spec['kind']} preset; the {task} task {need}")
+    return spec
+
+
+def built_summary(model_folder: Path) -> dict:
+    """The summary of the build whose ``model/`` folder this is."""
+    return json.loads((Path(model_folder).parent / SUMMARY).read_text())
+
+
 def _module(kind: str):
     if kind == "gpt2_clm":
         from dp_adam_bench.pretrain import gpt2_clm

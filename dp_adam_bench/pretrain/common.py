@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from pathlib import Path
 
 from dp_adam_bench.errors import ConfigError
@@ -91,3 +92,82 @@ def truncate_metrics(path: Path, step: int) -> None:
         return
     rows = [r for r in path.read_text().splitlines() if r.strip() and json.loads(r)["step"] <= step]
     path.write_text("".join(r + "\n" for r in rows))
+
+
+def finite(spec: dict, loss: float, step: int) -> float:
+    """``loss``, or a RuntimeError when it is NaN or infinite (a build must not save a diverged model)."""
+    if not math.isfinite(loss):
+        raise RuntimeError(f"pretrain {spec['name']}: loss {loss} at step {step}; lower lr")
+    return loss
+
+
+class BuildLog:
+    """What every kind's build records: ``metrics.jsonl`` and W&B (as a training run), the progress bar, the
+    checkpoint schedule (and a test's simulated kill, ``stop_after``), and at the end the ``model/`` folder and the
+    summary, written last."""
+
+    def __init__(self, spec: dict, folder: Path, start: int, stop_after: int | None, t0: float):
+        from dp_adam_bench import progress
+        from dp_adam_bench.tracking.run_store import RunFolder
+        from dp_adam_bench.tracking.wandb_logger import WandbLogger
+
+        self.spec, self.folder, self.start, self.stop_after, self.t0 = spec, folder, start, stop_after, t0
+        self.steps = int(spec["steps"])
+        truncate_metrics(folder / "metrics.jsonl", start)
+        self.run = RunFolder(folder)
+        self.wandb = WandbLogger(
+            run_dir=folder,
+            name=folder.name,
+            config={"experiment_name": "pretrain", "task": {"name": spec["name"]}, "pretrain": spec},
+            mode=(spec.get("wandb") or {}).get("mode"),
+            tags=["pretrain"],
+        )
+        self.bar = progress.Progress(self.steps, start, what=f"pretrain {spec['name']}")
+
+    def log(self, step: int, row: dict) -> None:
+        if row:
+            self.run.log(step, row)
+            self.wandb.log(step, row)
+
+    def after_step(self, done: int, row: dict, model, opt) -> None:
+        """Log ``row`` (may be empty), move the bar, checkpoint when due; raise :class:`Interrupted` at
+        ``stop_after`` once its checkpoint is written."""
+        self.log(done, row)
+        self.bar.update(done, row, bool(row))
+        every = int(self.spec["checkpoint_every"])
+        due = every and done % every == 0 and done < self.steps
+        if due or done == self.stop_after:
+            save_checkpoint(self.folder, done, model, opt)
+        if done == self.stop_after:
+            raise Interrupted(f"stopped after step {done}")
+
+    def finish(self, model, tokenizer, summary: dict) -> dict:
+        """Save ``model`` and ``tokenizer`` into ``model/``, then the summary (its presence marks the build
+        complete), and drop the checkpoint."""
+        import shutil
+
+        from dp_adam_bench.tracking.run_store import git_commit
+
+        out = self.folder / "model"
+        shutil.rmtree(out, ignore_errors=True)
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+        spec = self.spec
+        summary = {
+            "status": "complete",
+            "name": spec["name"],
+            "kind": spec["kind"],
+            "spec": spec,
+            **summary,
+            "resumed_from_step": self.start or None,
+            "wall_time_s_this_session": time.time() - self.t0,
+            "git_commit": git_commit(),
+            "command": f"dp-adam-bench pretrain {spec['name']}",
+        }
+        self.run.write_json(SUMMARY, summary)
+        (self.folder / CHECKPOINT).unlink(missing_ok=True)
+        return summary
+
+    def close(self) -> None:
+        self.bar.close()
+        self.wandb.finish()

@@ -17,25 +17,15 @@ from __future__ import annotations
 
 import logging
 import math
-import shutil
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from dp_adam_bench import progress
 from dp_adam_bench.errors import ConfigError
 from dp_adam_bench.paths import shared_data_dir
-from dp_adam_bench.pretrain.common import (
-    CHECKPOINT,
-    SUMMARY,
-    Interrupted,
-    check_numbers,
-    load_checkpoint,
-    save_checkpoint,
-    truncate_metrics,
-)
+from dp_adam_bench.pretrain.common import BuildLog, check_numbers, finite, load_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -157,10 +147,8 @@ def mean_loss(model, blocks: torch.Tensor, batch_size: int) -> float:
 
 def train(spec: dict, folder: Path, stop_after: int | None = None) -> dict:
     """Pretrain (or resume) into ``folder``; returns the summary written last to ``folder/summary.json``.
-    ``stop_after``: checkpoint after that step and raise :class:`Interrupted` (how tests kill a run)."""
+    ``stop_after``: checkpoint after that step and raise ``Interrupted`` (how tests kill a run)."""
     from dp_adam_bench.tasks.text import load_gpt2_tokenizer
-    from dp_adam_bench.tracking.run_store import RunFolder, git_commit
-    from dp_adam_bench.tracking.wandb_logger import WandbLogger
 
     t0 = time.time()
     tokenizer = load_gpt2_tokenizer(tokenizer_path(spec))
@@ -178,16 +166,6 @@ def train(spec: dict, folder: Path, stop_after: int | None = None) -> dict:
         betas=(0.9, 0.95),
     )
     start = load_checkpoint(folder, model, opt)
-    truncate_metrics(folder / "metrics.jsonl", start)
-    run = RunFolder(folder)
-    wb_cfg = {"experiment_name": "pretrain", "task": {"name": spec["name"]}, "pretrain": spec}
-    wandb = WandbLogger(
-        run_dir=folder,
-        name=folder.name,
-        config=wb_cfg,
-        mode=(spec.get("wandb") or {}).get("mode"),
-        tags=["pretrain"],
-    )
     n_params = sum(p.numel() for p in model.parameters())
     log.info(
         "pretraining %s: %.1fM parameters, %d train / %d val blocks of %d tokens (%s), steps %d..%d",
@@ -200,18 +178,16 @@ def train(spec: dict, folder: Path, stop_after: int | None = None) -> dict:
         start,
         spec["steps"],
     )
+    build = BuildLog(spec, folder, start, stop_after, t0)
     model.train()
     loss_sum, loss_n = 0.0, 0
-    bar = progress.Progress(int(spec["steps"]), start, what=f"pretrain {spec['name']}")
     try:
         for step in range(start, int(spec["steps"])):
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, spec)
             x = train_blocks[batch_rows(step, len(train_blocks), int(spec["batch_size"]), int(spec["seed"]))]
             loss = model(input_ids=x, labels=x).loss
-            loss_value = loss.item()
-            if not math.isfinite(loss_value):
-                raise RuntimeError(f"pretrain {spec['name']}: loss {loss_value} at step {step}; lower lr")
+            loss_value = finite(spec, loss.item(), step)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), float(spec["grad_clip"]))
@@ -224,40 +200,20 @@ def train(spec: dict, folder: Path, stop_after: int | None = None) -> dict:
                 loss_sum, loss_n = 0.0, 0
             if spec["eval_every"] and done % spec["eval_every"] == 0 and done < spec["steps"]:
                 row["val_loss"] = mean_loss(model, val_blocks, int(spec["batch_size"]))
-            if row:
-                run.log(done, row)
-                wandb.log(done, row)
-            bar.update(done, {"train_loss": row["train_loss"]} if "train_loss" in row else {}, bool(row))
-            if spec["checkpoint_every"] and done % spec["checkpoint_every"] == 0 and done < spec["steps"]:
-                save_checkpoint(folder, done, model, opt)
-            if stop_after is not None and done == stop_after:
-                save_checkpoint(folder, done, model, opt)
-                raise Interrupted(f"stopped after step {done}")
+            build.after_step(done, row, model, opt)
         val = mean_loss(model, val_blocks, int(spec["batch_size"]))
-        run.log(int(spec["steps"]), {"val_loss": val})
-        wandb.log(int(spec["steps"]), {"val_loss": val})
-        out = folder / "model"
-        shutil.rmtree(out, ignore_errors=True)
-        model.save_pretrained(out)
-        tokenizer.save_pretrained(out)
-        summary = {
-            "status": "complete",
-            "name": spec["name"],
-            "spec": spec,
-            "parameters": n_params,
-            "train_blocks": len(train_blocks),
-            "tokens_seen": int(spec["steps"]) * int(spec["batch_size"]) * int(spec["block_size"]),
-            "epochs": int(spec["steps"]) * int(spec["batch_size"]) / len(train_blocks),
-            "val_loss": val,
-            "data": origin,
-            "resumed_from_step": start or None,
-            "wall_time_s_this_session": time.time() - t0,
-            "git_commit": git_commit(),
-            "command": f"dp-adam-bench pretrain {spec['name']}",
-        }
-        run.write_json(SUMMARY, summary)
-        (folder / CHECKPOINT).unlink(missing_ok=True)
-        return summary
+        build.log(int(spec["steps"]), {"val_loss": val})
+        return build.finish(
+            model,
+            tokenizer,
+            {
+                "parameters": n_params,
+                "train_blocks": len(train_blocks),
+                "tokens_seen": int(spec["steps"]) * int(spec["batch_size"]) * int(spec["block_size"]),
+                "epochs": int(spec["steps"]) * int(spec["batch_size"]) / len(train_blocks),
+                "val_loss": val,
+                "data": origin,
+            },
+        )
     finally:
-        bar.close()
-        wandb.finish()
+        build.close()

@@ -22,7 +22,6 @@ base's tokenizer. The arxiv_mlm task reads it with ``task.pretrain=<preset>``.
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from pathlib import Path
 
@@ -32,15 +31,7 @@ from torch.nn import functional as F
 
 from dp_adam_bench import progress
 from dp_adam_bench.errors import ConfigError
-from dp_adam_bench.pretrain.common import (
-    CHECKPOINT,
-    SUMMARY,
-    Interrupted,
-    check_numbers,
-    load_checkpoint,
-    save_checkpoint,
-    truncate_metrics,
-)
+from dp_adam_bench.pretrain.common import BuildLog, check_numbers, finite, load_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -148,8 +139,6 @@ def train(spec: dict, folder: Path, stop_after: int | None = None) -> dict:
     from transformers import BertForMaskedLM
 
     from dp_adam_bench.tasks import text
-    from dp_adam_bench.tracking.run_store import RunFolder, git_commit
-    from dp_adam_bench.tracking.wandb_logger import WandbLogger
 
     t0 = time.time()
     base = base_folder(spec)
@@ -171,17 +160,8 @@ def train(spec: dict, folder: Path, stop_after: int | None = None) -> dict:
     initial = head_loss(mlm, x_held, y_held)
     opt = torch.optim.AdamW(trainable, lr=float(spec["lr"]), weight_decay=float(spec["weight_decay"]))
     start = load_checkpoint(folder, head, opt)
-    truncate_metrics(folder / "metrics.jsonl", start)
-    run = RunFolder(folder)
-    wandb = WandbLogger(
-        run_dir=folder,
-        name=folder.name,
-        config={"experiment_name": "pretrain", "task": {"name": spec["name"]}, "pretrain": spec},
-        mode=(spec.get("wandb") or {}).get("mode"),
-        tags=["pretrain"],
-    )
     steps, batch = int(spec["steps"]), int(spec["batch_size"])
-    bar = progress.Progress(steps, start, what=f"pretrain {spec['name']}")
+    build = BuildLog(spec, folder, start, stop_after, t0)
     mlm.train()
     try:
         loss_sum, loss_n = 0.0, 0
@@ -191,49 +171,30 @@ def train(spec: dict, folder: Path, stop_after: int | None = None) -> dict:
                 np.random.default_rng([int(spec["seed"]), 2, step]).integers(0, len(y_fit), batch)
             )
             loss = F.cross_entropy(mlm.cls(x_fit[pick]), y_fit[pick])
+            loss_value = finite(spec, loss.item(), step)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            loss_sum, loss_n = loss_sum + loss.item(), loss_n + 1
+            loss_sum, loss_n = loss_sum + loss_value, loss_n + 1
             done = step + 1
             row = {}
             if spec["log_every"] and (done % spec["log_every"] == 0 or done == steps):
                 row = {"train_loss": loss_sum / loss_n, "heldout_loss": head_loss(mlm, x_held, y_held)}
                 loss_sum, loss_n = 0.0, 0
-                run.log(done, row)
-                wandb.log(done, row)
-            bar.update(done, row, bool(row))
-            if spec["checkpoint_every"] and done % spec["checkpoint_every"] == 0 and done < steps:
-                save_checkpoint(folder, done, head, opt)
-            if stop_after is not None and done == stop_after:
-                save_checkpoint(folder, done, head, opt)
-                raise Interrupted(f"stopped after step {done}")
-        heldout = head_loss(mlm, x_held, y_held)
-        out = folder / "model"
-        shutil.rmtree(out, ignore_errors=True)
-        mlm.save_pretrained(out)
-        tokenizer.save_pretrained(out)
-        summary = {
-            "status": "complete",
-            "name": spec["name"],
-            "kind": spec["kind"],
-            "spec": spec,
-            "base": base,
-            "trainable_parameters": sum(p.numel() for p in trainable),
-            "fit_positions": len(y_fit),
-            "heldout_positions": len(y_held),
-            "heldout_abstracts": len(held),
-            "heldout_loss_before": initial,
-            "heldout_loss": heldout,
-            "data": origin,
-            "resumed_from_step": start or None,
-            "wall_time_s_this_session": time.time() - t0,
-            "git_commit": git_commit(),
-            "command": f"dp-adam-bench pretrain {spec['name']}",
-        }
-        run.write_json(SUMMARY, summary)
-        (folder / CHECKPOINT).unlink(missing_ok=True)
-        return summary
+            build.after_step(done, row, head, opt)
+        return build.finish(
+            mlm,
+            tokenizer,
+            {
+                "base": base,
+                "trainable_parameters": sum(p.numel() for p in trainable),
+                "fit_positions": len(y_fit),
+                "heldout_positions": len(y_held),
+                "heldout_abstracts": len(held),
+                "heldout_loss_before": initial,
+                "heldout_loss": head_loss(mlm, x_held, y_held),
+                "data": origin,
+            },
+        )
     finally:
-        bar.close()
-        wandb.finish()
+        build.close()

@@ -31,7 +31,6 @@ tied parameters; this adds 3.9M trainable parameters to the 4.4M of the tied mod
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -223,27 +222,15 @@ class ArxivMLM(ModelTask):
     def _from_pretrain_preset(self, cfg) -> tuple[str, bool]:
         """(model folder, True) for ``task.pretrain``: a ``bert_mlm_head`` preset's encoder with its fitted MLM head,
         built once and cached by :func:`dp_adam_bench.pretrain.ensure`."""
-        from omegaconf import OmegaConf
-
         from dp_adam_bench import pretrain
 
-        name = str(cfg.get("pretrain"))
-        if cfg.get("model"):
-            raise ValueError(
-                f"task.model={cfg.get('model')!r} and task.pretrain={name!r} both name the starting point; set one"
-            )
+        spec = pretrain.task_spec(
+            cfg, "bert_mlm_head", self.name, "needs a bert_mlm_head preset (such as minilm_mlm_head)"
+        )
+        name = spec["name"]
         if cfg.get("pretrained") is not None and not bool(cfg.get("pretrained")):
             raise ValueError(
                 f"task.pretrain={name!r} is a pretrained starting point; task.pretrained=false contradicts it"
-            )
-        overrides = cfg.get("pretrain_overrides") or {}
-        if OmegaConf.is_config(overrides):
-            overrides = OmegaConf.to_container(overrides, resolve=True)
-        spec = pretrain.load_spec(name, dict(overrides))
-        if spec["kind"] != "bert_mlm_head":
-            raise ValueError(
-                f"task.pretrain={name!r} is a {spec['kind']} preset; the arxiv_mlm task needs a bert_mlm_head preset "
-                "(such as minilm_mlm_head)"
             )
         for key in (
             "split_seed",
@@ -256,7 +243,7 @@ class ArxivMLM(ModelTask):
                     "have been fitted on abstracts this task's split does not hold out"
                 )
         folder = pretrain.ensure(spec)
-        self.pretrain_summary = json.loads((folder.parent / pretrain.SUMMARY).read_text())
+        self.pretrain_summary = pretrain.built_summary(folder)
         return str(folder), True
 
     def _tokenize(self, texts: list[str]) -> text.Ragged:

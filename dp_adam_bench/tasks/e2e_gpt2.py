@@ -64,7 +64,6 @@ from __future__ import annotations
 import csv
 import gzip
 import io
-import json
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -357,6 +356,8 @@ class E2EGpt2(ModelTask):
         self.tokenizer = load_gpt2_tokenizer(self.tokenizer_name)
         self.eos_id = int(self.tokenizer.eos_token_id)
         self.train_mr_ids, self.train_mr_of_row, self.train_ref_ids = self._encode(tr_mrs, tr_refs)
+        # MR + reference tokens of every training pair: the sort key of micro_batch_order, computed once
+        self.train_lengths = self.train_mr_ids.lengths()[self.train_mr_of_row] + self.train_ref_ids.lengths()
         self.test_mr_ids = self._tokenize_spaced(self.test_mrs)
         pairs = [(g, r) for g, refs in enumerate(self.test_refs) for r in refs]
         self.test_mr_of_row = np.asarray([g for g, _ in pairs], dtype=np.int64)
@@ -409,31 +410,19 @@ class E2EGpt2(ModelTask):
         """(model folder or None, pretrained) for ``task.pretrain``: the preset's architecture always (so the
         from-scratch control, ``task.pretrained=false``, is the same network); its weights, built once and cached
         by :func:`dp_adam_bench.pretrain.ensure`, when pretrained (the default)."""
-        from omegaconf import OmegaConf
-
         from dp_adam_bench import pretrain
         from dp_adam_bench.pretrain import gpt2_clm
 
-        if model:
-            raise ValueError(
-                f"task.model={model!r} and task.pretrain={self.pretrain_preset!r} both name the starting point; "
-                "set one of them"
-            )
-        overrides = cfg.get("pretrain_overrides") or {}
-        if OmegaConf.is_config(overrides):
-            overrides = OmegaConf.to_container(overrides, resolve=True)
-        spec = pretrain.load_spec(str(self.pretrain_preset), dict(overrides))
-        if spec["kind"] != "gpt2_clm":
-            raise ValueError(
-                f"task.pretrain={self.pretrain_preset!r} is a {spec['kind']} preset; the E2E task fine-tunes a GPT-2 "
-                "(a gpt2_clm preset such as gpt2_arxiv)"
-            )
+        del model  # task_spec refuses it beside task.pretrain
+        spec = pretrain.task_spec(
+            cfg, "gpt2_clm", "E2E", "fine-tunes a GPT-2 (a gpt2_clm preset such as gpt2_arxiv)"
+        )
         self.arch = gpt2_clm.architecture(spec)
         self.pretrain_spec = spec
         if pretrained is not None and not bool(pretrained):
             return None, False
         folder = pretrain.ensure(spec)
-        self.pretrain_summary = json.loads((folder.parent / pretrain.SUMMARY).read_text())
+        self.pretrain_summary = pretrain.built_summary(folder)
         return str(folder), True
 
     def _pretrain_note(self) -> str:
@@ -593,8 +582,7 @@ class E2EGpt2(ModelTask):
     def micro_batch_order(self, idx: torch.Tensor) -> torch.Tensor:
         """The examples of a logical batch by length, so that each physical micro-batch pads little (a sum of
         clipped per-example gradients does not depend on the order; measured: ~30 % less padding at B = 256)."""
-        n = self.train_mr_ids.lengths()[self.train_mr_of_row] + self.train_ref_ids.lengths()
-        key = torch.as_tensor(n[idx.cpu().numpy()], dtype=torch.long)
+        key = torch.as_tensor(self.train_lengths[idx.cpu().numpy()], dtype=torch.long)
         return idx[torch.argsort(key, stable=True).to(idx.device)]
 
     @staticmethod
