@@ -179,7 +179,14 @@ def smoke_run(data: dict, root: Path, steps: int = SMOKE_STEPS, done: set | None
     except BaseException:
         folder.close()
         raise
+    # The kill-and-resume above has used the checkpoint; a finished 2-step smoke run is never extended, and a
+    # paper-scale checkpoint is large (BandMF with 128 bands keeps 128 noise vectors: ~1 GB for BERT-tiny), so the
+    # smoke records its size (what a full run will write) and deletes it.
+    checkpoint = folder.path / ckpt.FILENAME
+    checkpoint_bytes = checkpoint.stat().st_size if checkpoint.is_file() else None
+    checkpoint.unlink(missing_ok=True)
     result["smoke"] = {
+        "checkpoint_bytes": checkpoint_bytes,
         "steps": result["steps"],
         "planned_steps": planned.sampler.steps,
         "sigma": planned.sigma,
@@ -219,6 +226,7 @@ def run_smoke(experiment: str, profile: str = "paper", overrides=(), runs: Path 
             f"smoke {i}/{len(points)} {path.name}: {sm['steps']} of {sm['planned_steps']} steps, sigma "
             f"{sm['sigma']:.4g}{' (calibrated)' if sm['calibrated'] else ''}, batch {sm['batch_size']:.4g}"
             + (f", epsilon in the ledger: {eps}" if eps else "")
+            + (f", checkpoint {sm['checkpoint_bytes'] / 2**20:.0f} MiB" if sm.get("checkpoint_bytes") else "")
             + (f" [{sm['scaled']}]" if sm["scaled"] else ""),
             flush=True,
         )

@@ -84,8 +84,11 @@ def test_paper_smoke(experiment, smoke_results):
     for s in summaries:
         assert s["status"] == "complete" and s["steps"] == 2
         assert s["smoke"]["resumed_from_step"] == 1
+        # the checkpoint the resume read was measured, then deleted (a paper-scale BandMF one is ~1 GB)
+        assert s["smoke"]["checkpoint_bytes"] > 0
         assert s["planned_steps"] > 2  # the whole paper schedule was planned (sigma, steps to epsilon)
         assert s["metrics"], s
+    assert not list(root.glob("*/*/checkpoint.pt"))
     # every report of the preset was built from the smoke runs, marked, and nothing went to results/
     tables = [t for t in registry.GROUPS["all"] if registry.spec(t).experiment == experiment]
     for t in tables:
