@@ -43,7 +43,7 @@ def write_run(root, experiment, name, cfg, summary=None, metrics=(), npz=None):
 
 # ---------------------------------------------------------------------------------------------- ganesh_fig3
 
-LOW, HIGH = 0.0059028, 0.015625  # the cpu profile's sigmas (configs/experiment/ganesh_fig3.yaml)
+LOW, HIGH = 0.0076783, 0.015625  # the cpu profile's sigmas (configs/experiment/ganesh_fig3.yaml)
 
 
 def g3_cfg(opt, noise, sigma, lr, seed, **opt_kw):
@@ -126,6 +126,56 @@ def test_ganesh_fig3_cells_selection_and_claims(g3_store):
     assert "[ours] DP-BandMF beats DP-SGD at the same epsilon for every DP variant: **holds**" in md
     assert "[paper] DP-SGD, sigma at BandMF's epsilon: IME is worse than post-processing: **holds**" in md
     assert "Incomplete runs left out: stp-crashed" in md
+    # margins in standard errors over the seeds, and the seed-noise section with one line per compared pair
+    assert "standard errors over 2 / 2 seeds" in md
+    assert "## Seed noise: the comparisons of the claims" in md
+    assert "| stp @ bandmf_sigma1_b128 | postprocessing @ bandmf_sigma1_b128 |" in md
+
+
+def test_ganesh_fig3_standard_error_and_seed_count_against_simulation():
+    """The SE of a difference of seed means, and the seeds at which a difference is 2 SE, against a simulation
+    of seeds drawn with a known spread."""
+    a, b = ("adam", "c"), ("bc", "c")
+    rng = np.random.default_rng(0)
+    n, sd, d = 4, 0.05, 0.03
+    sims = []
+    for _ in range(20_000):
+        xa, xb = rng.normal(0.0, sd, n), rng.normal(d, sd, n)
+        sims.append(xb.mean() - xa.mean())
+    std = {a: sd * np.sqrt((n - 1) / n), b: sd * np.sqrt((n - 1) / n)}  # population stds of that spread
+    se = ganesh_fig3.standard_error(std, {a: n, b: n}, a, b)
+    assert se == pytest.approx(np.std(sims), rel=0.03)
+    need = ganesh_fig3.seeds_to_separate(std, {a: n, b: n}, a, b, d)
+    assert need == int(np.ceil(8 * sd**2 / d**2))  # 23: at that n, 2 SE = sqrt(2 sd^2 / n) * 2 <= d
+    assert 2 * sd * np.sqrt(2 / need) <= d < 2 * sd * np.sqrt(2 / (need - 1))
+    assert ganesh_fig3.standard_error(std, {a: 1, b: n}, a, b) is None  # one seed: no spread to use
+    assert ganesh_fig3.seeds_to_separate(std, {a: n, b: n}, a, b, 0.0) is None
+
+
+def test_pilots_report_chooses_per_group_and_checks_the_grid_edges(isolated_dirs):
+    from dp_adam_bench.report import pilots
+
+    root, exp = isolated_dirs / "runs", "ganesh_fig3_pilots_cpu"
+    losses = {  # (optimizer, noise, sigma) -> {lr: val loss}; adam's best inside, sgd's at the edge, one NaN
+        ("adam", "none", 0.0): {1e-4: 5.44, 3e-4: 5.41, 1e-3: float("nan")},
+        ("sgd", "none", 0.0): {0.001: 5.60, 0.003: 5.62},
+    }
+    for (opt, noise, sigma), by_lr in losses.items():
+        for lr, loss in by_lr.items():
+            write_run(
+                root, exp, f"{opt}-{lr}", g3_cfg(opt, noise, sigma, lr, 0), {"metrics": {"test_loss": loss}}
+            )
+    pilots.build(ReportContext(), "ganesh_fig3_pilots", "ganesh_fig3", "on the val split")
+    df = pd.read_csv(isolated_dirs / "results" / "ganesh_fig3_pilots.csv")
+    chosen = df[df.chosen == "yes"]
+    assert sorted(zip(chosen.optimizer, chosen.lr, strict=True)) == [("adam", 3e-4), ("sgd", 0.001)]
+    assert np.isnan(
+        df[(df.optimizer == "adam") & (df.lr == 1e-3)].test_loss.iloc[0]
+    )  # diverged: listed, not chosen
+    md = (isolated_dirs / "results" / "ganesh_fig3_pilots.md").read_text()
+    assert "optimizer=adam, noise=none: the chosen optimizer.lr is inside its grid: **holds**" in md
+    assert "optimizer=sgd, noise=none: the chosen optimizer.lr is inside its grid: **does not hold**" in md
+    assert "make reproduce-table TABLE=ganesh_fig3_pilots PROFILE=cpu" in md
 
 
 def test_ganesh_figs4_6_from_the_same_runs(g3_store):

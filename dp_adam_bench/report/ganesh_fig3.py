@@ -109,16 +109,54 @@ def initial_loss(records) -> tuple[float | None, float | None, int]:
     return float(np.mean(vals)), float(np.std(vals)), len(vals)
 
 
-def _claims(values: dict[tuple[str, str], float], std: dict[tuple[str, str], float], who: str) -> list[Claim]:
-    """The paper's Fig. 3 statements as inequalities on a {(row, column): loss} table."""
+def standard_error(std: dict, n: dict, a, b) -> float | None:
+    """Standard error of mean[b] - mean[a] over seeds (``std``: the population std over the ``n`` seeds of a cell,
+    turned into the sample std); None when a cell has fewer than 2 seeds."""
+    na, nb = n.get(a) or 0, n.get(b) or 0
+    if na < 2 or nb < 2:
+        return None
+    var = [(std.get(k) or 0.0) ** 2 * m / (m - 1) for k, m in ((a, na), (b, nb))]
+    return math.sqrt(var[0] / na + var[1] / nb)
+
+
+def seeds_to_separate(std: dict, n: dict, a, b, d: float) -> int | None:
+    """Seeds per cell at which |d| would be 2 standard errors of the difference, from the seed spread seen here:
+    n > 8 s^2 / d^2 with s^2 the mean of the two cells' sample variances. None when a cell has < 2 seeds or
+    d = 0."""
+    na, nb = n.get(a) or 0, n.get(b) or 0
+    if na < 2 or nb < 2:
+        return None
+    s2 = ((std.get(a) or 0.0) ** 2 * na / (na - 1) + (std.get(b) or 0.0) ** 2 * nb / (nb - 1)) / 2
+    if d == 0:
+        return None  # no number of seeds separates equal means
+    return max(2, math.ceil(8 * s2 / d**2))
+
+
+def _claims(
+    values: dict[tuple[str, str], float],
+    std: dict[tuple[str, str], float],
+    who: str,
+    n: dict[tuple[str, str], int] | None = None,
+    pairs: list | None = None,
+) -> list[Claim]:
+    """The paper's Fig. 3 statements as inequalities on a {(row, column): loss} table; ``n`` (seeds per cell)
+    turns the margins into standard errors; every pair of cells compared is appended to ``pairs``."""
+    n = n or {}
 
     def have(*keys):
         return all(values.get(k) is not None for k in keys)
 
-    def margin(a, b):  # b - a in units of the larger std (0 std: plain difference)
-        s = max(std.get(a, 0.0) or 0.0, std.get(b, 0.0) or 0.0)
+    def margin(a, b):  # b - a, in standard errors of the difference when both cells have >= 2 seeds
+        if pairs is not None:
+            pairs.append((a, b))
         d = values[b] - values[a]
-        return f"{values[a]:.3f} vs {values[b]:.3f}" + (f", {d / s:+.1f} std" if s else "")
+        se = standard_error(std, n, a, b)
+        text = f"{values[a]:.3f} vs {values[b]:.3f}"
+        if se:
+            text += f", {d / se:+.1f} standard errors over {n[a]} / {n[b]} seeds"
+        elif n.get(a) and n.get(b):
+            text += f", {n[a]} / {n[b]} seeds"
+        return text
 
     out = []
     for col in COLUMNS:
@@ -152,6 +190,8 @@ def _claims(values: dict[tuple[str, str], float], std: dict[tuple[str, str], flo
             )
     rows = [r for r in DP_ROWS if have((r, COLUMNS[1]), (r, COLUMNS[2]))]
     if rows:
+        if pairs is not None:
+            pairs.extend(((r, COLUMNS[1]), (r, COLUMNS[2])) for r in rows)
         wins = [r for r in rows if values[(r, COLUMNS[1])] < values[(r, COLUMNS[2])]]
         out.append(
             Claim(
@@ -188,7 +228,7 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
     )
     init_mean, init_std, init_n = initial_loss(complete)
 
-    long_rows, ours, ours_std, paper_vals = [], {}, {}, {}
+    long_rows, ours, ours_std, ours_n, paper_vals = [], {}, {}, {}, {}
     for row in ["no_finetuning", *ROWS]:
         for col in COLUMNS:
             p = (paper.get(row) or {}).get(col)
@@ -202,7 +242,7 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
             else:
                 mean = std = n = chosen = None
             if mean is not None:
-                ours[(row, col)], ours_std[(row, col)] = mean, std
+                ours[(row, col)], ours_std[(row, col)], ours_n[(row, col)] = mean, std, n
             if p is None and mean is None:
                 continue
             long_rows.append(
@@ -234,13 +274,14 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
     eps = _column_epsilons(complete, float(setting["sigma_low"]), float(setting["sigma_high"]))
     # the checks on the paper's own numbers do not depend on our runs: never incomplete
     paper_claims = [replace(c, from_runs=False) for c in _claims(paper_vals, {}, "paper")]
-    claims = _claims(ours, ours_std, "ours") + paper_claims
+    pairs: list = []
+    claims = _claims(ours, ours_std, "ours", ours_n, pairs) + paper_claims
     notes = _notes(profile, setting, incomplete, complete)
     return write_table(
         TABLE_ID,
         df,
         out=ctx.out,
-        title="Ganesh et al. Fig. 3 — BERT-tiny masked-token prediction on arXiv abstracts: test loss",
+        title="Ganesh et al. Fig. 3 — masked-token prediction on arXiv abstracts (the paper: TinyBERT): test loss",
         command=command,
         setting=_setting_text(profile, setting, complete, len(runs.spec.seeds or [0])),
         claims=claims,
@@ -249,9 +290,38 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
         extra_sections=[
             ("The table as the paper prints it (mean ± std over seeds)", markdown_table(pd.DataFrame(wide))),
             ("Privacy of each column (ours, from the run ledgers)", eps),
+            ("Seed noise: the comparisons of the claims", _seed_section(pairs, ours, ours_std, ours_n)),
         ],
         missing=runs.missing,
     )
+
+
+def _seed_section(pairs, values, std, n) -> str:
+    """Every pair of cells the claims compare: the difference, its standard error over the seeds, whether it is
+    beyond seed noise (|d| > 2 SE), and how many seeds per cell would make it so at the spread seen here."""
+    lines = [
+        "| first | second | second - first | SE | beyond seed noise (> 2 SE) | seeds for 2 SE |",
+        "|---|---|---|---|---|---|",
+    ]
+    beyond = checked = 0
+    for a, b in dict.fromkeys(pairs):  # in order, once each
+        d = values[b] - values[a]
+        se = standard_error(std, n, a, b)
+        need = seeds_to_separate(std, n, a, b, d)
+        if se is not None:
+            checked += 1
+            beyond += abs(d) > 2 * se
+        verdict = "" if se is None else ("yes" if abs(d) > 2 * se else "no")
+        lines.append(
+            f"| {a[0]} @ {a[1]} | {b[0]} @ {b[1]} | {d:+.4f} | {'' if se is None else f'{se:.4f}'} | "
+            f"{verdict or 'fewer than 2 seeds'} | {'' if need is None else need} |"
+        )
+    head = (
+        f"{beyond} of {checked} comparisons with at least 2 seeds a cell separate beyond seed noise. 'Seeds for "
+        "2 SE' is the number of seeds per cell at which the difference would be twice its standard error, from "
+        "the spread between the seeds here (a rough count: two seeds estimate a spread poorly)."
+    )
+    return head + "\n\n" + "\n".join(lines)
 
 
 def _column_epsilons(records, sigma_low: float, sigma_high: float) -> str:
@@ -280,30 +350,38 @@ def _setting_text(profile: str, s: dict, records, n_seeds: int) -> str:
         f"{s['epochs']} epochs of {s['train_subset'] or 'all'} training abstracts (cyclic fixed batches, "
         f"{records[0].summary.get('steps')} steps), clip {get(cfg, 'privacy.clip')}, BandMF b = {s['bands']}, "
         f"sigma {s['sigma_low']:g} / {s['sigma_high']:g} / {s['sigma_high']:g}, {n_seeds} seeds per "
-        f"setting. Paper: pretrained BERT-tiny, 512 tokens, B = 2048, 2000 steps, sigma 0.134 / 1 / 1, b = 128, "
-        "30 trials, every variant tuned."
+        f"setting (fewer where an entry says). Paper: pretrained BERT-tiny, 512 tokens, B = 2048, 2000 steps, "
+        "sigma 0.134 / 1 / 1, b = 128, 30 trials, every variant tuned."
+        + (
+            f" Data and model (from the runs): {note}."
+            if (note := records[0].summary.get("data_note"))
+            else ""
+        )
     )
 
 
 def _notes(profile: str, s: dict, incomplete, complete) -> list[str]:
     notes = []
     if profile == "cpu":
+        ratio = float(s["sigma_low"]) / float(s["sigma_high"])
         notes += [
-            "CPU profile: BERT-tiny is RANDOMLY INITIALISED (no pretrained weights offline), so 'no fine-tuning' "
-            "is a random model (loss near ln 30522 = 10.3, the paper's pretrained model starts at 4.955) and "
-            "every loss is far above the paper's: compare the orderings (the claims), not the numbers.",
-            "CPU profile: the noise per averaged gradient (sigma / B) is the paper's, at B = 32 instead of 2048, "
-            "so each column's epsilon is far larger than the paper's (see the privacy section). The low DP-SGD "
-            "sigma is re-matched to BandMF's prefix-sum RMSE at this n and b (ratio 0.378; the paper's 0.134 "
-            "is for n = 2000, b = 128).",
-            "CPU profile: in 96 steps from a random initialisation every variant gets to about the unigram loss "
-            "(7.3-7.9 against ln 30522 = 10.3 at the start; non-private Adam 7.35): the differences between rows "
-            "measure how much each variant's noise slows that first phase, not the preconditioning quality the "
-            "paper studies after pretraining. Read the claims below with that in mind.",
-            "CPU profile: NOT tuned per cell. One learning rate per family, from a non-private pilot on the "
-            "validation split (Adam 1e-3 / 3e-3 / 1e-2 -> see the 'chosen' column; SGD with momentum 0.9), and "
-            "the paper's best eps_s = 1e-4; stp keeps clip 1. The paper tunes every cell; the paper profile has "
-            "that grid.",
+            "CPU profile, the model: MiniLM-L6 (6 layers x 384, pretrained; the [minilm] extra), not the paper's "
+            "TinyBERT (2 x 128), whose weights are not available offline. Its masked-LM head, which the package "
+            "lacks, was fitted NON-PRIVATELY with the encoder frozen on the val split's abstracts (`dp-adam-bench "
+            "pretrain minilm_mlm_head`; the runs train on the train split and are scored on the test split). 'No "
+            "fine-tuning' is that model on the test abstracts; every run then fine-tunes all of it. The run "
+            "folders' data note says the same.",
+            f"CPU profile, the schedule: {s['epochs']} epochs of {s['train_subset']} abstracts at B = "
+            f"{s['batch_size']}, {s['max_length']} tokens (the paper: ~2,000 steps of 2,048 abstracts of 512 "
+            "tokens), so every loss here is a short fine-tuning's, far above the paper's.",
+            f"CPU profile, the noise: sigma / B is the paper's, at B = {s['batch_size']} instead of 2,048, so each "
+            "column's epsilon is far larger than the paper's (see the privacy section). The low DP-SGD sigma is "
+            f"re-matched to BandMF's prefix-sum RMSE at this n and b = {s['bands']} (ratio {ratio:.3f}; the "
+            "paper's 0.134 is for n = 2000, b = 128).",
+            "CPU profile: NOT tuned per cell. One learning rate per family from one-seed pilots on the val split "
+            "(results/ganesh_fig3_pilots.md: non-private Adam's for every Adam variant, non-private SGD's, DP-SGD's "
+            "at the low sigma for all three columns), and the paper's best eps_s = 1e-4; stp keeps clip 1. The "
+            "paper tunes every cell; the paper profile has that grid.",
         ]
     notes += incomplete_note(incomplete)
     if any(r.summary.get("privacy_notes") for r in complete):

@@ -1,0 +1,95 @@
+"""The learning-rate pilots behind a CPU table: every pilot run, the value each group chose, and whether the grid
+brackets it.
+
+A CPU profile that cannot afford a paper's full tuning grid in every cell fixes one value per optimizer family from
+pilots (a sweep preset of its own, ``configs/experiment/<table>_pilots.yaml``, scored on a split the table does not
+report). This report keeps those pilots as evidence: the mean metric of every tried value per group (the preset's
+``sweep.selection.per``), the chosen one (the selection rule of :mod:`dp_adam_bench.report.aggregate`: best mean
+over seeds), and, per group, a check that the chosen value is not at an edge of its grid (a value at the edge
+says the grid should be extended before the choice is trusted). Diverged runs (a NaN or infinite metric) are
+listed, never chosen.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from dp_adam_bench.report.aggregate import GROUP_KEYS, get
+from dp_adam_bench.report.common import Claim, incomplete_note, write_table
+from dp_adam_bench.report.context import ReportContext
+from dp_adam_bench.report.expected import preset_runs
+
+
+def _group_label(per: list[str], key: tuple) -> str:
+    return ", ".join(f"{k.split('.')[-1]}={v}" for k, v in zip(per, key, strict=True))
+
+
+def build(ctx: ReportContext | None, preset: str, table: str, scored_on: str) -> list[Path]:
+    """Write ``results/<preset>.{csv,md}`` from the runs of the pilot preset ``preset``, whose choices the table
+    ``table`` uses; ``scored_on`` says what the metric was measured on (printed in the setting)."""
+    ctx = ctx or ReportContext()
+    command = f"make reproduce-table TABLE={preset} PROFILE={ctx.profile}"
+    runs = preset_runs(ctx, preset)
+    if not runs.complete:
+        raise FileNotFoundError(f"no complete runs in {ctx.where(runs.spec.name)}; run `{command}`")
+    sel = runs.spec.selection
+    per, tuned = list(sel.per), list(sel.tuned)
+    if len(tuned) != 1:
+        raise ValueError(f"{preset}: a pilot preset tunes one key (sweep.selection.tuned), got {tuned}")
+    knob = tuned[0]
+    groups: dict[tuple, dict[object, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in runs.complete:
+        key = tuple(get(r.config, GROUP_KEYS.get(k, k)) for k in per)
+        groups[key][get(r.config, knob)].append(float(r.summary["metrics"][sel.metric]))
+
+    better = min if sel.mode == "min" else max
+    rows, claims = [], []
+    for key in sorted(groups, key=lambda k: tuple(str(v) for v in k)):
+        tried = groups[key]
+        finite = {v: float(np.mean(m)) for v, m in tried.items() if all(math.isfinite(x) for x in m)}
+        chosen = better(finite, key=finite.get) if finite else None
+        grid = sorted(tried)
+        for value in grid:
+            vals = tried[value]
+            rows.append(
+                {
+                    **{k.split(".")[-1]: v for k, v in zip(per, key, strict=True)},
+                    knob.split(".")[-1]: value,
+                    sel.metric: float(np.mean(vals)) if value in finite else float("nan"),
+                    "n": len(vals),
+                    "chosen": "yes" if value == chosen else "",
+                }
+            )
+        if chosen is not None and len(grid) > 1:
+            inside = grid[0] < chosen < grid[-1]
+            claims.append(
+                Claim(
+                    f"[pilot] {_group_label(per, key)}: the chosen {knob} is inside its grid",
+                    inside,
+                    f"{knob} = {chosen:g} of {', '.join(f'{v:g}' for v in grid)}",
+                )
+            )
+    df = pd.DataFrame(rows)
+    n_seeds = sorted({len(v) for g in groups.values() for v in g.values()})
+    setting = (
+        f"the pilots of `{table}` (preset `{preset}`, profile {ctx.profile}): {sel.metric} {scored_on}, "
+        f"{'/'.join(map(str, n_seeds))} seed(s) per value; chosen = the best mean ({sel.mode}) per "
+        f"{', '.join(per)}. `{table}` uses the chosen values (its preset says so and where they apply)."
+    )
+    return write_table(
+        preset,
+        df,
+        out=ctx.out,
+        title=f"Learning-rate pilots of {table}",
+        command=command,
+        setting=setting,
+        claims=claims,
+        notes=incomplete_note(runs.incomplete),
+        digits=4,
+        missing=runs.missing,
+    )
