@@ -180,8 +180,8 @@ def smoke_run(data: dict, root: Path, steps: int = SMOKE_STEPS, done: set | None
         folder.close()
         raise
     # The kill-and-resume above has used the checkpoint; a finished 2-step smoke run is never extended, and a
-    # paper-scale checkpoint is large (BandMF with 128 bands keeps 128 noise vectors: ~1 GB for BERT-tiny), so the
-    # smoke records its size (what a full run will write) and deletes it.
+    # paper-scale checkpoint is large (BandMF keeps its last b noise vectors: 4.3 GB for the paper's BERT-tiny at
+    # b = 128), so the smoke records its size (what a full run will write) and deletes it.
     checkpoint = folder.path / ckpt.FILENAME
     checkpoint_bytes = checkpoint.stat().st_size if checkpoint.is_file() else None
     checkpoint.unlink(missing_ok=True)

@@ -138,16 +138,18 @@ def test_a_single_value_inside_a_swept_group_is_written_as_a_choice_sweep():
     cmds = [" ".join(c) for c in sweep_commands("ganesh_fig3", "cpu")]
     ime_bc = next(c for c in cmds if "optimizer=ime,bc" in c)
     # a plain optimizer.eps_s=... would be applied to the default optimizer (adagrad_pp, no eps_s) and fail
-    assert "optimizer.eps_s=choice(0.0001)" in ime_bc and "optimizer.lr=choice(0.001)" in ime_bc
-    assert "privacy.sigma=0.0059028" in ime_bc  # not inside the swept group: plain
+    assert "optimizer.eps_s=choice(0.0001)" in ime_bc and "optimizer.lr=choice(0.0003)" in ime_bc
+    assert "privacy.sigma=0.0076783" in ime_bc  # not inside the swept group: plain
 
 
 def test_an_entry_can_set_its_own_seeds():
     from dp_adam_bench.sweep import expected_runs, sweep_commands
 
     cmds = [" ".join(c) for c in sweep_commands("ganesh_fig3", "cpu")]
-    bandmf = [c for c in cmds if "noise=bandmf" in c]
-    assert bandmf and all(c.count("seed=") == 1 and c.endswith("seed=0") for c in bandmf)
-    assert all(c.endswith("seed=0,1") for c in cmds if "privacy.sigma=0.0059028" in c)
+    noiseless = [c for c in cmds if "noiseless_precond" in c]
+    assert len(noiseless) == 6 and all(c.count("seed=") == 1 and c.endswith("seed=0") for c in noiseless)
+    assert all(c.endswith("seed=0,1") for c in cmds if "noiseless_precond" not in c)
     _, ids = expected_runs("ganesh_fig3", "cpu")
-    assert len(ids) == 2 * 2 + 7 * 2 + 2 * 7  # non-private rows, first column (2 seeds), two columns (1 seed)
+    assert (
+        len(ids) == 2 * 2 + 5 * 3 * 2 + 2 * 3
+    )  # non-private rows and the DP rows (2 seeds), noiseless (1 seed)

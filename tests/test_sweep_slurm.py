@@ -101,8 +101,8 @@ def test_dry_run_prints_lines_a_shell_runs_as_they_are(capsys):
         assert run_sweep("ganesh_fig3", "cpu", dry_run=True, overrides=overrides) == 0
     printed = [line[2:] for line in capsys.readouterr().out.splitlines() if line.startswith("+ ")]
     commands = sweep_commands("ganesh_fig3", "cpu", overrides=overrides)
-    assert len(printed) == len(commands) == 17
-    assert any("choice(0.001)" in line for line in printed)
+    assert len(printed) == len(commands) == 20  # 2 non-private entries + 6 per column
+    assert any("choice(0.0003)" in line for line in printed)
     for line, cmd in zip(printed, commands, strict=True):
         assert cmd[:4] == [sys.executable, "-m", "dp_adam_bench.train", "-m"]
         assert line.startswith(shlex.quote(sys.executable) + " -m dp_adam_bench.train -m ")

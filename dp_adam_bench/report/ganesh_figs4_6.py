@@ -169,8 +169,10 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
     ]
     if profile == "cpu":
         notes.append(
-            "CPU profile: a randomly initialised BERT-tiny trained for a few dozen steps, not a pretrained one "
-            "fine-tuned for 2000: the gradient statistics of early training differ from the paper's."
+            f"CPU profile: a pretrained MiniLM-L6 (with an MLM head fitted non-privately) fine-tuned for "
+            f"{s['epochs']} epochs of {s['train_subset']} abstracts at B = {s['batch_size']}, not TinyBERT "
+            "fine-tuned for 2,000 steps of 2,048: the gradient statistics of a short fine-tuning of a larger "
+            "model may differ from the paper's."
         )
     notes += incomplete_note(incomplete)
     return write_table(

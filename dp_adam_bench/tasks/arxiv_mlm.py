@@ -203,9 +203,13 @@ class ArxivMLM(ModelTask):
             )
         if self.pretrain_summary is not None:
             ps = self.pretrain_summary
+            base = Path(str(ps["base"]))
+            # the [minilm] package keeps its weights in <package>/model: name the package
+            base_name = base.parent.name if base.name == "model" else base.name
             notes.append(
-                f"encoder {Path(str(ps['base'])).name} PRETRAINED (public; frozen here) with a masked-LM head fitted "
-                f"NON-PRIVATELY by `dp-adam-bench pretrain {ps['name']}` on {ps['fit_positions']:,} masked positions "
+                f"encoder {base_name} PRETRAINED (public; all of it fine-tuned here), with a masked-LM head fitted "
+                f"NON-PRIVATELY, encoder frozen, by `dp-adam-bench pretrain {ps['name']}` on "
+                f"{ps['fit_positions']:,} masked positions "
                 f"of val-split abstracts (held-out loss {ps['heldout_loss']:.3f} nats; Ganesh et al. start from "
                 "pretrained TinyBERT and its MLM head: 4.955)"
             )
