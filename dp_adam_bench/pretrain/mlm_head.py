@@ -165,6 +165,9 @@ def train(spec: dict, folder: Path, stop_after: int | None = None) -> dict:
     mlm.train()
     try:
         loss_sum, loss_n = 0.0, 0
+        heldout = (
+            None  # the held-out loss at the last logged step (the final one is logged when log_every is set)
+        )
         for step in range(start, steps):
             # the positions of a step are a function of (seed, step): a resumed build draws the same ones
             pick = torch.from_numpy(
@@ -179,9 +182,11 @@ def train(spec: dict, folder: Path, stop_after: int | None = None) -> dict:
             done = step + 1
             row = {}
             if spec["log_every"] and (done % spec["log_every"] == 0 or done == steps):
-                row = {"train_loss": loss_sum / loss_n, "heldout_loss": head_loss(mlm, x_held, y_held)}
+                heldout = head_loss(mlm, x_held, y_held)
+                row = {"train_loss": loss_sum / loss_n, "heldout_loss": heldout}
                 loss_sum, loss_n = 0.0, 0
             build.after_step(done, row, head, opt)
+        final_logged = bool(spec["log_every"]) and start < steps  # the loop logged at done == steps
         return build.finish(
             mlm,
             tokenizer,
@@ -192,7 +197,7 @@ def train(spec: dict, folder: Path, stop_after: int | None = None) -> dict:
                 "heldout_positions": len(y_held),
                 "heldout_abstracts": len(held),
                 "heldout_loss_before": initial,
-                "heldout_loss": head_loss(mlm, x_held, y_held),
+                "heldout_loss": heldout if final_logged else head_loss(mlm, x_held, y_held),
                 "data": origin,
             },
         )

@@ -8,6 +8,7 @@ Incomplete runs are never aggregated; they are returned so the report can list t
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -58,6 +59,45 @@ def split_complete(records: list[RunRecord]) -> tuple[list[RunRecord], list[RunR
     return [r for r in records if r.complete], [r for r in records if not r.complete]
 
 
+def group_values(
+    records: list[RunRecord], *, per: list[str], tuned: list[str], metric: str
+) -> dict[tuple, dict[tuple, list[float]]]:
+    """{group key (values of ``per``): {setting (values of ``tuned``): per-trial values of ``metric``}} over the
+    complete runs (a run's ``summary.trials`` when it has them, else its final metric; NaN kept as it came)."""
+    per_keys = [GROUP_KEYS.get(k, k) for k in per]
+    groups: dict[tuple, dict[tuple, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in records:
+        if not r.complete:
+            continue
+        key = tuple(get(r.config, k) for k in per_keys)
+        setting = tuple(get(r.config, k) for k in tuned)
+        trials = (r.summary.get("trials") or {}).get(metric)
+        values = trials if trials is not None else [r.summary["metrics"][metric]]
+        groups[key][setting].extend(float(v) for v in values)
+    return groups
+
+
+def _sample_variance(std: float | None, n: int) -> float:
+    return (std or 0.0) ** 2 * n / (n - 1)
+
+
+def difference_se(std_a: float | None, n_a: int, std_b: float | None, n_b: int) -> float | None:
+    """Standard error of mean_b - mean_a over seeds, from each cell's :class:`Cell` ``std`` (the population std over
+    its ``n`` values, turned here into the sample std); None when a cell has fewer than 2 values."""
+    if n_a < 2 or n_b < 2:
+        return None
+    return math.sqrt(_sample_variance(std_a, n_a) / n_a + _sample_variance(std_b, n_b) / n_b)
+
+
+def seeds_to_separate(std_a: float | None, n_a: int, std_b: float | None, n_b: int, d: float) -> int | None:
+    """Seeds per cell at which a difference ``d`` of means would be 2 standard errors, from the spread seen:
+    n > 8 s^2 / d^2 with s^2 the mean of the two sample variances. None when a cell has < 2 values or d = 0."""
+    if n_a < 2 or n_b < 2 or d == 0:
+        return None
+    s2 = (_sample_variance(std_a, n_a) + _sample_variance(std_b, n_b)) / 2
+    return max(2, math.ceil(8 * s2 / d**2))
+
+
 def select_best(
     records: list[RunRecord],
     *,
@@ -70,18 +110,8 @@ def select_best(
     mean ``metric``; the values averaged are the per-trial values of all runs (seeds) sharing that setting."""
     if mode not in ("min", "max"):
         raise ValueError(f"selection mode must be 'min' or 'max', got {mode!r}")
-    per_keys = [GROUP_KEYS.get(k, k) for k in per]
-    groups: dict[tuple, dict[tuple, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for r in records:
-        if not r.complete:
-            continue
-        key = tuple(get(r.config, k) for k in per_keys)
-        setting = tuple(get(r.config, k) for k in tuned)
-        trials = (r.summary.get("trials") or {}).get(metric)
-        values = trials if trials is not None else [r.summary["metrics"][metric]]
-        groups[key][setting].extend(float(v) for v in values)
     cells = {}
-    for key, settings in groups.items():
+    for key, settings in group_values(records, per=per, tuned=tuned, metric=metric).items():
         scored = [(s, float(np.mean(v))) for s, v in settings.items() if np.all(np.isfinite(v))]
         if not scored:
             continue

@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dp_adam_bench.report.aggregate import Cell, get, select_cells
+from dp_adam_bench.report import aggregate
+from dp_adam_bench.report.aggregate import Cell, difference_se, get, select_cells
 from dp_adam_bench.report.common import Claim, incomplete_note, load_paper, markdown_table, write_table
 from dp_adam_bench.report.context import ReportContext
 from dp_adam_bench.report.expected import preset_runs
@@ -110,26 +111,14 @@ def initial_loss(records) -> tuple[float | None, float | None, int]:
 
 
 def standard_error(std: dict, n: dict, a, b) -> float | None:
-    """Standard error of mean[b] - mean[a] over seeds (``std``: the population std over the ``n`` seeds of a cell,
-    turned into the sample std); None when a cell has fewer than 2 seeds."""
-    na, nb = n.get(a) or 0, n.get(b) or 0
-    if na < 2 or nb < 2:
-        return None
-    var = [(std.get(k) or 0.0) ** 2 * m / (m - 1) for k, m in ((a, na), (b, nb))]
-    return math.sqrt(var[0] / na + var[1] / nb)
+    """Standard error of mean[b] - mean[a] of two cells over their seeds (:func:`aggregate.difference_se`)."""
+    return difference_se(std.get(a), n.get(a) or 0, std.get(b), n.get(b) or 0)
 
 
 def seeds_to_separate(std: dict, n: dict, a, b, d: float) -> int | None:
-    """Seeds per cell at which |d| would be 2 standard errors of the difference, from the seed spread seen here:
-    n > 8 s^2 / d^2 with s^2 the mean of the two cells' sample variances. None when a cell has < 2 seeds or
-    d = 0."""
-    na, nb = n.get(a) or 0, n.get(b) or 0
-    if na < 2 or nb < 2:
-        return None
-    s2 = ((std.get(a) or 0.0) ** 2 * na / (na - 1) + (std.get(b) or 0.0) ** 2 * nb / (nb - 1)) / 2
-    if d == 0:
-        return None  # no number of seeds separates equal means
-    return max(2, math.ceil(8 * s2 / d**2))
+    """Seeds per cell at which the difference ``d`` of cells a and b would be 2 standard errors
+    (:func:`aggregate.seeds_to_separate`)."""
+    return aggregate.seeds_to_separate(std.get(a), n.get(a) or 0, std.get(b), n.get(b) or 0, d)
 
 
 def _claims(

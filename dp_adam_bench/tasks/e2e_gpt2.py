@@ -292,7 +292,7 @@ class E2EGpt2(ModelTask):
         self.pretrain_summary: dict | None = None
         self.arch = {k: int(cfg.get(k, d)) for k, d in ARCH_DEFAULTS.items()}
         if self.pretrain_preset:
-            self.model_name, self.pretrained = self._from_pretrain_preset(cfg, model, pretrained)
+            self.model_name, self.pretrained = self._from_pretrain_preset(cfg, pretrained)
         else:
             self.model_name = str(model) if model else (PAPER_MODEL if self.profile == "paper" else None)
             self.pretrained = (self.profile == "paper") if pretrained is None else bool(pretrained)
@@ -406,14 +406,14 @@ class E2EGpt2(ModelTask):
         self.data_note = "; ".join(notes)
         log.info("e2e_gpt2: train %s, test %s; %s", self.train_source, self.test_source, self.data_note)
 
-    def _from_pretrain_preset(self, cfg, model, pretrained) -> tuple[str | None, bool]:
+    def _from_pretrain_preset(self, cfg, pretrained) -> tuple[str | None, bool]:
         """(model folder or None, pretrained) for ``task.pretrain``: the preset's architecture always (so the
         from-scratch control, ``task.pretrained=false``, is the same network); its weights, built once and cached
         by :func:`dp_adam_bench.pretrain.ensure`, when pretrained (the default)."""
         from dp_adam_bench import pretrain
         from dp_adam_bench.pretrain import gpt2_clm
 
-        del model  # task_spec refuses it beside task.pretrain
+        # task_spec refuses a task.model beside task.pretrain
         spec = pretrain.task_spec(
             cfg, "gpt2_clm", "E2E", "fine-tunes a GPT-2 (a gpt2_clm preset such as gpt2_arxiv)"
         )
