@@ -24,3 +24,9 @@ def runs_dir() -> Path:
 def shared_data_dir() -> Path:
     """The offline data folder (``DP_ADAM_BENCH_DATA`` overrides; default ``../shared/data`` beside the checkout)."""
     return Path(os.environ.get("DP_ADAM_BENCH_DATA", REPO_ROOT.parent / "shared" / "data"))
+
+
+def cache_dir() -> Path:
+    """Built artefacts that runs read: pretrained models, cached features (``DP_ADAM_BENCH_CACHE`` overrides;
+    default ``.cache/`` in the repository)."""
+    return Path(os.environ.get("DP_ADAM_BENCH_CACHE", REPO_ROOT / ".cache"))

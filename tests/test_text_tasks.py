@@ -611,3 +611,93 @@ def test_real_cpu_profile_arxiv_defaults():
     assert sum(p.numel() for p in model.parameters()) == 8_323_514  # 4.39M tied + the untied 3.9M decoder
     loss = task.loss_per_example(model.train(), task.get_batch(torch.arange(3)))
     assert loss.shape == (3,) and float(loss.detach().mean()) == pytest.approx(np.log(30522), abs=0.3)
+
+
+# --------------------------------------------------------------------------------------------- cached frozen layers
+
+
+def _trainable(model):
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def test_cached_frozen_layers_give_the_full_models_logits_and_per_example_grads(
+    fixtures, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("DP_ADAM_BENCH_CACHE", str(tmp_path / "cache"))
+    full_task = SnliBert(snli_cfg(fixtures, reinit_std=None), trials=1, seed=0)
+    cached_task = SnliBert(snli_cfg(fixtures, reinit_std=None, cache_frozen_prefix=True), trials=1, seed=0)
+    torch.manual_seed(3)
+    full = full_task.build_model()
+    torch.manual_seed(3)  # the same re-initialised head
+    head = cached_task.build_model()
+    assert [t.shape for t in _trainable(full)] == [t.shape for t in head.parameters()]
+    for a, b in zip(_trainable(full), head.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+    idx = torch.tensor([0, 5, 2, 9, 13, 7])
+    x, y = full_task.get_batch(idx), cached_task.get_batch(idx)
+    assert "input_ids" not in y and y["hidden_states"].shape[:2] == y["attention_mask"].shape
+    full.eval(), head.eval()  # dropout 0 in the fixture config anyway
+    torch.testing.assert_close(
+        cached_task.loss_per_example(head, y), full_task.loss_per_example(full, x), rtol=1e-5, atol=1e-6
+    )
+    # the oracle: per-example gradients of the trained part through the full model (loop over batches of one)
+    ref = build_engine("loop", full, full_task.loss_per_example).per_example_grads(x)
+    got = build_engine("loop", head, cached_task.loss_per_example).per_example_grads(y)
+    for r, g in zip(ref, got, strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-6)
+    # and the fast engines on the head agree with the loop (some examples clipped, some not)
+    _oracle_check(head, cached_task.loss_per_example, y, clip=_median_norm(head, cached_task, y))
+    assert cached_task.evaluate(head) == pytest.approx(full_task.evaluate(full), rel=1e-5)
+    assert "cached" in cached_task.data_note and "no dropout" in cached_task.data_note
+
+
+def test_frozen_layer_features_are_read_back_from_the_disk_cache(fixtures, tmp_path, monkeypatch):
+    from dp_adam_bench.tasks import frozen_prefix
+
+    monkeypatch.setenv("DP_ADAM_BENCH_CACHE", str(tmp_path / "cache"))
+    first = SnliBert(snli_cfg(fixtures, cache_frozen_prefix=True), trials=1, seed=0)
+    torch.manual_seed(0)
+    first.build_model()
+    files = sorted((tmp_path / "cache" / "snli_features").glob("*.npz"))
+    assert [f.name.split("-")[0] for f in files] == ["test", "train"]
+
+    def no_compute(*a, **k):
+        raise AssertionError("features computed again instead of read from the cache")
+
+    second = SnliBert(snli_cfg(fixtures, cache_frozen_prefix=True), trials=1, seed=0)
+    with monkeypatch.context() as m:
+        m.setattr(frozen_prefix, "prefix_features", no_compute)
+        second.build_model()
+    np.testing.assert_array_equal(second.train_features.flat, first.train_features.flat)
+    np.testing.assert_array_equal(second.test_features.offsets, first.test_features.offsets)
+    # other token ids (another subset) are another key, not a stale hit
+    other = SnliBert(snli_cfg(fixtures, cache_frozen_prefix=True, train_subset=10), trials=1, seed=0)
+    other.build_model()
+    assert len(list((tmp_path / "cache" / "snli_features").glob("train-*.npz"))) == 2
+    # an unreadable cache file is computed again, with a warning, and rewritten
+    for f in files:
+        f.write_bytes(b"not an npz")
+    third = SnliBert(snli_cfg(fixtures, cache_frozen_prefix=True), trials=1, seed=0)
+    with pytest.warns(UserWarning, match="ignoring unreadable feature cache"):
+        third.build_model()
+    np.testing.assert_array_equal(third.train_features.flat, first.train_features.flat)
+    with np.load(files[1]) as z:
+        np.testing.assert_array_equal(z["flat"], first.train_features.flat)
+
+
+def test_cache_frozen_prefix_needs_frozen_layers(fixtures):
+    with pytest.raises(ValueError, match="cache_frozen_prefix=true needs task.freeze_pretrained=true"):
+        SnliBert(snli_cfg(fixtures, cache_frozen_prefix=True, freeze_pretrained=False), trials=1, seed=0)
+
+
+def test_validation_subset_never_overlaps_the_reported_test_pairs(fixtures):
+    test = SnliBert(snli_cfg(fixtures, test_subset=8), trials=1, seed=0)
+    val = SnliBert(snli_cfg(fixtures, test_subset=8, validation_subset=6), trials=1, seed=0)
+    rows = {tuple(test.test_ids[i]) for i in range(test.test_size)}
+    assert val.test_size == 6 and not rows & {tuple(val.test_ids[i]) for i in range(val.test_size)}
+    assert "not on the reported test pairs" in val.data_note
+    with pytest.raises(ValueError, match="validation_subset needs task.test_subset"):
+        SnliBert(snli_cfg(fixtures, validation_subset=4), trials=1, seed=0)
+    with pytest.raises(ValueError, match=r"validation_subset must be in \[1, 13\]"):
+        SnliBert(snli_cfg(fixtures, test_subset=8, validation_subset=50), trials=1, seed=0)

@@ -199,3 +199,24 @@ def test_eval_at_start_logs_the_untrained_model_as_step_0(isolated_dirs):
     train(compose_cfg([*BASE, "train.eval_at_start=true"]))
     rows = [json.loads(x) for x in (folder_of(isolated_dirs) / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["step"] == 0 and "test_loss" in rows[0]
+
+
+def test_model_runs_give_freed_host_memory_back_every_few_steps(isolated_dirs, monkeypatch):
+    # Poisson batches of varying size fragment glibc's heap (docs/pitfalls.md): the loop trims it every TRIM_EVERY
+    from dp_adam_bench.engine import memory
+
+    calls = []
+    monkeypatch.setattr(memory, "release_free_memory", lambda: calls.append(1) or True)
+    monkeypatch.setattr(memory, "TRIM_EVERY", 3)
+    train(compose_cfg(tiny_poisson("trim", 10)))
+    assert len(calls) == 3  # steps 3, 6, 9
+
+
+def test_malloc_trim_is_found_on_glibc():
+    import platform
+
+    from dp_adam_bench.engine import memory
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("malloc_trim is a glibc function")
+    assert memory.release_free_memory() is True

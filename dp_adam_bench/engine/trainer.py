@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from dp_adam_bench.engine import checkpoint as ckpt
-from dp_adam_bench.engine import distributed
+from dp_adam_bench.engine import distributed, memory
 from dp_adam_bench.engine.backends import ModelBackend, VectorBackend
 from dp_adam_bench.engine.diagnostics import Diagnostics
 from dp_adam_bench.engine.plan import PrivacyPlan, build_plan
@@ -213,6 +213,8 @@ def _train(r: Run, folder: Path, log_metrics, t0: float) -> dict:
     while not session.done:
         result = session.step()
         step = result.step
+        if model_task and step % memory.TRIM_EVERY == 0:
+            memory.release_free_memory()
         metrics = dict(result.diagnostics)
         final_step = step == plan.steps
         logged = step % every_log == 0 or final_step

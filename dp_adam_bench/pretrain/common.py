@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from pathlib import Path
 
 from dp_adam_bench.errors import ConfigError
-from dp_adam_bench.paths import CONFIG_DIR, REPO_ROOT
+from dp_adam_bench.paths import CONFIG_DIR, cache_dir  # noqa: F401 - cache_dir is re-exported
 
 PRESET_DIR = CONFIG_DIR / "pretrain"
 CHECKPOINT = "checkpoint.pt"
@@ -22,11 +21,6 @@ KINDS = ("gpt2_clm", "bert_mlm_head")
 
 class Interrupted(RuntimeError):
     """Raised by a trainer with ``stop_after``: the build stopped after a checkpoint (how tests kill a build)."""
-
-
-def cache_dir() -> Path:
-    """Built artefacts that runs read (``DP_ADAM_BENCH_CACHE`` overrides; default ``.cache/`` in the repository)."""
-    return Path(os.environ.get("DP_ADAM_BENCH_CACHE", REPO_ROOT / ".cache"))
 
 
 def check_numbers(spec: dict, positive: tuple, nonneg: tuple, positive_floats: tuple, unit: tuple) -> None:

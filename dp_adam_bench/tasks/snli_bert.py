@@ -50,8 +50,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from dp_adam_bench import progress
-from dp_adam_bench.paths import shared_data_dir
-from dp_adam_bench.tasks import text
+from dp_adam_bench.paths import cache_dir, shared_data_dir
+from dp_adam_bench.tasks import frozen_prefix, text
 from dp_adam_bench.tasks.base import (
     ModelTask,
     data_folders,
@@ -197,6 +197,23 @@ def default_model(profile: str) -> str:
     )
 
 
+def validation_indices(n: int, test: np.ndarray | None, k, rng: np.random.Generator) -> np.ndarray:
+    """``k`` indices (sorted) of the ``n`` eval-split pairs that are NOT in the ``test`` subset: what pilots score
+    on, so that a setting is never chosen on the pairs a table reports."""
+    if test is None:
+        raise ValueError(
+            "task.validation_subset needs task.test_subset (the reported pairs it must avoid); with test_subset "
+            "null every eval-split pair is a test pair"
+        )
+    rest = np.setdiff1d(np.arange(n), test)
+    k = int(k)
+    if not 1 <= k <= len(rest):
+        raise ValueError(
+            f"task.validation_subset must be in [1, {len(rest)}] (pairs outside test_subset), got {k}"
+        )
+    return np.sort(rng.choice(rest, size=k, replace=False))
+
+
 class SnliBert(ModelTask):
     """SNLI with a BERT-family encoder (last block + pooler + classifier re-initialised): data, model, loss, metrics.
 
@@ -204,8 +221,10 @@ class SnliBert(ModelTask):
     ``pretrained`` (load the weights; false = random init from the config, for tests); ``source`` (auto | local |
     hf), ``data_dir``, ``hf_name``; ``train_split`` (null = dev for cpu, train for paper) and ``eval_split``;
     ``max_length``; ``pad_to`` (max_length | longest); ``train_subset`` / ``test_subset`` (seeded with
-    ``data_seed``); ``eval_batch_size``; ``reinit_last_layer``, ``reinit_std`` (null = the config's
-    initializer_range); ``freeze_pretrained``; ``dropout`` (null = the checkpoint's).
+    ``data_seed``); ``validation_subset`` (score on that many eval-split pairs outside ``test_subset``: pilots);
+    ``eval_batch_size``; ``reinit_last_layer``, ``reinit_std`` (null = the config's initializer_range);
+    ``freeze_pretrained``; ``cache_frozen_prefix`` (train the head on the frozen layers' cached outputs,
+    :mod:`~dp_adam_bench.tasks.frozen_prefix`); ``dropout`` (null = the checkpoint's).
     """
 
     name = "snli_bert"
@@ -229,7 +248,15 @@ class SnliBert(ModelTask):
         std = cfg.get("reinit_std", 1.0)
         self.reinit_std = None if std is None else float(std)
         self.freeze_pretrained = bool(cfg.get("freeze_pretrained", True))
+        self.cache_frozen_prefix = bool(cfg.get("cache_frozen_prefix", False))
+        if self.cache_frozen_prefix and not self.freeze_pretrained:
+            raise ValueError(
+                "task.cache_frozen_prefix=true needs task.freeze_pretrained=true (only frozen layers can be cached); "
+                "got freeze_pretrained=false"
+            )
         self.dropout = cfg.get("dropout")
+        self.train_features: text.Ragged | None = None  # cache_frozen_prefix: the frozen layers' outputs
+        self.test_features: text.Ragged | None = None
 
         train_split = str(cfg.get("train_split") or ("dev" if self.profile == "cpu" else "train"))
         eval_split = str(cfg.get("eval_split") or "test")
@@ -242,6 +269,10 @@ class SnliBert(ModelTask):
         rng = np.random.default_rng(int(cfg.get("data_seed", 0)))
         tr = subset_indices(len(train.labels), cfg.get("train_subset"), rng, "train_subset")
         te = subset_indices(len(test.labels), cfg.get("test_subset"), rng, "test_subset")
+        self.scored_on = eval_split
+        if cfg.get("validation_subset") is not None:
+            te = validation_indices(len(test.labels), te, cfg.get("validation_subset"), rng)
+            self.scored_on = f"{eval_split} pairs outside the test subset (validation_subset)"
 
         self.tokenizer = text.load_tokenizer(self.model_name, hint=MODEL_HINT)
         self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
@@ -261,10 +292,17 @@ class SnliBert(ModelTask):
                 "it was contrastively fine-tuned on sentence pairs that include SNLI/MultiNLI train data, so it "
                 "starts stronger than BERT-base: compare orderings, not accuracies"
             )
+        if self.cache_frozen_prefix:
+            notes.append(
+                "the frozen layers' outputs are computed once (eval mode) and cached, so they apply no dropout; "
+                "the trained last block and classifier keep theirs (the authors' frozen layers run in train mode)"
+            )
         if "tok.tsv" in self.train_source:
             notes.append(
                 "sentences are InferSent-tokenized text (punctuation split off), fed as-is to WordPiece"
             )
+        if self.scored_on != eval_split:
+            notes.append(f"scored on {self.test_size} SNLI {self.scored_on}, not on the reported test pairs")
         self.data_note = "; ".join(notes) if notes else f"SNLI {train_split} / {eval_split} as in the paper"
         log.info("snli_bert: train %s, eval %s; %s", self.train_source, self.test_source, self.data_note)
 
@@ -313,7 +351,41 @@ class SnliBert(ModelTask):
                 for p in m.parameters():
                     p.requires_grad_(True)
         text.prepare_bert_for_dp(model)
-        return model
+        if not self.cache_frozen_prefix:
+            return model
+        if self.train_features is None:
+            self._cache_features(model)
+        return frozen_prefix.LastBlockClassifier(model)
+
+    def _cache_features(self, model: nn.Module) -> None:
+        """The frozen layers' outputs for every training and test pair (once per task: they never change)."""
+
+        def features(ids, seg, what):
+            key = None
+            if self.pretrained:  # a random init depends on the seed: nothing to share between runs
+                key = frozen_prefix.cache_key(self.model_name, model.config, ids, seg, self.max_length)
+            path = None if key is None else cache_dir() / "snli_features" / f"{what}-{key}.npz"
+            return frozen_prefix.load_or_compute(
+                path,
+                lambda: frozen_prefix.prefix_features(
+                    model,
+                    ids,
+                    seg,
+                    pad_id=self.pad_id,
+                    max_length=self.max_length,
+                    batch_size=self.eval_batch_size,
+                    iterate=lambda it: progress.iterate(it, desc=f"frozen layers ({what})"),
+                ),
+            )
+
+        self.train_features = features(self.train_ids, self.train_seg, "train")
+        self.test_features = features(self.test_ids, self.test_seg, "test")
+        log.info(
+            "snli_bert: cached the frozen layers' outputs of %d + %d pairs (%.0f MB)",
+            self.dataset_size,
+            self.test_size,
+            (self.train_features.flat.nbytes + self.test_features.flat.nbytes) / 2**20,
+        )
 
     @staticmethod
     def head_modules(model: nn.Module) -> list[nn.Module]:
@@ -337,13 +409,26 @@ class SnliBert(ModelTask):
             segment_a=seg[idx],
         )
 
+    def _feature_batch(self, features: text.Ragged, idx) -> dict[str, torch.Tensor]:
+        if features is None:
+            raise RuntimeError(
+                "task.cache_frozen_prefix=true: build_model() computes the features; call it first"
+            )
+        idx = np.asarray(torch.as_tensor(idx, dtype=torch.long).cpu().numpy()).reshape(-1)
+        return frozen_prefix.pad_features([features[int(i)] for i in idx])
+
     def get_batch(self, indices) -> dict[str, torch.Tensor]:
-        batch = self._batch(self.train_ids, self.train_seg, indices, self.pad_to)
+        if self.cache_frozen_prefix:
+            batch = self._feature_batch(self.train_features, indices)
+        else:
+            batch = self._batch(self.train_ids, self.train_seg, indices, self.pad_to)
         batch["labels"] = self.y_train[torch.as_tensor(indices, dtype=torch.long).cpu()]
         return batch
 
     @staticmethod
     def logits(forward: Callable[..., torch.Tensor], batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        if "hidden_states" in batch:  # cache_frozen_prefix: the head on the frozen layers' outputs
+            return forward(hidden_states=batch["hidden_states"], attention_mask=batch["attention_mask"])
         out = forward(
             **text.bert_inputs(batch),
         )
@@ -363,9 +448,11 @@ class SnliBert(ModelTask):
         order = np.argsort(self.test_ids.lengths(), kind="stable")
         for start in progress.iterate(range(0, self.test_size, self.eval_batch_size), desc="evaluate"):
             idx = order[start : start + self.eval_batch_size]
-            batch = {
-                k: v.to(device) for k, v in self._batch(self.test_ids, self.test_seg, idx, "longest").items()
-            }
+            if self.cache_frozen_prefix:
+                batch = self._feature_batch(self.test_features, idx)
+            else:
+                batch = self._batch(self.test_ids, self.test_seg, idx, "longest")
+            batch = {k: v.to(device) for k, v in batch.items()}
             y = self.y_test[idx].to(device)
             logits = self.logits(model, batch).float()
             loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
