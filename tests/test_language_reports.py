@@ -176,6 +176,11 @@ def test_pilots_report_chooses_per_group_and_checks_the_grid_edges(isolated_dirs
     assert "optimizer=adam, noise=none: the chosen optimizer.lr is inside its grid: **holds**" in md
     assert "optimizer=sgd, noise=none: the chosen optimizer.lr is inside its grid: **does not hold**" in md
     assert "make reproduce-table TABLE=ganesh_fig3_pilots PROFILE=cpu" in md
+    assert "`ganesh_fig3` uses the chosen values" in md
+    # pilots shared by two tables name both
+    pilots.build(ReportContext(), "ganesh_fig3_pilots", ("ganesh_fig3", "ganesh_figs4_6"), "on the val split")
+    md = (isolated_dirs / "results" / "ganesh_fig3_pilots.md").read_text()
+    assert "`ganesh_fig3` and `ganesh_figs4_6` use the chosen values" in md
 
 
 def test_ganesh_figs4_6_from_the_same_runs(g3_store):
@@ -288,21 +293,30 @@ def test_tang_fig3_sorts_runs_into_ablations(isolated_dirs):
     acc = {None: 50.0, 1e-7: 45.0, 1e-9: 48.0}
     for phi, a in acc.items():
         write_run(root, exp, f"phi-{phi}", snli_cfg("adambc", 0, phi=phi), {"metrics": {"test_accuracy": a}})
-    for g, a in ((1e-7, 47.0), (1e-11, 49.0)):
+    for g, a in ((1e-7, 45.0), (1e-11, 49.0)):
         write_run(root, exp, f"g-{g}", snli_cfg("adambc", 0, gamma=g), {"metrics": {"test_accuracy": a}})
+    for g, a in ((1e-6, 43.0), (1e-8, 42.5), (1e-10, 42.0)):  # default betas: gamma points only
+        write_run(root, exp, f"gb-{g}", snli_cfg("adam", 0, eps=g), {"metrics": {"test_accuracy": a}})
     for b2, b1, a in ((0.9, 0.6838, 40.0), (0.99, 0.9, 44.0), (0.999, 0.9684, 42.0)):
         write_run(
             root, exp, f"b-{b2}", snli_cfg("adam", 0, beta1=b1, beta2=b2), {"metrics": {"test_accuracy": a}}
         )
     tang_fig3.build(ReportContext(), "snli")
     df = pd.read_csv(isolated_dirs / "results" / "tang_fig3_snli.csv")
-    assert set(df.ablation) == {"phi", "gamma_bc", "beta"}
+    assert set(df.ablation) == {"phi", "gamma_bc", "gamma_biased", "beta"}
+    assert len(df[df.ablation == "gamma_biased"]) == 3
     assert len(df[df.ablation == "phi"]) == 3 and len(df[df.ablation == "gamma_bc"]) == 3
     md = (isolated_dirs / "results" / "tang_fig3_snli.md").read_text()
     assert (
         "subtracting more than the true Phi hurts: accuracy(true Phi) > accuracy(Phi' > Phi): **holds**" in md
     )
     assert "DP-Adam-Biased: beta2 = 0.99 is the best of the beta sweep: **holds**" in md
+    assert (
+        "spread over the gamma' grid > spread over the gamma grid: **holds** (5.00 (45.00-50.00) vs 1.00"
+        in md
+    )
+    assert "DP-AdamBC (true Phi) > DP-Adam-Biased at the best of its gamma: **holds** (50.00 vs 43.00)" in md
+    assert "DP-AdamBC (true Phi) > DP-Adam-Biased at the best of its betas: **holds** (50.00 vs 44.00)" in md
 
 
 # ---------------------------------------------------------------------------------------------- li_e2e

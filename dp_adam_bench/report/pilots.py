@@ -28,10 +28,12 @@ def _group_label(per: list[str], key: tuple) -> str:
     return ", ".join(f"{k.split('.')[-1]}={v}" for k, v in zip(per, key, strict=True))
 
 
-def build(ctx: ReportContext | None, preset: str, table: str, scored_on: str) -> list[Path]:
-    """Write ``results/<preset>.{csv,md}`` from the runs of the pilot preset ``preset``, whose choices the table
-    ``table`` uses; ``scored_on`` says what the metric was measured on (printed in the setting)."""
+def build(ctx: ReportContext | None, preset: str, table: str | tuple[str, ...], scored_on: str) -> list[Path]:
+    """Write ``results/<preset>.{csv,md}`` from the runs of the pilot preset ``preset``, whose choices the table(s)
+    ``table`` use; ``scored_on`` says what the metric was measured on (printed in the setting)."""
     ctx = ctx or ReportContext()
+    tables = (table,) if isinstance(table, str) else tuple(table)
+    named = " and ".join(f"`{t}`" for t in tables)
     command = f"make reproduce-table TABLE={preset} PROFILE={ctx.profile}"
     runs = preset_runs(ctx, preset)
     if not runs.complete:
@@ -78,15 +80,16 @@ def build(ctx: ReportContext | None, preset: str, table: str, scored_on: str) ->
         *incomplete_note(runs.incomplete),
     ]
     setting = (
-        f"the pilots of `{table}` (preset `{preset}`, profile {ctx.profile}): {sel.metric} {scored_on}, "
+        f"the pilots of {named} (preset `{preset}`, profile {ctx.profile}): {sel.metric} {scored_on}, "
         f"{'/'.join(map(str, n_seeds))} seed(s) per value; chosen = the best mean ({sel.mode}) per "
-        f"{', '.join(per)}. `{table}` uses the chosen values (its preset says so and where they apply)."
+        f"{', '.join(per)}. {named} use{'s' if len(tables) == 1 else ''} the chosen values (each preset says so "
+        "and where they apply)."
     )
     return write_table(
         preset,
         df,
         out=ctx.out,
-        title=f"Learning-rate pilots of {table}",
+        title=f"Learning-rate pilots of {' and '.join(tables)}",
         command=command,
         setting=setting,
         claims=claims,
