@@ -468,3 +468,26 @@ def test_tang_fig1_snli_checks_the_snli_orderings(isolated_dirs):
     assert (
         "DP-Adam-Biased > DP-SGD: **holds**" in md and "DP-SGD >= DP-AdamBC" not in md
     )  # that is CIFAR-10's
+    assert "WITHIN SEED NOISE" not in md and "indistinguishable" not in md
+
+
+def test_tang_fig1_says_when_every_ordering_is_within_seed_noise(isolated_dirs):
+    from dp_adam_bench.report import tang_fig1
+
+    for opt, acc in (("sgd", 69.0), ("adam", 69.3), ("adambc", 68.7)):
+        for seed in (0, 1):  # +-0.5 around acc: a standard error of 0.71 for each difference
+            write_run(
+                isolated_dirs / "runs",
+                "tang_fig1_snli_cpu",
+                f"{opt}-{seed}",
+                snli_cfg(opt, seed) | {"train": {"batch_size": 64, "clipping": "bk"}},
+                {"metrics": {"test_accuracy": acc + seed - 0.5}, "steps": 100, "epsilon": {"rdp": 7.0}},
+                metrics=[{"step": 100, "test_accuracy": acc + seed - 0.5}],
+            )
+    tang_fig1.build(ReportContext(), "snli")
+    md = (isolated_dirs / "results" / "tang_fig1_snli.md").read_text()
+    # 69.3 - 69.0 = 0.3 points at a spread of 0.71 per seed: 8 * 0.5 / 0.09 = 44.4 -> 45 seeds a cell
+    assert "DP-Adam-Biased > DP-SGD: **holds** (69.30 vs 69.00 %, margin +0.30 points, +0.4 standard" in md
+    assert "WITHIN SEED NOISE (< 2 SE, ~45 seeds a cell would separate it)" in md
+    assert "DP-AdamBC > DP-Adam-Biased: **does not hold**" in md
+    assert "at this budget the optimizers are indistinguishable" in md
