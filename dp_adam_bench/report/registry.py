@@ -153,7 +153,7 @@ _TABLES: tuple[tuple[str, ReportSpec], ...] = (
             _in("tang_fig3"),
             "Tang & Lecuyer Fig. 3 (SNLI)",
             "ablations: Phi' subtracted, gamma', gamma, beta",
-            "~20 min (11 runs, LAUNCHER=joblib)",
+            "~22 min (11 runs, LAUNCHER=joblib)",
             experiment="tang_fig3_snli",
             runtime_paper="11+ GPU runs of 5,474 steps",
             args=("snli",),
