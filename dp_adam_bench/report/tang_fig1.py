@@ -60,7 +60,7 @@ def _effective_sgd_note(runs) -> list[str]:
         return []
     a = by["adam"]
     phi = (float(a["privacy"]["sigma"]) * float(a["privacy"]["clip"]) / float(a["train"]["batch_size"])) ** 2
-    eff = float(a["optimizer"]["lr"]) / (math.sqrt(phi) + float(a["optimizer"]["eps"]))
+    eff = float(a["optimizer"]["lr"]) / (math.sqrt(phi) + float(a["optimizer"].get("eps") or 0.0))
     return [
         f"Where the private second moment sits at the noise bias (v^p ~ Phi = {phi:.4g}, see tang_table1 for SNLI), "
         f"DP-Adam-Biased's update is ~ eta m^ / (sqrt(Phi) + gamma): DP-SGD with an EMA momentum at an effective "
