@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dp_adam_bench import hub
+from dp_adam_bench.files import write_atomic
 from dp_adam_bench.paths import shared_data_dir
 from dp_adam_bench.registry import Registry
 
@@ -140,20 +141,6 @@ def hub_dataset(name: str, **kw):
 
 
 # --------------------------------------------------------------------------------------------- writers
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write through a temporary file in the same folder, so a failed run never leaves half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def gzip_bytes(data: bytes) -> bytes:

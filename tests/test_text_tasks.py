@@ -701,3 +701,12 @@ def test_validation_subset_never_overlaps_the_reported_test_pairs(fixtures):
         SnliBert(snli_cfg(fixtures, validation_subset=4), trials=1, seed=0)
     with pytest.raises(ValueError, match=r"validation_subset must be in \[1, 13\]"):
         SnliBert(snli_cfg(fixtures, test_subset=8, validation_subset=50), trials=1, seed=0)
+    for bad in (float("nan"), 2.5, "abc", True):
+        with pytest.raises(
+            ValueError, match=r"task.validation_subset must be an integer in \[1, 13\] or null"
+        ):
+            SnliBert(snli_cfg(fixtures, test_subset=8, validation_subset=bad), trials=1, seed=0)
+    with pytest.raises(
+        ValueError, match=r"task.test_subset must be an integer in \[1, 21\] or null, got nan"
+    ):
+        SnliBert(snli_cfg(fixtures, test_subset=float("nan")), trials=1, seed=0)

@@ -14,7 +14,7 @@ import ctypes
 import ctypes.util
 import functools
 
-#: model-task steps between two trims (every step costs ~25 % of a MiniLM head step; every 10th, ~9 %)
+#: CPU model-task steps between two trims (every step costs ~25 % of a MiniLM head step; every 10th, ~9 %)
 TRIM_EVERY = 10
 
 

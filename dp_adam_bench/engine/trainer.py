@@ -197,6 +197,8 @@ def _train(r: Run, folder: Path, log_metrics, t0: float) -> dict:
     every_eval = int(cfg.train.get("eval_every") or 0)
     stop_after = cfg.train.get("stop_after")  # test hook: simulate a kill after this many steps
     clip = session.clip
+    # CPU model steps allocate their activations on the host heap (engine/memory.py); on a GPU they do not
+    trim_heap = model_task and torch.device(backend.device).type == "cpu"
     # the untrained model (Ganesh Fig. 3 "no fine-tuning")
     if start == 0 and cfg.train.get("eval_at_start") and ddp.is_main:
         log_metrics(0, backend.evaluate(final=False))
@@ -213,7 +215,7 @@ def _train(r: Run, folder: Path, log_metrics, t0: float) -> dict:
     while not session.done:
         result = session.step()
         step = result.step
-        if model_task and step % memory.TRIM_EVERY == 0:
+        if trim_heap and step % memory.TRIM_EVERY == 0:
             memory.release_free_memory()
         metrics = dict(result.diagnostics)
         final_step = step == plan.steps

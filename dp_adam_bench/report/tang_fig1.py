@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from dp_adam_bench.report.aggregate import difference_se, seeds_to_separate
 from dp_adam_bench.report.common import Claim, incomplete_note, load_paper, save_figure, write_table
 from dp_adam_bench.report.context import ReportContext
 from dp_adam_bench.report.expected import preset_runs
@@ -109,28 +110,22 @@ def build(ctx: ReportContext, dataset: str) -> list[Path]:
     df = pd.DataFrame(rows)
     df["ours_minus_paper"] = df["ours"] - df["paper"]
 
-    def stat(opt):
-        a = finals.get(opt) or []
-        return (
-            (float(np.mean(a)), float(np.std(a, ddof=1)) / math.sqrt(len(a)) if len(a) > 1 else 0.0)
-            if a
-            else (None, None)
-        )
-
     claims, within_noise = [], []
     for better, worse, text, strict in CLAIMS[dataset]:
-        (mb, sb), (mw, sw) = stat(better), stat(worse)
-        if mb is None or mw is None:
+        b, w = finals.get(better) or [], finals.get(worse) or []
+        if not b or not w:
             continue
+        mb, mw = float(np.mean(b)), float(np.mean(w))
         margin = mb - mw
-        se = math.hypot(sb, sw)
+        # population stds, as aggregate's Cell keeps them (its helpers turn them into sample variances)
+        spread = (float(np.std(w)), len(w), float(np.std(b)), len(b))
+        se = difference_se(*spread) or 0.0  # 0: a cell with one seed, no standard error
         holds = margin > 0 if strict else margin >= 0
-        nb, nw = len(finals[better]), len(finals[worse])
+        nb, nw = len(b), len(w)
         noise = ""
         if se and abs(margin) < 2 * se:
             within_noise.append(text)
-            # seeds per cell at which this margin would be 2 SE at the spread seen (s^2: mean sample variance)
-            need = math.ceil(8 * (sb**2 * nb + sw**2 * nw) / 2 / margin**2) if margin else None
+            need = seeds_to_separate(*spread, margin)
             noise = (
                 f"; WITHIN SEED NOISE (< 2 SE{f', ~{need} seeds a cell would separate it' if need else ''})"
             )

@@ -50,13 +50,21 @@ class ModelTask(ABC):
     def evaluate(self, model: nn.Module) -> dict[str, float]: ...
 
 
+def count_field(k, what: str, n: int) -> int:
+    """``task.<what>`` as an integer in [1, n], or a ValueError naming the field (NaN, 2.5, "abc" and true included)."""
+    if isinstance(k, bool) or not isinstance(k, (int, float, np.integer)) or not float(k).is_integer():
+        raise ValueError(f"task.{what} must be an integer in [1, {n}] or null, got {k!r}")
+    k = int(k)
+    if not 1 <= k <= n:
+        raise ValueError(f"task.{what} must be in [1, {n}] or null, got {k}")
+    return k
+
+
 def subset_indices(n: int, k, rng: np.random.Generator, what: str) -> np.ndarray | None:
     """``k`` of ``n`` indices without replacement (sorted), or None for ``k`` null."""
     if k is None:
         return None
-    k = int(k)
-    if not 1 <= k <= n:
-        raise ValueError(f"task.{what} must be in [1, {n}] or null, got {k}")
+    k = count_field(k, what, n)
     return np.sort(rng.choice(n, size=k, replace=False))
 
 

@@ -33,7 +33,6 @@ import logging
 import os
 import pickle
 import tarfile
-import tempfile
 import warnings
 import zlib
 from collections.abc import Callable
@@ -45,6 +44,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from dp_adam_bench import progress
+from dp_adam_bench.files import write_atomic
 from dp_adam_bench.paths import shared_data_dir
 from dp_adam_bench.tasks.base import ModelTask, missing_data, subset_indices, try_hub
 
@@ -266,23 +266,17 @@ def _read_cache(path: Path) -> Arrays | None:
 
 def _write_cache(path: Path, arrays: Arrays, archive: Path) -> bool:
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez_compressed(
-                    f,
-                    x_train=arrays[0],
-                    y_train=arrays[1],
-                    x_test=arrays[2],
-                    y_test=arrays[3],
-                    archive=np.array(str(archive)),
-                )
-            os.chmod(tmp, 0o644)  # mkstemp creates 0600; the cache holds public data
-            os.replace(tmp, path)  # atomic: concurrent runs never read a half-written cache
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+        write_atomic(
+            path,
+            lambda f: np.savez_compressed(
+                f,
+                x_train=arrays[0],
+                y_train=arrays[1],
+                x_test=arrays[2],
+                y_test=arrays[3],
+                archive=np.array(str(archive)),
+            ),
+        )
         return True
     except OSError as e:
         warnings.warn(f"could not write the CIFAR-10 cache {path} ({e}); continuing without it", stacklevel=3)

@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
-import tempfile
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -34,6 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from dp_adam_bench.files import write_atomic
 from dp_adam_bench.tasks import text
 
 log = logging.getLogger(__name__)
@@ -172,16 +171,7 @@ def load_or_compute(path: Path | None, compute: Callable[[], text.Ragged]) -> te
     if path is None:
         return feats
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, flat=feats.flat, offsets=feats.offsets)
-            os.chmod(tmp, 0o644)  # mkstemp creates 0600; the features are of public data
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+        write_atomic(path, lambda f: np.savez(f, flat=feats.flat, offsets=feats.offsets))
     except OSError as e:
         warnings.warn(f"could not write the feature cache {path} ({e}); continuing without it", stacklevel=2)
     return feats

@@ -54,6 +54,7 @@ from dp_adam_bench.paths import cache_dir, shared_data_dir
 from dp_adam_bench.tasks import frozen_prefix, text
 from dp_adam_bench.tasks.base import (
     ModelTask,
+    count_field,
     data_folders,
     missing_data,
     subset_indices,
@@ -205,12 +206,8 @@ def validation_indices(n: int, test: np.ndarray | None, k, rng: np.random.Genera
             "task.validation_subset needs task.test_subset (the reported pairs it must avoid); with test_subset "
             "null every eval-split pair is a test pair"
         )
-    rest = np.setdiff1d(np.arange(n), test)
-    k = int(k)
-    if not 1 <= k <= len(rest):
-        raise ValueError(
-            f"task.validation_subset must be in [1, {len(rest)}] (pairs outside test_subset), got {k}"
-        )
+    rest = np.setdiff1d(np.arange(n), test)  # the pairs outside test_subset
+    k = count_field(k, "validation_subset", len(rest))
     return np.sort(rng.choice(rest, size=k, replace=False))
 
 
