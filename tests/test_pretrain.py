@@ -10,6 +10,7 @@ from safetensors.torch import load_file
 from dp_adam_bench import pretrain
 from dp_adam_bench.errors import ConfigError
 from dp_adam_bench.paths import shared_data_dir
+from dp_adam_bench.tasks.compact_vocab import CompactTokenizer, load_tokenizer
 
 from helpers import first_abstracts
 
@@ -57,12 +58,13 @@ def test_builds_once_and_loads_with_from_pretrained(cache):
     model_dir = pretrain.ensure(spec)
     summary = json.loads((model_dir.parent / pretrain.SUMMARY).read_text())
     assert summary["status"] == "complete" and summary["tokens_seen"] == 6 * 4 * 16
-    assert 0 < summary["val_loss"] < 11.5  # ln(50257) = 10.8 at random; finite
+    assert 0 < summary["val_loss"] < 9.5  # ln(8192) = 9.0 at random; finite
     assert not (model_dir.parent / pretrain.CHECKPOINT).exists()
     rows = [json.loads(r) for r in (model_dir.parent / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "train_loss" in r] == [1, 2, 3, 4, 5, 6]
     lm = GPT2LMHeadModel.from_pretrained(str(model_dir))
-    assert lm.config.n_layer == 1 and lm.config.vocab_size == 50257
+    assert lm.config.n_layer == 1 and lm.config.vocab_size == 8192  # the preset's compact vocabulary
+    assert load_tokenizer(model_dir).vocab.gpt2_ids[-1] == 50256  # saved beside the weights
     assert lm.lm_head.weight is lm.transformer.wte.weight  # tied, as GPT-2
     mtime = (model_dir / "model.safetensors").stat().st_mtime_ns
     assert pretrain.ensure(pretrain.load_spec("gpt2_arxiv", over)) == model_dir  # cached: not trained again
@@ -114,6 +116,8 @@ def test_a_corrupt_checkpoint_is_named(cache):
         ({"warmup_steps": 6}, "warmup_steps=6 must be < steps=6"),
         ({"nlayers": 2}, "unknown key 'nlayers'; valid: "),
         ({"weight_decay": float("nan")}, "weight_decay must be in \\[0, 1\\], got nan"),
+        ({"vocab_size": 256}, "vocab_size must be null .* or an integer >= 512"),
+        ({"vocab_size": "8k"}, "vocab_size must be null"),
     ],
 )
 def test_bad_presets_are_refused_naming_the_value(over, match):
@@ -155,6 +159,13 @@ def test_e2e_task_fine_tunes_the_pretrained_model_or_its_architecture_from_scrat
     sm = scratch.build_model()
     assert sm.lm.config.n_layer == 1 and sm.lm.config.n_embd == 16  # the preset's architecture
     assert not torch.equal(sm.lm.transformer.wte.weight, wte)
+    # the preset's compact vocabulary (vocab_size), chosen by the build: the control has the same one
+    for t, m in ((task, model), (scratch, sm)):
+        assert isinstance(t.tokenizer, CompactTokenizer) and len(t.tokenizer) == 8192
+        assert m.lm.config.vocab_size == 8192 and t.eos_id == 8191
+    assert scratch.tokenizer.vocab.gpt2_ids == task.tokenizer.vocab.gpt2_ids
+    mr = task.test_mrs[0]
+    assert task.tokenizer.decode(task.test_mr_ids[0], clean_up_tokenization_spaces=False) == " " + mr
 
     mlm = OmegaConf.create(OmegaConf.to_container(base))
     mlm.pretrain, mlm.pretrain_overrides = "minilm_mlm_head", {}

@@ -46,6 +46,12 @@ def check_spec(spec: dict) -> dict:
         raise ConfigError(
             f"pretrain {name}: block_size={spec['block_size']} > n_positions={spec['n_positions']}"
         )
+    v = spec.get("vocab_size")
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 512):
+        raise ConfigError(
+            f"pretrain {name}: vocab_size must be null (GPT-2's 50,257 tokens) or an integer >= 512 (the byte tokens "
+            f"and the most frequent merges), got {v!r}"
+        )
     if spec["warmup_steps"] >= spec["steps"]:
         raise ConfigError(
             f"pretrain {name}: warmup_steps={spec['warmup_steps']} must be < steps={spec['steps']}"
@@ -65,20 +71,33 @@ def tokenizer_path(spec: dict) -> str:
     return str(spec.get("tokenizer") or shared_data_dir() / "gpt2_tokenizer")
 
 
-def token_blocks(spec: dict, tokenizer) -> tuple[torch.Tensor, torch.Tensor, str]:
-    """(train blocks, validation blocks, data origin): the abstracts of each split, each followed by eos, packed
-    into rows of ``block_size`` tokens (the incomplete last block dropped)."""
+def token_blocks(spec: dict, tokenizer) -> tuple[torch.Tensor, torch.Tensor, str, object]:
+    """(train blocks, validation blocks, data origin, tokenizer): the abstracts of each split, each followed by
+    eos, packed into rows of ``block_size`` tokens (the incomplete last block dropped). With ``vocab_size``, the
+    tokenizer returned is a :class:`~dp_adam_bench.tasks.compact_vocab.CompactTokenizer` whose vocabulary is chosen
+    from the train split's GPT-2 token counts, and the blocks hold its ids."""
     from dp_adam_bench.tasks.arxiv_data import assign_splits, load_abstracts
+    from dp_adam_bench.tasks.compact_vocab import CompactTokenizer, CompactVocab
 
     keys, texts, origin = load_abstracts(spec.get("source") or "auto", spec.get("data_dir"))
     split = assign_splits(
         keys, int(spec["split_seed"]), float(spec["val_fraction"]), float(spec["test_fraction"])
     )
+    ids_of = [
+        tokenizer(
+            [" " + t.strip() for t, s in zip(texts, split, strict=True) if s == code],
+            add_special_tokens=False,
+        )["input_ids"]
+        for code in (0, 1)  # train, val
+    ]
+    if spec.get("vocab_size") is not None:
+        vocab = CompactVocab.from_corpus(tokenizer, ids_of[0], spec["vocab_size"])
+        tokenizer = CompactTokenizer(tokenizer, vocab)
+        tokenizer.source = f"{vocab_size_note(spec)}, {origin}"
+        ids_of = [[vocab.to_compact(row) for row in ids] for ids in ids_of]
     eos = int(tokenizer.eos_token_id)
     out = []
-    for code in (0, 1):  # train, val
-        chosen = [" " + t.strip() for t, s in zip(texts, split, strict=True) if s == code]
-        ids = tokenizer(chosen, add_special_tokens=False)["input_ids"]
+    for ids in ids_of:
         flat = np.fromiter((i for row in ids for i in (*row, eos)), dtype=np.int64)
         n = len(flat) // spec["block_size"]
         out.append(torch.from_numpy(flat[: n * spec["block_size"]].reshape(n, spec["block_size"])))
@@ -87,7 +106,15 @@ def token_blocks(spec: dict, tokenizer) -> tuple[torch.Tensor, torch.Tensor, str
             f"pretrain {spec['name']}: {len(out[0])} training blocks of {spec['block_size']} tokens, fewer than "
             f"batch_size={spec['batch_size']}"
         )
-    return out[0], out[1], origin
+    return out[0], out[1], origin, tokenizer
+
+
+def vocab_size_note(spec: dict) -> str:
+    """What a ``vocab_size`` preset's vocabulary is, for notes and the saved tokenizer."""
+    return (
+        f"{spec['vocab_size']:,}-token vocabulary (the byte tokens, <|endoftext|> and the GPT-2 merges most "
+        "frequent in the arXiv train split)"
+    )
 
 
 def batch_rows(step: int, n_blocks: int, batch_size: int, seed: int) -> np.ndarray:
@@ -152,7 +179,7 @@ def train(spec: dict, folder: Path, stop_after: int | None = None) -> dict:
 
     t0 = time.time()
     tokenizer = load_gpt2_tokenizer(tokenizer_path(spec))
-    train_blocks, val_blocks, origin = token_blocks(spec, tokenizer)
+    train_blocks, val_blocks, origin, tokenizer = token_blocks(spec, tokenizer)
     val_blocks = val_blocks[: int(spec["val_blocks"])]
     model = build_model(spec, len(tokenizer), int(tokenizer.eos_token_id))
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]

@@ -46,11 +46,13 @@ get cheaper by the ratio of sequence length to target length: measured on one th
 non-private step takes 2.1 s instead of 10 s with the full (B, T, 50257) logits.
 
 Profiles: ``paper``: pretrained ``gpt2`` (124M) and its tokenizer from the hub. ``cpu`` (``task.pretrain=gpt2_arxiv``
-in the li_e2e preset): no GPT-2 weights exist offline, so the starting point is a small GPT-2 (the full 50,257-token
-vocabulary, the offline GPT-2 tokenizer) pretrained NON-PRIVATELY on public arXiv abstracts by
-:mod:`dp_adam_bench.pretrain` (built once, then cached); ``task.pretrained=false`` trains the same network from a
-random initialisation (the control). Without ``task.pretrain`` and ``task.model``, the cpu profile builds the
-``n_layer`` / ``n_embd`` / ``n_head`` GPT-2 from scratch. ``data_note`` says which, and it goes into the run summary.
+in the li_e2e preset): no GPT-2 weights exist offline, so the starting point is a small GPT-2 (the offline GPT-2
+tokenizer, over the 8,192-token vocabulary the build chose from its public corpus:
+:mod:`dp_adam_bench.tasks.compact_vocab`) pretrained NON-PRIVATELY on public arXiv abstracts by
+:mod:`dp_adam_bench.pretrain` (built once, then cached); ``task.pretrained=false`` trains the same network, with
+the same vocabulary, from a random initialisation (the control). Without ``task.pretrain`` and ``task.model``, the
+cpu profile builds the ``n_layer`` / ``n_embd`` / ``n_head`` GPT-2 from scratch (all 50,257 tokens). ``data_note``
+says which, and it goes into the run summary.
 
 Throughput: the examples of a logical batch are split into micro-batches by length (``micro_batch_order``: less
 padding, the same clipped sum), and the cross-entropy runs on flat (B·P, vocab) rows (class-dim-1 cross-entropy on
@@ -76,7 +78,7 @@ from torch.nn import functional as F
 
 from dp_adam_bench import progress
 from dp_adam_bench.paths import shared_data_dir
-from dp_adam_bench.tasks import e2e_metrics, text
+from dp_adam_bench.tasks import compact_vocab, e2e_metrics, text
 from dp_adam_bench.tasks.base import (
     ModelTask,
     data_folders,
@@ -349,11 +351,12 @@ class E2EGpt2(ModelTask):
         if self.pretrain_preset:  # the tokenizer the preset pretrained with (saved beside its weights)
             from dp_adam_bench.pretrain.gpt2_clm import tokenizer_path
 
-            default_tok = self.model_name if self.pretrained else tokenizer_path(self.pretrain_spec)
+            default_tok = self.vocab_folder or tokenizer_path(self.pretrain_spec)
         else:
             default_tok = default_tokenizer(self.profile, self.model_name)
         self.tokenizer_name = str(cfg.get("tokenizer") or default_tok)
-        self.tokenizer = load_gpt2_tokenizer(self.tokenizer_name)
+        # a folder with compact_vocab.json (a gpt2_clm build with vocab_size) gives GPT-2's BPE over that vocabulary
+        self.tokenizer = compact_vocab.load_tokenizer(self.tokenizer_name)
         self.eos_id = int(self.tokenizer.eos_token_id)
         self.train_mr_ids, self.train_mr_of_row, self.train_ref_ids = self._encode(tr_mrs, tr_refs)
         # MR + reference tokens of every training pair: the sort key of micro_batch_order, computed once
@@ -420,14 +423,22 @@ class E2EGpt2(ModelTask):
         self.arch = gpt2_clm.architecture(spec)
         self.pretrain_spec = spec
         if pretrained is not None and not bool(pretrained):
+            # the control is the same network: with a compact vocabulary (chosen by the build) it needs the build's
+            # tokenizer, not its weights
+            self.vocab_folder = pretrain.ensure(spec) if spec.get("vocab_size") is not None else None
             return None, False
         folder = pretrain.ensure(spec)
+        self.vocab_folder = folder
         self.pretrain_summary = pretrain.built_summary(folder)
         return str(folder), True
 
     def _pretrain_note(self) -> str:
+        from dp_adam_bench.pretrain.gpt2_clm import vocab_size_note
+
         a, spec = self.arch, self.pretrain_spec
         shape = f"GPT-2 architecture (n_layer={a['n_layer']}, n_embd={a['n_embd']}, n_head={a['n_head']})"
+        if spec.get("vocab_size") is not None:
+            shape += f" with GPT-2's BPE over its {vocab_size_note(spec)}"
         if self.pretrained:
             s = self.pretrain_summary or {}
             return (
