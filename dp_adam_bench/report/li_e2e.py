@@ -215,12 +215,14 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
             "CPU profile: no GPT-2 weights exist offline. The `pretrained` rows fine-tune a small GPT-2 that "
             f"`dp-adam-bench pretrain {get(cfg, 'task.pretrain')}` pretrained non-privately on public arXiv "
             "abstracts (disjoint from E2E); the `scratch` rows train the same network from a random "
-            "initialisation, as the control. The model is ~17x smaller than GPT-2 and saw ~2M tokens instead of "
-            "WebText, and the schedule is a fraction of an epoch instead of 50, so BLEU values are far below the "
-            "paper's: compare the orderings and the private / non-private ratio, not the values. Beam search "
+            "initialisation, as the control. The model is far smaller than GPT-2 and saw far less text than "
+            "WebText (the Model line below says how much), and the schedule is a few epochs at most instead of 50, "
+            "so BLEU values are far below the paper's: compare the orderings and the private / non-private ratio, "
+            "not the values. Beam search "
             'from an under-trained model can loop ("5 out of 5 out of ..."), which BLEU punishes more than a '
             "generic sentence, so BLEU can rank a model with a higher test loss above one with a lower: the "
-            "test-loss rows are the check that does not depend on decoding."
+            "test-loss rows are the check that does not depend on decoding (nats per token of the model's own "
+            "vocabulary, so not comparable across vocabularies)."
         )
         notes += [f"Model: {m}." for m in model_notes]
     notes.append(

@@ -81,7 +81,7 @@ _TABLES: tuple[tuple[str, ReportSpec], ...] = (
             "Li et al. (E2E table)",
             "BLEU / ROUGE-L of GPT-2 at eps = 3, 8, non-private: a small GPT-2 pretrained here vs the same from "
             "scratch",
-            "~55 min (6 runs; + ~21 min once to pretrain)",
+            "~50 min (6 runs, LAUNCHER=joblib; + ~24 min once to pretrain)",
             experiment="li_e2e",
             runtime_paper="3 GPU runs of 4,108 steps",
         ),
