@@ -106,7 +106,11 @@ def test_saved_vocabulary_loads_and_a_corrupt_file_is_named(gpt2, small, tmp_pat
     assert data["size"] == 300 and data["source"] == "test corpus"
     again = load_tokenizer(tmp_path)
     assert isinstance(again, CompactTokenizer) and again.vocab.gpt2_ids == small.vocab.gpt2_ids
+    assert again.source == "test corpus"
     assert again(ODD[0])["input_ids"] == small(ODD[0])["input_ids"]
+    (tmp_path / FILE).write_text(json.dumps({**data, "gpt2_ids": data["gpt2_ids"][1:]}))  # a byte token lost
+    with pytest.raises(ValueError, match=f"{FILE} cannot be read .*must keep every byte token"):
+        load_tokenizer(tmp_path)
     (tmp_path / FILE).write_text("{not json")
     with pytest.raises(ValueError, match=f"{FILE} cannot be read"):
         load_tokenizer(tmp_path)

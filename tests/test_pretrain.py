@@ -132,6 +132,22 @@ def test_unknown_preset_lists_the_valid_ones():
         pretrain.load_spec("gpt3")
 
 
+def test_the_from_scratch_control_does_not_build_the_pretrained_model(cache):
+    """The control needs the build's vocabulary, not its weights: it derives it from the public corpus."""
+    from omegaconf import OmegaConf
+
+    from dp_adam_bench.tasks.registry import build_task
+
+    tmp, over = cache
+    base = OmegaConf.load(pretrain.PRESET_DIR.parent / "task" / "e2e_gpt2.yaml")
+    base.profile = "cpu"
+    base.train_subset, base.test_subset = 64, 4
+    base.pretrain, base.pretrain_overrides, base.pretrained = "gpt2_arxiv", over, False
+    scratch = build_task(base, trials=1, seed=0)
+    assert isinstance(scratch.tokenizer, CompactTokenizer) and len(scratch.tokenizer) == 8192
+    assert not (tmp / "cache" / "pretrained").exists()
+
+
 def test_e2e_task_fine_tunes_the_pretrained_model_or_its_architecture_from_scratch(cache):
     from omegaconf import OmegaConf
 

@@ -71,33 +71,59 @@ def tokenizer_path(spec: dict) -> str:
     return str(spec.get("tokenizer") or shared_data_dir() / "gpt2_tokenizer")
 
 
-def token_blocks(spec: dict, tokenizer) -> tuple[torch.Tensor, torch.Tensor, str, object]:
-    """(train blocks, validation blocks, data origin, tokenizer): the abstracts of each split, each followed by
-    eos, packed into rows of ``block_size`` tokens (the incomplete last block dropped). With ``vocab_size``, the
-    tokenizer returned is a :class:`~dp_adam_bench.tasks.compact_vocab.CompactTokenizer` whose vocabulary is chosen
-    from the train split's GPT-2 token counts, and the blocks hold its ids."""
+def corpus_ids(spec: dict, tokenizer) -> tuple[list[list[int]], list[list[int]], str]:
+    """(train, validation, data origin): the GPT-2 ids of each split's abstracts (the test split is never read)."""
     from dp_adam_bench.tasks.arxiv_data import assign_splits, load_abstracts
-    from dp_adam_bench.tasks.compact_vocab import CompactTokenizer, CompactVocab
 
     keys, texts, origin = load_abstracts(spec.get("source") or "auto", spec.get("data_dir"))
     split = assign_splits(
         keys, int(spec["split_seed"]), float(spec["val_fraction"]), float(spec["test_fraction"])
     )
-    ids_of = [
+    train, val = (
         tokenizer(
             [" " + t.strip() for t, s in zip(texts, split, strict=True) if s == code],
             add_special_tokens=False,
         )["input_ids"]
-        for code in (0, 1)  # train, val
-    ]
+        for code in (0, 1)
+    )
+    return train, val, origin
+
+
+def spec_tokenizer(spec: dict, tokenizer, train_ids: list[list[int]], origin: str):
+    """The tokenizer a build of ``spec`` trains with: GPT-2's own, or with ``vocab_size`` a
+    :class:`~dp_adam_bench.tasks.compact_vocab.CompactTokenizer` whose vocabulary is chosen from the train split's
+    GPT-2 token counts (public data only)."""
+    from dp_adam_bench.tasks.compact_vocab import CompactTokenizer, CompactVocab
+
+    if spec.get("vocab_size") is None:
+        return tokenizer
+    vocab = CompactVocab.from_corpus(tokenizer, train_ids, spec["vocab_size"])
+    return CompactTokenizer(tokenizer, vocab, source=f"{vocab_size_note(spec)}, {origin}")
+
+
+def preset_tokenizer(spec: dict):
+    """The tokenizer of ``spec``'s build without building it (a deterministic function of the public corpus): what
+    a from-scratch control of the same network needs."""
+    from dp_adam_bench.tasks.text import load_gpt2_tokenizer
+
+    tokenizer = load_gpt2_tokenizer(tokenizer_path(spec))
+    if spec.get("vocab_size") is None:
+        return tokenizer
+    train, _, origin = corpus_ids(spec, tokenizer)
+    return spec_tokenizer(spec, tokenizer, train, origin)
+
+
+def token_blocks(spec: dict, tokenizer) -> tuple[torch.Tensor, torch.Tensor, str, object]:
+    """(train blocks, validation blocks, data origin, tokenizer): the abstracts of each split, each followed by
+    eos, packed into rows of ``block_size`` tokens (the incomplete last block dropped), in the ids of
+    :func:`spec_tokenizer` (returned)."""
+    train, val, origin = corpus_ids(spec, tokenizer)
+    tokenizer = spec_tokenizer(spec, tokenizer, train, origin)
     if spec.get("vocab_size") is not None:
-        vocab = CompactVocab.from_corpus(tokenizer, ids_of[0], spec["vocab_size"])
-        tokenizer = CompactTokenizer(tokenizer, vocab)
-        tokenizer.source = f"{vocab_size_note(spec)}, {origin}"
-        ids_of = [[vocab.to_compact(row) for row in ids] for ids in ids_of]
+        train, val = ([tokenizer.vocab.to_compact(row) for row in ids] for ids in (train, val))
     eos = int(tokenizer.eos_token_id)
     out = []
-    for ids in ids_of:
+    for ids in (train, val):
         flat = np.fromiter((i for row in ids for i in (*row, eos)), dtype=np.int64)
         n = len(flat) // spec["block_size"]
         out.append(torch.from_numpy(flat[: n * spec["block_size"]].reshape(n, spec["block_size"])))

@@ -102,29 +102,19 @@ class CompactVocab:
             json.dumps({"size": len(self), "source": source, "gpt2_ids": self.gpt2_ids}) + "\n"
         )
 
-    @classmethod
-    def load(cls, folder: Path, tokenizer) -> CompactVocab:
-        path = Path(folder) / FILE
-        try:
-            data = json.loads(path.read_text())
-            ids = [int(i) for i in data["gpt2_ids"]]
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            raise ValueError(
-                f"{path} cannot be read ({type(err).__name__}: {err}); rebuild the pretraining"
-            ) from err
-        children = merge_children(tokenizer)
-        return cls(ids, children, base_ids(tokenizer, children))
-
 
 class CompactTokenizer:
     """A GPT-2 fast tokenizer whose ids are those of a :class:`CompactVocab`: the calls the language tasks make
     (``__call__``, ``decode``, ``eos_token_id``, ``len``, ``get_vocab``, ``convert_tokens_to_string``,
     ``save_pretrained``) give and take compact ids."""
 
-    def __init__(self, tokenizer, vocab: CompactVocab):
-        self.base, self.vocab = tokenizer, vocab
+    def __init__(self, tokenizer, vocab: CompactVocab, source: str = ""):
+        self.base, self.vocab, self.source = (
+            tokenizer,
+            vocab,
+            source,
+        )  # source: where the vocabulary came from
         self.eos_token_id = vocab.index[int(tokenizer.eos_token_id)]
-        self.source = ""
 
     def __len__(self) -> int:
         return len(self.vocab)
@@ -165,7 +155,15 @@ def load_tokenizer(folder_or_name):
     from dp_adam_bench.tasks.text import load_gpt2_tokenizer
 
     tok = load_gpt2_tokenizer(folder_or_name)
-    folder = Path(str(folder_or_name)).expanduser()
-    if (folder / FILE).is_file():
-        return CompactTokenizer(tok, CompactVocab.load(folder, tok))
-    return tok
+    path = Path(str(folder_or_name)).expanduser() / FILE
+    if not path.is_file():
+        return tok
+    try:
+        data = json.loads(path.read_text())
+        children = merge_children(tok)
+        vocab = CompactVocab([int(i) for i in data["gpt2_ids"]], children, base_ids(tok, children))
+    except (OSError, ValueError, KeyError, TypeError) as err:  # a torn file, or ids this tokenizer lacks
+        raise ValueError(
+            f"{path} cannot be read ({type(err).__name__}: {err}); rebuild the pretraining"
+        ) from err
+    return CompactTokenizer(tok, vocab, source=str(data.get("source", "")))

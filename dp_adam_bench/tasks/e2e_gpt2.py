@@ -348,15 +348,21 @@ class E2EGpt2(ModelTask):
         self.test_refs = [groups_refs[g] for g in keep]  # all its references
 
         # --- tokens ------------------------------------------------------------------------------------------------
-        if self.pretrain_preset:  # the tokenizer the preset pretrained with (saved beside its weights)
-            from dp_adam_bench.pretrain.gpt2_clm import tokenizer_path
+        if self.pretrain_preset and not self.pretrained and not cfg.get("tokenizer"):
+            # the control: its build's tokenizer (BPE files + the vocabulary chosen from the public corpus), derived
+            # without building the pretrained model
+            from dp_adam_bench.pretrain.gpt2_clm import preset_tokenizer, tokenizer_path
 
-            default_tok = self.vocab_folder or tokenizer_path(self.pretrain_spec)
+            self.tokenizer_name = tokenizer_path(self.pretrain_spec)
+            self.tokenizer = preset_tokenizer(self.pretrain_spec)
         else:
-            default_tok = default_tokenizer(self.profile, self.model_name)
-        self.tokenizer_name = str(cfg.get("tokenizer") or default_tok)
-        # a folder with compact_vocab.json (a gpt2_clm build with vocab_size) gives GPT-2's BPE over that vocabulary
-        self.tokenizer = compact_vocab.load_tokenizer(self.tokenizer_name)
+            # a pretrained preset's tokenizer is saved beside its weights, in the build's folder
+            default = (
+                self.model_name if self.pretrain_preset else default_tokenizer(self.profile, self.model_name)
+            )
+            self.tokenizer_name = str(cfg.get("tokenizer") or default)
+            # a folder with compact_vocab.json (a gpt2_clm build with vocab_size) gives GPT-2's BPE over it
+            self.tokenizer = compact_vocab.load_tokenizer(self.tokenizer_name)
         self.eos_id = int(self.tokenizer.eos_token_id)
         self.train_mr_ids, self.train_mr_of_row, self.train_ref_ids = self._encode(tr_mrs, tr_refs)
         # MR + reference tokens of every training pair: the sort key of micro_batch_order, computed once
@@ -423,12 +429,8 @@ class E2EGpt2(ModelTask):
         self.arch = gpt2_clm.architecture(spec)
         self.pretrain_spec = spec
         if pretrained is not None and not bool(pretrained):
-            # the control is the same network: with a compact vocabulary (chosen by the build) it needs the build's
-            # tokenizer, not its weights
-            self.vocab_folder = pretrain.ensure(spec) if spec.get("vocab_size") is not None else None
             return None, False
         folder = pretrain.ensure(spec)
-        self.vocab_folder = folder
         self.pretrain_summary = pretrain.built_summary(folder)
         return str(folder), True
 
