@@ -164,6 +164,8 @@ def make_private(
     sampler: str | None = None,
     accountant: str = "rdp",
     lr: float | None = None,
+    lr_schedule: str = "constant",
+    lr_warmup_steps: int = 0,
     optimizer_args: Mapping[str, Any] | None = None,
     noise_args: Mapping[str, Any] | None = None,
     clipping: str = "bk",
@@ -191,6 +193,9 @@ def make_private(
     ``optimizer``: a variant of ``configs/optimizer/`` (``sgd``, ``adam``, ``adambc``, ``bc``, ``ime``, ``stp``,
     ...) with its defaults, ``lr`` and ``optimizer_args`` overriding them; ``noise``: ``none``, ``independent``,
     ``dpmf_sqrt``, ``bandmf`` (``noise_args={"bands": b}``), ``blt`` (``{"buffers": k}``).
+
+    ``lr_schedule``: ``constant`` or ``linear`` (``lr_warmup_steps`` of linear warm-up, then linear decay towards 0
+    at the last step; :mod:`dp_adam_bench.optim.schedule`).
 
     ``evaluate(model) -> dict`` is optional: your own metrics, which ``private.evaluate()`` returns (the model in
     eval mode, without gradients).
@@ -227,7 +232,14 @@ def make_private(
     sampler = sampler or ("single_pass" if correlated else "poisson")
     task = UserTask(model, dataset, loss_fn, target_key, evaluate)
     train = cfg["train"]
-    train.update(sampler=sampler, batch_size=batch_size, clipping=clipping, distributed="off")
+    train.update(
+        sampler=sampler,
+        batch_size=batch_size,
+        clipping=clipping,
+        distributed="off",
+        lr_schedule=lr_schedule,
+        lr_warmup_steps=lr_warmup_steps,
+    )
     train["device"] = _device_of(model)
     if physical_batch_size is not None:
         train["physical_batch_size"] = physical_batch_size

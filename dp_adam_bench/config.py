@@ -13,6 +13,7 @@ import math
 from collections.abc import Mapping
 
 from dp_adam_bench.errors import ConfigError
+from dp_adam_bench.optim.schedule import SCHEDULES
 
 SAMPLERS = ("single_pass", "poisson", "shuffle", "cyclic_poisson", "balls_in_bins")
 #: samplers that fit correlated noise (DP-MF): their participations are accounted with the strategy
@@ -136,6 +137,8 @@ def validate(cfg: Mapping, *, custom_task: bool = False) -> None:
         cfg, "noise.max_memory_gb", low=0, low_open=True, null=True, default=None
     )  # any mechanism's buffers
     sampler = choice(cfg, "train.sampler", SAMPLERS)
+    choice(cfg, "train.lr_schedule", SCHEDULES, default="constant")
+    integer(cfg, "train.lr_warmup_steps", low=0, default=0)
     ACCOUNTANTS.check(_get(cfg, "privacy.accountant", "rdp"))
     boolean(cfg, "privacy.secure_rng")
     if noise.private:

@@ -16,14 +16,11 @@ import torch
 from torch import nn
 
 import dp_adam_bench as dab
-from dp_adam_bench.engine.seeds import RunSeeds
 from dp_adam_bench.tasks import registry
 
-from helpers import compose_cfg, tiny_poisson
-from tiny_task import TinyTask
+from helpers import CE, compose_cfg, tiny_data, tiny_model, tiny_poisson
 
 REPO = Path(__file__).resolve().parents[1]
-CE = nn.CrossEntropyLoss(reduction="none")
 
 
 def digest(params) -> str:
@@ -31,17 +28,6 @@ def digest(params) -> str:
     for p in params:
         h.update(p.detach().cpu().numpy().tobytes())
     return h.hexdigest()
-
-
-def tiny_data():
-    task = TinyTask({}, trials=1, seed=0)
-    return task, torch.utils.data.TensorDataset(task.x, task.y)
-
-
-def tiny_model(seed: int = 0) -> nn.Module:
-    """The model the CLI trainer builds for the tiny task (same seed stream)."""
-    torch.manual_seed(RunSeeds.derive(seed, secure=False).model)
-    return TinyTask({}, trials=1, seed=seed).build_model()
 
 
 def test_make_private_is_the_cli_run(monkeypatch, isolated_dirs):

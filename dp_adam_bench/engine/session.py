@@ -9,7 +9,7 @@ parameters, the optimizer variant and the privacy plan, all validated). Each :me
    closed-form per-example gradients; :mod:`dp_adam_bench.engine.backends`),
 3. makes every noisy release the variant asked for (:class:`~dp_adam_bench.engine.privatizer.Privatizer`: the
    mechanism's noise, divided by the *expected* batch size),
-4. updates the parameters with the variant, and
+4. updates the parameters with the variant, at the learning rate ``train.lr_schedule`` gives the step, and
 5. records the step in the privacy ledger.
 
 :meth:`state_dict` / :meth:`load_state_dict` hold everything a resumed run needs to continue exactly as the
@@ -106,6 +106,7 @@ class PrivateTraining:
             keep_clean=bool(diagnostics is not None and diagnostics.enabled),
         )
         self.state = self.variant.init(params)
+        self.base_lr = self.variant.lr
         self.ledger = plan.new_ledger()
         self.side_gen = torch.Generator().manual_seed(seeds.side)
         side = run.cfg.train.get("side_info") or {}
@@ -170,6 +171,8 @@ class PrivateTraining:
         if run.public is not None:  # public side information: no clipping, no noise, no privacy cost
             pick = run.public[torch.randint(len(run.public), (self._side_batch,), generator=self.side_gen)]
             ctx.side = backend.public_grad(pick)
+        # the schedule is a function of the step alone: a resumed run gets the same learning rates
+        variant.lr = self.base_lr * run.schedule.factor(self.steps_done)
         with torch.no_grad():
             variant.update(backend.params, self.state, ctx)
         self.plan.record_step(self.ledger, self.steps_done)

@@ -38,6 +38,7 @@ from dp_adam_bench.engine.session import PrivateTraining
 from dp_adam_bench.errors import ConfigError
 from dp_adam_bench.optim.base import Variant
 from dp_adam_bench.optim.registry import build_variant
+from dp_adam_bench.optim.schedule import LRSchedule, build_schedule
 from dp_adam_bench.progress import Progress
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,7 @@ class Run:
     population: torch.Tensor
     public: torch.Tensor | None
     ddp: distributed.DistContext
+    schedule: LRSchedule  # the factor of optimizer.lr at each step (train.lr_schedule)
 
 
 def build(cfg) -> Run:
@@ -129,10 +131,11 @@ def prepare(cfg, task) -> Run:
         plan = build_plan(
             cfg, len(population), variant, numel=backend.numel_per_trial, sampler_seed=seeds.sampler
         )
+        schedule = build_schedule(cfg.train.get("lr_schedule"), cfg.train.get("lr_warmup_steps"), plan.steps)
     except Exception:
         backend.close()
         raise
-    return Run(cfg, task, backend, variant, plan, seeds, population, public, ddp)
+    return Run(cfg, task, backend, variant, plan, seeds, population, public, ddp, schedule)
 
 
 def _truncate_metrics(folder: Path, step: int) -> None:
@@ -225,6 +228,8 @@ def _train(r: Run, folder: Path, log_metrics, t0: float) -> dict:
                 metrics |= {"diag/batch_size": result.batch_size} | backend.clipped_fraction(clip)
             else:
                 metrics |= backend.evaluate(final=final_step)
+            if r.schedule.name != "constant":
+                metrics["lr"] = r.variant.lr  # the learning rate this step used
         evaluated = model_task and ddp.is_main and ((every_eval and step % every_eval == 0) or final_step)
         if evaluated:
             last_metrics = backend.evaluate(final=final_step)

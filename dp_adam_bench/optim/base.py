@@ -82,6 +82,8 @@ class Variant(ABC):
     def __init__(self, lr: float, **hparams):
         if not lr > 0:
             raise ValueError(f"optimizer.lr must be > 0, got {lr}")
+        # the learning rate of the current step: the session sets it to optimizer.lr times the schedule's factor
+        # (dp_adam_bench.optim.schedule) before each update
         self.lr = float(lr)
 
     @abstractmethod

@@ -177,6 +177,14 @@ def _claims(ours: dict, by_cell: dict, paper: dict, inits: list[str]) -> list[Cl
     return claims
 
 
+def lr_schedule_words(cfg: dict) -> str:
+    """``constant``, or ``decayed linearly to ~0`` (with its warm-up): train.lr_schedule in words."""
+    if (get(cfg, "train.lr_schedule") or "constant") == "constant":
+        return "constant"
+    warmup = get(cfg, "train.lr_warmup_steps") or 0
+    return "decayed linearly to ~0" + (f" after {warmup} warm-up steps" if warmup else "")
+
+
 def build(ctx: ReportContext | None = None) -> list[Path]:
     ctx = ctx or ReportContext()
     profile = ctx.profile
@@ -204,7 +212,8 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
     setting = (
         f"profile {profile}: {get(cfg, 'task.name')}, expected B = {get(cfg, 'train.batch_size')}, "
         f"{complete[0].summary.get('steps')} Poisson steps, C = {get(cfg, 'privacy.clip')}, Adam lr "
-        f"{get(cfg, 'optimizer.lr')}, delta = {get(cfg, 'privacy.delta')}, {get(cfg, 'train.clipping')} clipping, "
+        f"{get(cfg, 'optimizer.lr')} {lr_schedule_words(cfg)}, delta = {get(cfg, 'privacy.delta')}, "
+        f"{get(cfg, 'train.clipping')} clipping, "
         f"{get(cfg, 'task.test_subset') or 'all'} test MRs decoded with {get(cfg, 'task.num_beams')} beams. Paper: "
         "pretrained GPT-2 (124M), B = 512, 50 epochs, all 630 test MRs."
     )

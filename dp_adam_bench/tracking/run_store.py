@@ -55,12 +55,20 @@ OPERATIONAL_TRAIN_KEYS = (
     "eval_at_start",
     "distributed",  # data-parallel or not, the same result up to float summation order
 )
+# train.* keys added after runs existed, at the value that computes what those runs computed: left out of the
+# identity at that value, so that existing run folders keep their names (and resume, or are skipped as complete)
+LATER_TRAIN_DEFAULTS = {"lr_schedule": "constant", "lr_warmup_steps": 0}
 
 
 def run_identity(cfg: dict) -> dict:
     """The part of a config that determines a run's result."""
     ident = {k: cfg.get(k) for k in IDENTITY_KEYS}
-    ident["train"] = {k: v for k, v in (cfg.get("train") or {}).items() if k not in OPERATIONAL_TRAIN_KEYS}
+    ident["train"] = {
+        k: v
+        for k, v in (cfg.get("train") or {}).items()
+        if k not in OPERATIONAL_TRAIN_KEYS
+        and not (k in LATER_TRAIN_DEFAULTS and v == LATER_TRAIN_DEFAULTS[k])
+    }
     return ident
 
 
