@@ -383,6 +383,7 @@ def test_li_e2e_pretrained_and_scratch_rows_and_claims(isolated_dirs):
     assert bleu.loc[("pretrained", "eps3"), "paper"] == pytest.approx(61.519)
     assert bleu.loc[("pretrained", "nonprivate"), "ours"] == 50.0
     assert bleu.loc[("scratch", "eps8"), "ours"] == 47.0 and np.isnan(bleu.loc[("scratch", "eps8"), "paper"])
+    assert bleu["ours_std"].isna().all()  # one seed a cell: no spread to show (not 0)
     gdp = df[df.quantity.str.contains("CLT")].set_index(["init", "column"])
     assert gdp.loc[("pretrained", "eps8"), "paper"] == pytest.approx(6.77)
     assert gdp.loc[("pretrained", "eps8"), "ours"] == pytest.approx(7.2)
@@ -407,6 +408,26 @@ def test_li_e2e_pretrained_and_scratch_rows_and_claims(isolated_dirs):
         in md
     )
     assert "PRETRAINED NON-PRIVATELY" in md
+    assert "Adam lr 0.002 constant" in md
+
+
+def test_li_e2e_seed_spread_and_schedule_words(isolated_dirs):
+    """Two seeds a cell: the sample standard deviation (ddof = 1); a linear schedule is named in the setting."""
+    runs = isolated_dirs / "runs"
+    for seed, bleu in ((0, 40.0), (1, 44.0)):
+        cfg = _li_cfg("independent", 8.0, True) | {"seed": seed}
+        cfg["train"] |= {"lr_schedule": "linear", "lr_warmup_steps": 5}
+        write_run(
+            runs, "li_e2e_cpu", f"eps8-{seed}", cfg,
+            {"metrics": {"test_bleu": bleu, "test_rougeL": bleu, "test_loss": 1.0}, "epsilon": {"rdp": 8.0},
+             "sigma": 0.5, "steps": 30},
+        )  # fmt: skip
+    li_e2e.build(ReportContext())
+    df = pd.read_csv(isolated_dirs / "results" / "li_e2e.csv")
+    row = df[(df.quantity == "bleu") & (df.column == "eps8")].iloc[0]
+    assert row.ours == 42.0 and row.n == 2 and row.ours_std == pytest.approx(np.std([40.0, 44.0], ddof=1))
+    md = (isolated_dirs / "results" / "li_e2e.md").read_text()
+    assert "Adam lr 0.002 decayed linearly to ~0 after 5 warm-up steps" in md
 
 
 def test_li_e2e_goal_ratio_fails_below_0_8(isolated_dirs):

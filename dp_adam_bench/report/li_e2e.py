@@ -72,7 +72,7 @@ def _metric_rows(by_cell: dict, paper: dict, inits: list[str]) -> tuple[list[dic
                         "column": col,
                         "paper": paper["metrics"][col].get(metric) if init == "pretrained" else None,
                         "ours": mean,
-                        "ours_std": float(np.std(vals)) if vals else None,
+                        "ours_std": float(np.std(vals, ddof=1)) if len(vals) > 1 else None,  # one seed: no spread
                         "n": len(vals),
                     }
                 )

@@ -100,7 +100,7 @@ def build(ctx: ReportContext, dataset: str) -> list[Path]:
                 "label": label,
                 "paper": published[opt],
                 "ours": float(np.mean(acc)) if acc else None,
-                "ours_std": float(np.std(acc, ddof=1)) if len(acc) > 1 else 0.0 if acc else None,
+                "ours_std": float(np.std(acc, ddof=1)) if len(acc) > 1 else None,  # one seed: no spread
                 "n": len(acc),
                 "steps": runs[0].summary.get("steps") if runs else None,
                 "epsilon_rdp": float(np.mean([e for e in eps if e is not None])) if any(eps) else None,
