@@ -395,7 +395,10 @@ def test_li_e2e_pretrained_and_scratch_rows_and_claims(isolated_dirs):
         in md
     )
     assert "(pretrained 45.00, scratch 47.00)" in md and md.count("**does not hold** (pretrained") == 3
-    assert "test_loss, pretrained: non-private < eps = 8 < eps = 3: **holds** (5.00 / 5.50 / 6.00)" in md
+    assert (
+        "test_loss, pretrained: non-private < eps = 8 < eps = 3: **holds** (5.00 / 5.50 / 6.00; one seed a cell: "
+        "the margins are not tested against seed noise)" in md
+    )
     assert (
         "test_loss, eps3: under DP the pretrained model beats" in md
         and "(pretrained 6.00, scratch 9.90)" in md
@@ -411,23 +414,36 @@ def test_li_e2e_pretrained_and_scratch_rows_and_claims(isolated_dirs):
     assert "Adam lr 0.002 constant" in md
 
 
-def test_li_e2e_seed_spread_and_schedule_words(isolated_dirs):
-    """Two seeds a cell: the sample standard deviation (ddof = 1); a linear schedule is named in the setting."""
+def test_li_e2e_seed_spread_seed_noise_and_schedule_words(isolated_dirs):
+    """Two seeds a cell: the sample standard deviation (ddof = 1), the ordering's margins in standard errors of the
+    difference (Welch, from the sample variances), and a linear schedule named in the setting."""
     runs = isolated_dirs / "runs"
-    for seed, bleu in ((0, 40.0), (1, 44.0)):
-        cfg = _li_cfg("independent", 8.0, True) | {"seed": seed}
-        cfg["train"] |= {"lr_schedule": "linear", "lr_warmup_steps": 5}
-        write_run(
-            runs, "li_e2e_cpu", f"eps8-{seed}", cfg,
-            {"metrics": {"test_bleu": bleu, "test_rougeL": bleu, "test_loss": 1.0}, "epsilon": {"rdp": 8.0},
-             "sigma": 0.5, "steps": 30},
-        )  # fmt: skip
+    cells = {
+        ("independent", 3.0): (39.0, 41.0),
+        ("independent", 8.0): (40.0, 44.0),
+        ("none", None): (60.0, 62.0),
+    }
+    for (noise, target), bleus in cells.items():
+        for seed, bleu in enumerate(bleus):
+            cfg = _li_cfg(noise, target, True) | {"seed": seed}
+            cfg["train"] |= {"lr_schedule": "linear", "lr_warmup_steps": 5}
+            write_run(
+                runs, "li_e2e_cpu", f"{noise}-{target}-{seed}", cfg,
+                {"metrics": {"test_bleu": bleu, "test_rougeL": bleu, "test_loss": 1.0},
+                 "epsilon": {"rdp": target} if target else {}, "sigma": 0.5 if target else 0.0, "steps": 30},
+            )  # fmt: skip
     li_e2e.build(ReportContext())
     df = pd.read_csv(isolated_dirs / "results" / "li_e2e.csv")
     row = df[(df.quantity == "bleu") & (df.column == "eps8")].iloc[0]
     assert row.ours == 42.0 and row.n == 2 and row.ours_std == pytest.approx(np.std([40.0, 44.0], ddof=1))
     md = (isolated_dirs / "results" / "li_e2e.md").read_text()
     assert "Adam lr 0.002 decayed linearly to ~0 after 5 warm-up steps" in md
+    # eps 8 - eps 3 = 2, SE = sqrt(2 / 2 + 8 / 2) = sqrt(5); non-private - eps 8 = 19, SE = sqrt(8 / 2 + 2 / 2)
+    se_low, se_high = np.sqrt(5.0), np.sqrt(5.0)
+    assert (
+        f"eps 8 - eps 3 = +2.00, {2 / se_low:+.1f} SE (WITHIN SEED NOISE, < 2 SE); "
+        f"non-private - eps 8 = +19.00, {19 / se_high:+.1f} SE)" in md
+    )
 
 
 def test_li_e2e_goal_ratio_fails_below_0_8(isolated_dirs):

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dp_adam_bench.report.aggregate import get
+from dp_adam_bench.report.aggregate import difference_se, get
 from dp_adam_bench.report.common import Claim, incomplete_note, load_paper, write_table
 from dp_adam_bench.report.context import ReportContext
 from dp_adam_bench.report.expected import preset_runs
@@ -55,8 +55,9 @@ def init_of(cfg: dict) -> str:
     return "pretrained" if pretrained else "scratch"
 
 
-def _metric_rows(by_cell: dict, paper: dict, inits: list[str]) -> tuple[list[dict], dict]:
-    rows, ours = [], {}
+def _metric_rows(by_cell: dict, paper: dict, inits: list[str]) -> tuple[list[dict], dict, dict]:
+    """The metric rows, and the mean and the per-seed values of each (init, metric, column) cell."""
+    rows, ours, values = [], {}, {}
     for init in inits:
         for metric, key in METRICS.items():
             for col in COLUMNS:
@@ -65,6 +66,7 @@ def _metric_rows(by_cell: dict, paper: dict, inits: list[str]) -> tuple[list[dic
                 mean = float(np.mean(vals)) if vals else None
                 if mean is not None:
                     ours[(init, metric, col)] = mean
+                    values[(init, metric, col)] = vals
                 rows.append(
                     {
                         "quantity": metric,
@@ -72,11 +74,13 @@ def _metric_rows(by_cell: dict, paper: dict, inits: list[str]) -> tuple[list[dic
                         "column": col,
                         "paper": paper["metrics"][col].get(metric) if init == "pretrained" else None,
                         "ours": mean,
-                        "ours_std": float(np.std(vals, ddof=1)) if len(vals) > 1 else None,  # one seed: no spread
+                        "ours_std": float(np.std(vals, ddof=1))
+                        if len(vals) > 1
+                        else None,  # one seed: no spread
                         "n": len(vals),
                     }
                 )
-    return rows, ours
+    return rows, ours, values
 
 
 def _privacy_rows(by_cell: dict, paper: dict, inits: list[str]) -> list[dict]:
@@ -117,7 +121,7 @@ def _privacy_rows(by_cell: dict, paper: dict, inits: list[str]) -> list[dict]:
     return rows
 
 
-def _claims(ours: dict, by_cell: dict, paper: dict, inits: list[str]) -> list[Claim]:
+def _claims(ours: dict, values: dict, by_cell: dict, paper: dict, inits: list[str]) -> list[Claim]:
     pm = paper["metrics"]
     claims = []
     for metric in METRICS:
@@ -129,12 +133,13 @@ def _claims(ours: dict, by_cell: dict, paper: dict, inits: list[str]) -> list[Cl
                 if metric in pm["eps3"]
                 else ""
             )
+            per_seed = [values[("pretrained", metric, col)] for col in COLUMNS]
             claims.append(
                 Claim(
                     f"{metric}, pretrained: non-private {'<' if lower else '>'} eps = 8 {'<' if lower else '>'} "
                     "eps = 3",
                     c < b < a if lower else c > b > a,
-                    f"{c:.2f} / {b:.2f} / {a:.2f}{published}",
+                    f"{c:.2f} / {b:.2f} / {a:.2f}{published}; {seed_noise(per_seed)}",
                 )
             )
     if "scratch" in inits:
@@ -177,6 +182,25 @@ def _claims(ours: dict, by_cell: dict, paper: dict, inits: list[str]) -> list[Cl
     return claims
 
 
+def seed_noise(values: list[list[float]]) -> str:
+    """How the margins between neighbouring columns (eps = 3 / eps = 8 / non-private) compare with seed noise: in
+    standard errors of the difference of means when every cell has two seeds or more."""
+    if min(len(v) for v in values) < 2:
+        return "one seed a cell: the margins are not tested against seed noise"
+    parts = []
+    for lo, hi, name in (
+        (values[0], values[1], "eps 8 - eps 3"),
+        (values[1], values[2], "non-private - eps 8"),
+    ):
+        se = difference_se(float(np.std(lo)), len(lo), float(np.std(hi)), len(hi))
+        margin = float(np.mean(hi) - np.mean(lo))
+        within = " (WITHIN SEED NOISE, < 2 SE)" if se and abs(margin) < 2 * se else ""
+        parts.append(
+            f"{name} = {margin:+.2f}, {margin / se:+.1f} SE{within}" if se else f"{name} = {margin:+.2f}"
+        )
+    return "; ".join(parts)
+
+
 def lr_schedule_words(cfg: dict) -> str:
     """``constant``, or ``decayed linearly to ~0`` (with its warm-up): train.lr_schedule in words."""
     if (get(cfg, "train.lr_schedule") or "constant") == "constant":
@@ -201,12 +225,12 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
             by_cell.setdefault((init_of(r.config), col), []).append(r)
     inits = [i for i in INITS if any(k[0] == i for k in by_cell)]
 
-    rows, ours = _metric_rows(by_cell, paper, inits)
+    rows, ours, values = _metric_rows(by_cell, paper, inits)
     rows += _privacy_rows(by_cell, paper, inits)
     df = pd.DataFrame(rows)
     df["ours_minus_paper"] = df["ours"] - df["paper"]
     df["n"] = df["n"].astype("Int64")
-    claims = _claims(ours, by_cell, paper, inits)
+    claims = _claims(ours, values, by_cell, paper, inits)
 
     cfg = complete[0].config
     setting = (
