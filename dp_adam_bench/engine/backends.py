@@ -41,6 +41,10 @@ class VectorBackend:
     def release(self, idx: torch.Tensor, privatizer: Privatizer, scale) -> Release:
         return privatizer.release_per_example(self.task.per_example_grads(self.params, idx), scale)
 
+    def public_grad(self, pick: torch.Tensor) -> list[torch.Tensor]:
+        """Mean gradient of the public side-information examples ``pick`` (no clipping, no noise), per trial."""
+        return [g.mean(0) for g in self.task.per_example_grads(self.params, pick)]
+
     def evaluate(self, *, final: bool) -> dict:
         metrics = self.task.evaluate(self.params)
         return {f"{k}_mean": float(v.mean()) for k, v in metrics.items()} | {
