@@ -77,6 +77,14 @@ def test_experiment_preset_overrides_root_values():
     assert cfg.privacy.sigma == 0.1 and cfg.task.trials == 30
 
 
+
+def test_single_optimizer_preset_runs_one_cell_with_its_optimizer():
+    """li_e2e's cells are all (DP-)Adam: one cell composed without optimizer= is Adam at the preset's lr, not the
+    root default (adagrad_pp)."""
+    cfg = compose_cfg(["experiment=li_e2e", "profile=cpu", "noise=none"])
+    assert cfg.optimizer.name == "adam" and cfg.optimizer.lr == 0.002
+
+
 def test_correlated_noise_with_amplified_samplers_is_refused():
     with pytest.raises(ConfigError, match=r"noise.kind='bandmf' with train.sampler=poisson.*single_pass"):
         check(["noise=bandmf", "train.sampler=poisson", "train.steps=10"])
