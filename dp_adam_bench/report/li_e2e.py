@@ -64,6 +64,7 @@ def _metric_rows(by_cell: dict, paper: dict, inits: list[str]) -> tuple[list[dic
                 runs = by_cell.get((init, col), [])
                 vals = [float(r.summary["metrics"][key]) for r in runs if key in r.summary["metrics"]]
                 mean = float(np.mean(vals)) if vals else None
+                std = float(np.std(vals, ddof=1)) if len(vals) > 1 else None  # one seed: no spread
                 if mean is not None:
                     ours[(init, metric, col)] = mean
                     values[(init, metric, col)] = vals
@@ -74,9 +75,7 @@ def _metric_rows(by_cell: dict, paper: dict, inits: list[str]) -> tuple[list[dic
                         "column": col,
                         "paper": paper["metrics"][col].get(metric) if init == "pretrained" else None,
                         "ours": mean,
-                        "ours_std": float(np.std(vals, ddof=1))
-                        if len(vals) > 1
-                        else None,  # one seed: no spread
+                        "ours_std": std,
                         "n": len(vals),
                     }
                 )
@@ -192,6 +191,7 @@ def seed_noise(values: list[list[float]]) -> str:
         (values[0], values[1], "eps 8 - eps 3"),
         (values[1], values[2], "non-private - eps 8"),
     ):
+        # population stds, as difference_se expects (it turns them into sample variances)
         se = difference_se(float(np.std(lo)), len(lo), float(np.std(hi)), len(hi))
         margin = float(np.mean(hi) - np.mean(lo))
         within = " (WITHIN SEED NOISE, < 2 SE)" if se and abs(margin) < 2 * se else ""
