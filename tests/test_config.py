@@ -77,7 +77,6 @@ def test_experiment_preset_overrides_root_values():
     assert cfg.privacy.sigma == 0.1 and cfg.task.trials == 30
 
 
-
 def test_single_optimizer_preset_runs_one_cell_with_its_optimizer():
     """li_e2e's cells are all (DP-)Adam: one cell composed without optimizer= is Adam at the preset's lr, not the
     root default (adagrad_pp)."""
