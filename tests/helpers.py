@@ -9,6 +9,8 @@ from torch import nn
 from dp_adam_bench.engine.seeds import RunSeeds
 from dp_adam_bench.paths import CONFIG_DIR
 
+from tiny_task import TinyTask
+
 CE = nn.CrossEntropyLoss(reduction="none")
 
 TINY_1D = ["task.n_train=60", "task.n_test=500", "task.trials=3", "train.log_every=20"]
@@ -54,15 +56,11 @@ def first_abstracts(path, n: int):
 
 def tiny_data():
     """The tiny task (tests/tiny_task.py) and its training set as a TensorDataset."""
-    from tiny_task import TinyTask
-
     task = TinyTask({}, trials=1, seed=0)
     return task, torch.utils.data.TensorDataset(task.x, task.y)
 
 
 def tiny_model(seed: int = 0) -> nn.Module:
     """The model the CLI trainer builds for the tiny task (same seed stream)."""
-    from tiny_task import TinyTask
-
     torch.manual_seed(RunSeeds.derive(seed, secure=False).model)
     return TinyTask({}, trials=1, seed=seed).build_model()

@@ -6,8 +6,8 @@
 * :class:`VectorBackend` — a closed-form toy task (``per_example_grads``) whose independent trials are vectorised
   along a leading dimension of the parameters: per-example gradients go to :meth:`Privatizer.release_per_example`.
 
-Both give the trainer the same four things: the parameters, one private release per step, an evaluation, and the
-extra summary fields of their kind of task.
+Both give the trainer the same things: the parameters, one private release per step, the mean gradient of public
+side-information examples, an evaluation, and the extra summary fields of their kind of task.
 """
 
 from __future__ import annotations

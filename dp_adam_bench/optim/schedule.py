@@ -15,9 +15,9 @@ post-processing).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
+from dp_adam_bench.config import choice, integer
 from dp_adam_bench.errors import ConfigError
 
 SCHEDULES = ("constant", "linear")
@@ -40,17 +40,10 @@ class LRSchedule:
 
 def build_schedule(name, warmup_steps, total_steps: int) -> LRSchedule:
     """The schedule ``train.lr_schedule`` names, over a run of ``total_steps`` planned steps; ConfigError naming
-    the field for an unknown name or a warm-up that is not a whole number in [0, total_steps)."""
-    name = "constant" if name is None else name
-    if name not in SCHEDULES:
-        raise ConfigError(f"train.lr_schedule={name!r}; valid: {', '.join(SCHEDULES)}")
-    warmup_steps = 0 if warmup_steps is None else warmup_steps
-    whole = isinstance(warmup_steps, int) or (
-        isinstance(warmup_steps, float) and math.isfinite(warmup_steps) and warmup_steps.is_integer()
-    )
-    if isinstance(warmup_steps, bool) or not whole or warmup_steps < 0:
-        raise ConfigError(f"train.lr_warmup_steps={warmup_steps!r} must be a whole number >= 0")
-    warmup_steps = int(warmup_steps)
+    the field for an unknown name or a warm-up that is not an integer in [0, total_steps)."""
+    fields = {"train": {"lr_schedule": name or "constant", "lr_warmup_steps": warmup_steps or 0}}
+    name = choice(fields, "train.lr_schedule", SCHEDULES)
+    warmup_steps = integer(fields, "train.lr_warmup_steps", low=0)
     if warmup_steps and name == "constant":
         raise ConfigError(
             f"train.lr_warmup_steps={warmup_steps} needs a schedule that warms up; set train.lr_schedule=linear"

@@ -55,9 +55,9 @@ def init_of(cfg: dict) -> str:
     return "pretrained" if pretrained else "scratch"
 
 
-def _metric_rows(by_cell: dict, paper: dict, inits: list[str]) -> tuple[list[dict], dict, dict]:
-    """The metric rows, and the mean and the per-seed values of each (init, metric, column) cell."""
-    rows, ours, values = [], {}, {}
+def _metric_rows(by_cell: dict, paper: dict, inits: list[str]) -> tuple[list[dict], dict]:
+    """The metric rows, and the per-seed values of each (init, metric, column) cell that has runs."""
+    rows, values = [], {}
     for init in inits:
         for metric, key in METRICS.items():
             for col in COLUMNS:
@@ -65,8 +65,7 @@ def _metric_rows(by_cell: dict, paper: dict, inits: list[str]) -> tuple[list[dic
                 vals = [float(r.summary["metrics"][key]) for r in runs if key in r.summary["metrics"]]
                 mean = float(np.mean(vals)) if vals else None
                 std = float(np.std(vals, ddof=1)) if len(vals) > 1 else None  # one seed: no spread
-                if mean is not None:
-                    ours[(init, metric, col)] = mean
+                if vals:
                     values[(init, metric, col)] = vals
                 rows.append(
                     {
@@ -79,7 +78,7 @@ def _metric_rows(by_cell: dict, paper: dict, inits: list[str]) -> tuple[list[dic
                         "n": len(vals),
                     }
                 )
-    return rows, ours, values
+    return rows, values
 
 
 def _privacy_rows(by_cell: dict, paper: dict, inits: list[str]) -> list[dict]:
@@ -120,8 +119,9 @@ def _privacy_rows(by_cell: dict, paper: dict, inits: list[str]) -> list[dict]:
     return rows
 
 
-def _claims(ours: dict, values: dict, by_cell: dict, paper: dict, inits: list[str]) -> list[Claim]:
+def _claims(values: dict, by_cell: dict, paper: dict, inits: list[str]) -> list[Claim]:
     pm = paper["metrics"]
+    ours = {cell: float(np.mean(v)) for cell, v in values.items()}  # the cells' means
     claims = []
     for metric in METRICS:
         if all(("pretrained", metric, c) in ours for c in COLUMNS):
@@ -225,12 +225,12 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
             by_cell.setdefault((init_of(r.config), col), []).append(r)
     inits = [i for i in INITS if any(k[0] == i for k in by_cell)]
 
-    rows, ours, values = _metric_rows(by_cell, paper, inits)
+    rows, values = _metric_rows(by_cell, paper, inits)
     rows += _privacy_rows(by_cell, paper, inits)
     df = pd.DataFrame(rows)
     df["ours_minus_paper"] = df["ours"] - df["paper"]
     df["n"] = df["n"].astype("Int64")
-    claims = _claims(ours, values, by_cell, paper, inits)
+    claims = _claims(values, by_cell, paper, inits)
 
     cfg = complete[0].config
     setting = (

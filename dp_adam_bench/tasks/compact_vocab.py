@@ -109,11 +109,8 @@ class CompactTokenizer:
     ``save_pretrained``) give and take compact ids."""
 
     def __init__(self, tokenizer, vocab: CompactVocab, source: str = ""):
-        self.base, self.vocab, self.source = (
-            tokenizer,
-            vocab,
-            source,
-        )  # source: where the vocabulary came from
+        self.base, self.vocab = tokenizer, vocab
+        self.source = source  # where the vocabulary came from
         self.eos_token_id = vocab.index[int(tokenizer.eos_token_id)]
 
     def __len__(self) -> int:
