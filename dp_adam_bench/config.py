@@ -13,6 +13,7 @@ import math
 from collections.abc import Mapping
 
 from dp_adam_bench.errors import ConfigError
+from dp_adam_bench.optim.schedule import SCHEDULES
 
 SAMPLERS = ("single_pass", "poisson", "shuffle", "cyclic_poisson", "balls_in_bins")
 #: samplers that fit correlated noise (DP-MF): their participations are accounted with the strategy
@@ -102,7 +103,6 @@ def validate(cfg: Mapping, *, custom_task: bool = False) -> None:
     is a user's own objects (:func:`dp_adam_bench.make_private`), not a registered task name."""
     from dp_adam_bench.engine.engines import ENGINES
     from dp_adam_bench.optim.registry import VARIANTS
-    from dp_adam_bench.optim.schedule import SCHEDULES
     from dp_adam_bench.privacy.accounting import ACCOUNTANTS
     from dp_adam_bench.privacy.noise_factory import NOISE
     from dp_adam_bench.tasks.registry import TASKS

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dp_adam_bench.config import choice, integer
 from dp_adam_bench.errors import ConfigError
 
 SCHEDULES = ("constant", "linear")
@@ -41,9 +40,13 @@ class LRSchedule:
 def build_schedule(name, warmup_steps, total_steps: int) -> LRSchedule:
     """The schedule ``train.lr_schedule`` names, over a run of ``total_steps`` planned steps; ConfigError naming
     the field for an unknown name or a warm-up that is not an integer in [0, total_steps)."""
-    fields = {"train": {"lr_schedule": name or "constant", "lr_warmup_steps": warmup_steps or 0}}
-    name = choice(fields, "train.lr_schedule", SCHEDULES)
-    warmup_steps = integer(fields, "train.lr_warmup_steps", low=0)
+    # the same checks as config.validate's choice / integer (config imports this module, not the reverse)
+    name = name or "constant"
+    if name not in SCHEDULES:
+        raise ConfigError(f"train.lr_schedule={name!r}; valid: {', '.join(SCHEDULES)}")
+    warmup_steps = warmup_steps or 0
+    if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
+        raise ConfigError(f"train.lr_warmup_steps={warmup_steps!r} must be an integer >= 0")
     if warmup_steps and name == "constant":
         raise ConfigError(
             f"train.lr_warmup_steps={warmup_steps} needs a schedule that warms up; set train.lr_schedule=linear"
