@@ -100,6 +100,9 @@ class GradEngine:
     supports_scale = True
 
     def __init__(self, model: nn.Module, loss_per_example: Callable):
+        from dp_adam_bench.engine.support import check_model
+
+        check_model(model, self.name)  # every layer exact for this engine, or a refusal naming it
         self.model = model
         self.loss_per_example = loss_per_example
         self.params = _trainable(model)
@@ -157,20 +160,25 @@ def _slice(batch: dict, i: int) -> dict:
     return {k: v[i : i + 1] for k, v in batch.items()}
 
 
+def loop_grads(model: nn.Module, loss_per_example: Callable, params: list, batch: dict) -> list[torch.Tensor]:
+    """Per-example gradients by one forward and backward per example (batches of size one): the oracle."""
+    rows = []
+    for i in range(batch_len(batch)):
+        loss = loss_per_example(model, _slice(batch, i)).sum()
+        rows.append(torch.autograd.grad(loss, params, allow_unused=True))
+    return [
+        torch.stack([r[k] if r[k] is not None else torch.zeros_like(p) for r in rows])
+        for k, p in enumerate(params)
+    ]
+
+
 class LoopEngine(GradEngine):
     """One forward/backward per example: slow, obviously correct — the oracle the other engines are tested against."""
 
     name = "loop"
 
     def per_example_grads(self, batch):
-        rows = []
-        for i in range(batch_len(batch)):
-            loss = self.loss_per_example(self.model, _slice(batch, i)).sum()
-            rows.append(torch.autograd.grad(loss, self.params, allow_unused=True))
-        return [
-            torch.stack([r[k] if r[k] is not None else torch.zeros_like(p) for r in rows])
-            for k, p in enumerate(self.params)
-        ]
+        return loop_grads(self.model, self.loss_per_example, self.params, batch)
 
 
 class HooksEngine(GradEngine):
@@ -240,6 +248,11 @@ class GhostEngine(GradEngine):
         self.gsm = GradSampleModuleFastGradientClipping(
             model, batch_first=True, loss_reduction="sum", max_grad_norm=1.0, use_ghost_clipping=True
         )
+        self._guards = [
+            m.register_forward_pre_hook(_linear_rank_guard(name))
+            for name, m in model.named_modules()
+            if type(m) is nn.Linear and any(p.requires_grad for p in m.parameters(recurse=False))
+        ]
 
     def _clipped_sum(self, batch, clip, scale):
         losses = self.loss_per_example(self.gsm, batch)
@@ -260,4 +273,22 @@ class GhostEngine(GradEngine):
         return ClippedSum(summed, norms, batch_len(batch))
 
     def close(self):
+        for h in self._guards:
+            h.remove()
+        self._guards = []
         self.gsm._close()
+
+
+def _linear_rank_guard(name: str):
+    """Opacus' ghost norm of a Linear handles inputs (B, d) and (B, T, d) only; refuse more dimensions clearly
+    instead of failing inside Opacus."""
+
+    def check(module, args):
+        x = args[0] if args else None
+        if isinstance(x, torch.Tensor) and x.dim() > 3:
+            raise ValueError(
+                f"train.clipping=ghost: Linear {name!r} got a {x.dim()}-D input {tuple(x.shape)}; Opacus' ghost "
+                "norms take 2-D or 3-D inputs only; use train.clipping=bk or functorch"
+            )
+
+    return check

@@ -1,0 +1,85 @@
+"""The book-keeping engine's per-layer rules, one small module per layer family, registered by module type.
+
+A rule turns what the bk engine captured for one layer during one forward and one backward — each call's inputs
+``a`` and the gradient ``g`` of the summed loss with respect to the layer's output — into
+
+* the squared norm of every example's gradient of the layer's own parameters, shape (B,), and
+* ``finish(c)``: the sum over examples of ``c_i`` times that gradient, one tensor per parameter (the clipped sum
+  once ``c_i = min(1, C / ||g_i||)`` is known from all layers' norms).
+
+A rule is exact for every configuration it accepts; a configuration it cannot compute exactly is refused by its
+``refuse`` function, which names what is wrong. Every rule is tested against the loop over batches of size one in
+``tests/test_conformance.py``.
+
+* :mod:`.linear`: ``nn.Linear`` (inputs of any rank) and transformers' GPT-2 ``Conv1D``;
+* :mod:`.conv`: ``nn.Conv1d`` / ``Conv2d`` / ``Conv3d`` with any stride, padding (``same`` / ``valid``), dilation,
+  groups and padding mode;
+* :mod:`.embedding`: ``nn.Embedding`` (``padding_idx``) and ``nn.EmbeddingBag`` (2-D ids; ``sum`` / ``mean``;
+  per-sample weights);
+* :mod:`.norms`: ``nn.LayerNorm``, ``nn.RMSNorm``, ``nn.GroupNorm``, ``nn.InstanceNorm1d/2d/3d``;
+* :mod:`.attention`: ``nn.MultiheadAttention`` (packed or separate in-projections, ``add_bias_kv``,
+  ``add_zero_attn``, masks, either layout).
+
+Adding a layer: write ``compute(engine, layer, calls, b) -> (sq, finish)`` in a module here, decorate it with
+:func:`register`, import the module below, and add the layer's configurations to the conformance suite.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How bk handles one module type: ``compute`` (see the module docstring); ``refuse(module)`` returns why a
+    configuration of that type cannot be computed exactly (or None); ``install(engine, layer)`` replaces the
+    generic output capture for modules whose parameters act inside their forward (attention) and returns a
+    function that undoes it."""
+
+    kind: str
+    compute: Callable
+    refuse: Callable[[nn.Module], str | None] | None = None
+    install: Callable | None = None
+
+
+_RULES: dict[type, Rule] = {}
+_BY_NAME: dict[tuple[str, str], Rule] = {}  # (module prefix, class name): types from optional packages
+
+
+def register(*types: type | tuple[str, str], kind: str, refuse=None, install=None):
+    """Register the decorated ``compute`` for ``types`` (exact classes; ``(module prefix, class name)`` for
+    classes of packages that need not be installed, such as transformers' ``Conv1D``)."""
+
+    def wrap(compute):
+        rule = Rule(kind, compute, refuse, install)
+        for t in types:
+            if isinstance(t, tuple):
+                _BY_NAME[t] = rule
+            else:
+                _RULES[t] = rule
+        return compute
+
+    return wrap
+
+
+def rule_for(module: nn.Module) -> Rule | None:
+    """The rule of ``module``'s exact type (subclasses may change the forward, so they need their own), or None."""
+    t = type(module)
+    rule = _RULES.get(t)
+    if rule is None:
+        rule = next(
+            (r for (mod, name), r in _BY_NAME.items() if t.__name__ == name and t.__module__.startswith(mod)),
+            None,
+        )
+    return rule
+
+
+def supported_types() -> list[str]:
+    """The class names that have a rule, for messages."""
+    return sorted({t.__name__ for t in _RULES} | {name for _, name in _BY_NAME})
+
+
+from dp_adam_bench.engine.bk_rules import attention, conv, embedding, linear, norms  # noqa: E402,F401
