@@ -13,6 +13,11 @@ from tiny_task import TinyTask
 
 CE = nn.CrossEntropyLoss(reduction="none")
 
+#: Pins a trainer run to the CPU, for the few tests whose claim holds on the CPU only: bit-identical resume after a
+#: kill (promised on CPU, engine.trainer.resolve_device), a CPU-only behaviour, or equality with a run the test makes
+#: on the CPU. Every other trainer run uses train.device=auto, so on a CUDA machine it runs on the GPU.
+ON_CPU = "train.device=cpu"
+
 TINY_1D = ["task.n_train=60", "task.n_test=500", "task.trials=3", "train.log_every=20"]
 
 

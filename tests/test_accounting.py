@@ -70,7 +70,10 @@ def test_prv_reports_opacus_upper_bound_and_keeps_the_estimate():
 def test_pld_matches_dp_accounting_accountant():
     ref = pld_privacy_accountant.PLDAccountant()
     ref.compose(dp_accounting.PoissonSampledDpEvent(0.02, dp_accounting.GaussianDpEvent(1.1)), 300)
-    assert epsilon(1.1, 0.02, 300, DELTA, "pld") == pytest.approx(ref.get_epsilon(DELTA), rel=1e-12)
+    # rel 1e-9, not 1e-12: both self-compose the same discretised step 300 times, but the accountant then composes
+    # the result onto an identity PLD, and the float rounding of those FFT convolutions depends on the numpy/scipy
+    # build (they differed at 1e-12 on a CUDA image's stack). 1e-9 is still far below the 1e-4 grid's own error.
+    assert epsilon(1.1, 0.02, 300, DELTA, "pld") == pytest.approx(ref.get_epsilon(DELTA), rel=1e-9)
 
 
 @pytest.mark.parametrize("eps,mu", [(0.5, 0.3), (1.0, 1.0), (3.0, 2.0), (8.0, 4.0)])

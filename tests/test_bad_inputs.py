@@ -151,11 +151,10 @@ def test_bad_input_fails_before_anything_runs(isolated_dirs, capsys, overrides, 
     assert not runs.exists() or not any(runs.rglob("*")), sorted(runs.rglob("*"))  # nothing created
 
 
-def test_cuda_device_without_cuda_is_refused(isolated_dirs, capsys):
+def test_cuda_device_without_cuda_is_refused(isolated_dirs, capsys, monkeypatch):
     import torch
 
-    if torch.cuda.is_available():
-        pytest.skip("this machine has CUDA")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a machine without CUDA, on any machine
     with pytest.raises(SystemExit) as exc:
         train_mod.main(compose_cfg([*TINY, "train.device=cuda", "experiment_name=bad"]))
     assert exc.value.code == 2

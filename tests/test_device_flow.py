@@ -61,3 +61,30 @@ def test_diagnostics_keep_float64(tmp_path):
     out = d.observe(SimpleNamespace(clean=clean, clip=1.0, expected_batch_size=4), state)
     assert d.state["m"][0].dtype == torch.float64 and out["diag/v_clean_max"] >= 0
     assert (tmp_path / "step_1.npz").is_file()
+
+
+def _recording_inputs(model):
+    seen = []
+    model.register_forward_pre_hook(lambda m, args: seen.append((args[0].device, args[0].dtype)))
+    return seen
+
+
+def test_the_tiny_task_evaluates_where_the_model_is():
+    """The test helpers' task (tests/tiny_task.py) feeds its test set to the model on the model's device and in its
+    dtype: the trainer moves the model to train.device (cuda when available) and evaluates it there. On a CPU
+    machine, float64 and the ``meta`` device stand in for a GPU."""
+    from tiny_task import TinyTask
+
+    task = TinyTask({}, trials=1, seed=0)
+    model = task.build_model().to(torch.float64)
+    seen = _recording_inputs(model)
+    metrics = task.evaluate(model)
+    assert seen == [(torch.device("cpu"), torch.float64)]
+    assert 0 <= metrics["test_accuracy"] <= 100 and metrics["test_loss"] > 0
+    meta = task.build_model().to("meta")
+    seen = _recording_inputs(meta)
+    try:
+        task.evaluate(meta)  # the forward runs on meta tensors; reading a float out of them cannot
+    except (NotImplementedError, RuntimeError):
+        pass
+    assert seen == [(torch.device("meta"), torch.float32)]

@@ -18,7 +18,7 @@ from dp_adam_bench.tasks import registry
 from dp_adam_bench.tracking.run_store import identity_hash
 from dp_adam_bench.train import train
 
-from helpers import CE, compose_cfg, tiny_data, tiny_model, tiny_poisson
+from helpers import CE, ON_CPU, compose_cfg, tiny_data, tiny_model, tiny_poisson
 
 BASE = tiny_poisson("sched", 8, "train.log_every=1")
 
@@ -86,7 +86,9 @@ def test_no_noise_linear_schedule_is_torch_adam_with_lambdalr():
 
 def test_resume_mid_decay_is_bit_identical_and_logs_the_lr(monkeypatch, isolated_dirs):
     monkeypatch.setitem(registry.TASKS, "tiny", "tiny_task:TinyTask")
-    extra = ["train.lr_schedule=linear", "train.lr_warmup_steps=2", "train.checkpoint_every=2"]
+    # bit-identical resume is a CPU promise; the constant-schedule run below is on the CPU too, so that the two differ
+    # by their schedule alone
+    extra = ["train.lr_schedule=linear", "train.lr_warmup_steps=2", "train.checkpoint_every=2", ON_CPU]
     full = train(compose_cfg([*BASE, *extra, "experiment_name=full"]))
     with pytest.raises(KeyboardInterrupt):
         train(compose_cfg([*BASE, *extra, "train.stop_after=5"]))
@@ -96,7 +98,7 @@ def test_resume_mid_decay_is_bit_identical_and_logs_the_lr(monkeypatch, isolated
     lrs = [json.loads(line)["lr"] for line in (folder / "metrics.jsonl").read_text().splitlines()]
     factor = build_schedule("linear", 2, 8).factor
     assert lrs == pytest.approx([0.01 * factor(t) for t in range(1, 9)])
-    constant = train(compose_cfg([*BASE, "experiment_name=const"]))
+    constant = train(compose_cfg([*BASE, "experiment_name=const", ON_CPU]))
     assert constant["final_params_sha1"] != full["final_params_sha1"]
 
 

@@ -12,7 +12,7 @@ import torch
 from dp_adam_bench.engine.sampling import BallsInBinsSampler, CyclicPoissonSampler
 from dp_adam_bench.errors import ConfigError
 
-from helpers import compose_cfg, tiny_poisson
+from helpers import ON_CPU, compose_cfg, tiny_poisson
 
 
 def _participations(batches, n):
@@ -238,8 +238,14 @@ def test_trainer_runs_and_resumes_amplified_bandmf_bit_identically(isolated_dirs
     from dp_adam_bench.train import train
 
     base = tiny_poisson(
-        "cyc", 12, "noise=bandmf", "noise.bands=3", "train.sampler=cyclic_poisson", "train.checkpoint_every=4"
-    )
+        "cyc",
+        12,
+        "noise=bandmf",
+        "noise.bands=3",
+        "train.sampler=cyclic_poisson",
+        "train.checkpoint_every=4",
+        ON_CPU,
+    )  # bit-identical resume is a CPU promise
     full = train(compose_cfg([*base, "experiment_name=cyc_full"]))
     assert full["sampler"] == "cyclic_poisson" and full["steps"] == 12
     assert full["ledger"]["events"] == [

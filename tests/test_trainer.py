@@ -10,7 +10,7 @@ from dp_adam_bench.engine.checkpoint import FILENAME, CheckpointError
 from dp_adam_bench.tasks import registry
 from dp_adam_bench.train import train
 
-from helpers import compose_cfg, tiny_poisson
+from helpers import ON_CPU, compose_cfg, tiny_poisson
 
 
 @pytest.fixture(autouse=True)
@@ -37,7 +37,11 @@ def test_poisson_run_is_accounted_per_step(isolated_dirs):
 
 @pytest.mark.parametrize("variant", ["adam", "bc", "stp"])
 def test_resume_after_kill_is_bit_identical(isolated_dirs, variant):
-    extra = [f"optimizer={variant}", "train.checkpoint_every=2"]
+    extra = [
+        f"optimizer={variant}",
+        "train.checkpoint_every=2",
+        ON_CPU,
+    ]  # bit-identical resume: a CPU promise
     if variant == "stp":
         extra.append("train.clipping=functorch")
     full = train(compose_cfg([*BASE, *extra, "experiment_name=full"]))
@@ -208,7 +212,7 @@ def test_model_runs_give_freed_host_memory_back_every_few_steps(isolated_dirs, m
     calls = []
     monkeypatch.setattr(memory, "release_free_memory", lambda: calls.append(1) or True)
     monkeypatch.setattr(memory, "TRIM_EVERY", 3)
-    train(compose_cfg(tiny_poisson("trim", 10)))
+    train(compose_cfg(tiny_poisson("trim", 10, ON_CPU)))  # the host heap is trimmed on CPU runs only
     assert len(calls) == 3  # steps 3, 6, 9
 
 

@@ -31,9 +31,12 @@ class TinyTask(ModelTask):
         return nn.functional.cross_entropy(forward(batch["x"]), batch["y"], reduction="none")
 
     def evaluate(self, model):
+        # the test inputs follow the model (the trainer moves it to train.device: cuda when available)
+        p = next(model.parameters())
+        xt, yt = self.xt.to(device=p.device, dtype=p.dtype), self.yt.to(p.device)
         with torch.no_grad():
-            logits = model(self.xt)
+            logits = model(xt)
         return {
-            "test_accuracy": float((logits.argmax(1) == self.yt).float().mean() * 100),
-            "test_loss": float(nn.functional.cross_entropy(logits, self.yt)),
+            "test_accuracy": float((logits.argmax(1) == yt).float().mean() * 100),
+            "test_loss": float(nn.functional.cross_entropy(logits, yt)),
         }
