@@ -196,7 +196,7 @@ def smoke_run(data: dict, root: Path, steps: int = SMOKE_STEPS, done: set | None
         "resumed_from_step": 1 if steps > 1 else None,
     }
     folder.write_json("ledger.json", result["ledger"])
-    folder.finish(result, seed=int(data["seed"]))
+    folder.finish(result, seed=int(data["seed"]), device=run.backend.device)
     return folder.path
 
 

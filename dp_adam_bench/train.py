@@ -104,7 +104,7 @@ def train(cfg: DictConfig) -> dict | None:
     try:
         result = trainer.run(run_cfg, folder.path, log_both, prepared=prepared)
         folder.write_json("ledger.json", result["ledger"])
-        summary = folder.finish(result, seed=int(data["seed"]))
+        summary = folder.finish(result, seed=int(data["seed"]), device=prepared.backend.device)
         wb.summary({k: v for k, v in result["metrics"].items()})
     finally:
         wb.finish()

@@ -1,4 +1,6 @@
-"""Data-parallel training (torch.distributed, gloo on CPU): two ranks train the model one process trains.
+"""Data-parallel training (torch.distributed): two ranks train the model one process trains. The ranks run with
+train.device=auto, so they take gloo on the CPU unless the machine has a GPU for each of them (then NCCL); the
+one-process reference runs on the device the ranks pick (``RANKS_DEVICE``), where it draws the same noise.
 
 Each test starts its ranks as plain processes with the environment torchrun gives them (RANK, WORLD_SIZE,
 MASTER_ADDR/PORT), which is what ``dp_adam_bench.engine.distributed.setup`` reads — without torchrun's agent
@@ -16,8 +18,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from dp_adam_bench.engine import distributed
 from dp_adam_bench.engine.checkpoint import FILENAME
-from dp_adam_bench.engine.distributed import DistContext, SharedNoise, _buckets, setup
+from dp_adam_bench.engine.distributed import DistContext, SharedNoise, _buckets, _rank_device, setup
 from dp_adam_bench.privacy.mechanisms import IndependentMechanism
 from dp_adam_bench.tasks import registry
 from dp_adam_bench.train import train
@@ -34,6 +37,9 @@ pytestmark = pytest.mark.skipif(
 
 STEPS = 6
 BASE = tiny_poisson("ddp", STEPS, "train.log_every=1", "train.clipping=bk")
+# where two ranks of train.device=auto train on this machine (the library's rule): the one-process reference runs
+# there too, since a CUDA noise generator draws other numbers than the CPU one
+RANKS_DEVICE = f"train.device={_rank_device('auto', 0, 2).type}"
 
 
 def free_port() -> int:
@@ -125,7 +131,7 @@ def one_and_two(tmp_path_factory):
         mp.setattr(IndependentMechanism, "next", counting)
         mp.delenv("WORLD_SIZE", raising=False)
         mp.setenv("DP_ADAM_BENCH_RUNS", str(tmp / "one"))
-        one = train(compose_cfg(overrides))
+        one = train(compose_cfg([*overrides, RANKS_DEVICE]))
     ranks = launch(overrides, tmp / "two", tmp / "out")
     return {
         "one": one,
@@ -181,7 +187,7 @@ def test_killed_two_rank_run_resumes_on_both_ranks(tmp_path):
         mp.setitem(registry.TASKS, "tiny", "tiny_task:TinyTask")
         mp.delenv("WORLD_SIZE", raising=False)
         mp.setenv("DP_ADAM_BENCH_RUNS", str(tmp_path / "one"))
-        one = train(compose_cfg(overrides))
+        one = train(compose_cfg([*overrides, RANKS_DEVICE]))
     with pytest.raises(AssertionError, match="KeyboardInterrupt"):
         launch([*overrides, "train.stop_after=3"], tmp_path / "two", tmp_path / "killed")
     folder = the_folder(tmp_path / "two")
@@ -232,6 +238,35 @@ def test_setup_without_torchrun_is_one_process(monkeypatch):
     assert not ctx.active and ctx.is_main and ctx.device is None
     ctx.all_reduce_([torch.ones(3)])  # collectives are no-ops in one process
     assert ctx.broadcast_object("x") == "x" and ctx.gather_objects(1) == [1]
+
+
+def _gpus(monkeypatch, n: int) -> None:
+    """Pretend this machine has ``n`` visible GPUs (the device choice only, nothing is put on them)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: n > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: n)
+
+
+def test_auto_takes_nccl_gpus_only_when_every_rank_has_its_own(monkeypatch, caplog):
+    """train.device=auto: a GPU per rank (cuda:LOCAL_RANK, so NCCL) when the node has one for every rank; else every
+    rank on the CPU (gloo), said in one log line by local rank 0 only; no GPU at all: the CPU, silently."""
+    _gpus(monkeypatch, 2)
+    assert [_rank_device("auto", r, 2) for r in range(2)] == [
+        torch.device("cuda", 0),
+        torch.device("cuda", 1),
+    ]
+    assert _rank_device("cuda", 1, 2) == torch.device("cuda", 1)
+    _gpus(monkeypatch, 1)
+    with caplog.at_level("WARNING", logger=distributed.__name__):
+        assert [_rank_device("auto", r, 2) for r in range(2)] == [torch.device("cpu")] * 2
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "2 ranks on this node but 1 visible GPU(s): every rank runs on the CPU with gloo" in line
+    with pytest.raises(
+        ValueError, match=r"train.device=cuda with 2 ranks on this node but only 1 CUDA device"
+    ):
+        _rank_device("cuda", 0, 2)
+    caplog.clear()
+    _gpus(monkeypatch, 0)
+    assert _rank_device("auto", 0, 2) == torch.device("cpu") and not caplog.records
 
 
 def test_distributed_off_under_torchrun_is_refused(monkeypatch):

@@ -1,8 +1,10 @@
 """Data-parallel training over ``torch.distributed``: noise drawn once per logical step (``docs/design.md``).
 
 Launched as ``torchrun --nproc_per_node=N -m dp_adam_bench.train ...``: torchrun sets ``WORLD_SIZE``, ``RANK``,
-``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``, and :func:`setup` joins the process group (NCCL when the
-run is on CUDA, gloo on CPU). What each rank does (the trainer's side of it):
+``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``, and :func:`setup` joins the process group. Backend: NCCL only
+when every rank gets a GPU of its own (``cuda:LOCAL_RANK``); with ``train.device=auto`` and fewer visible GPUs than
+ranks on the node, every rank runs on the CPU with gloo, and rank 0 says so in one log line (NCCL cannot put two
+ranks on one GPU). What each rank does (the trainer's side of it):
 
 * every rank holds the whole model and draws the same logical batch (the sampler is seeded, not sharded: the
   accountant's Poisson q is that of the *global* batch); rank r clips the examples ``idx[r::world]``;
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import logging
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -31,6 +34,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+log = logging.getLogger(__name__)
 
 MODES = ("auto", "off")
 # rank 0 evaluates (and writes checkpoints) alone while the other ranks wait in their next collective; torch's
@@ -98,7 +103,8 @@ _CONTEXT: DistContext | None = None
 def setup(mode: str | None = "auto", device: str | None = "auto") -> DistContext:
     """Join the process group when launched with ``WORLD_SIZE > 1`` (and ``mode`` is ``auto``); idempotent, so the
     entry point and the trainer may both call it. ``device`` is ``train.device``: on CUDA each rank takes
-    ``cuda:LOCAL_RANK`` and the backend is NCCL; on CPU the backend is gloo."""
+    ``cuda:LOCAL_RANK`` and the backend is NCCL; on CPU the backend is gloo (``auto`` picks the CPU when the node
+    has fewer GPUs than ranks: :func:`_rank_device`)."""
     global _CONTEXT
     mode = mode or "auto"
     if mode not in MODES:
@@ -112,7 +118,8 @@ def setup(mode: str | None = "auto", device: str | None = "auto") -> DistContext
             )
         return DistContext()
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
-    dev = _rank_device(device, local_rank)
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))  # torchrun sets it; else one node
+    dev = _rank_device(device, local_rank, local_world)
     if _CONTEXT is not None:  # one process group per process: its backend was chosen for the first device
         if dev != _CONTEXT.device:
             raise ValueError(
@@ -130,11 +137,26 @@ def setup(mode: str | None = "auto", device: str | None = "auto") -> DistContext
     return _CONTEXT
 
 
-def _rank_device(name: str | None, local_rank: int) -> torch.device:
-    """``auto``/``cuda``: this rank's own GPU (``cuda:LOCAL_RANK``) when CUDA is available; ``cpu``: the CPU.
-    An explicit ``cuda:i`` is refused: every rank would put its replica on the same GPU."""
+def _rank_device(name: str | None, local_rank: int, local_world: int = 1) -> torch.device:
+    """This rank's device; ``local_world`` is the number of ranks on this node (torchrun's ``LOCAL_WORLD_SIZE``).
+
+    ``auto``: this rank's own GPU (``cuda:LOCAL_RANK``) when the node has a GPU for every one of its ranks, else the
+    CPU (gloo) for every rank, said once by local rank 0: NCCL refuses two ranks on one GPU, and a mix of CPU and
+    GPU ranks cannot share a backend. ``cuda``: a GPU per rank or a one-line refusal; ``cpu``: the CPU. An explicit
+    ``cuda:i`` is refused: every rank would put its replica on the same GPU."""
     if name in (None, "auto"):
-        name = "cuda" if torch.cuda.is_available() else "cpu"
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if gpus >= local_world:
+            return torch.device("cuda", local_rank)
+        if gpus and local_rank == 0:
+            log.warning(
+                "train.device=auto with %d ranks on this node but %d visible GPU(s): every rank runs on the CPU "
+                "with gloo (NCCL needs a GPU per rank; launch at most %d ranks per node to use the GPUs)",
+                local_world,
+                gpus,
+                gpus,
+            )
+        return torch.device("cpu")
     if name == "cpu":
         return torch.device("cpu")
     if name != "cuda":
@@ -144,10 +166,11 @@ def _rank_device(name: str | None, local_rank: int) -> torch.device:
         )
     if not torch.cuda.is_available():
         raise ValueError("train.device=cuda but no CUDA device is available; use train.device=cpu or auto")
-    if local_rank >= torch.cuda.device_count():
+    if local_world > torch.cuda.device_count():
         raise ValueError(
-            f"LOCAL_RANK={local_rank} but only {torch.cuda.device_count()} CUDA device(s) are visible: launch at "
-            "most that many processes per node"
+            f"train.device=cuda with {local_world} ranks on this node but only {torch.cuda.device_count()} CUDA "
+            "device(s) visible: launch at most that many processes per node, or use train.device=auto (gloo on "
+            "the CPU)"
         )
     return torch.device("cuda", local_rank)
 

@@ -5,7 +5,8 @@ Layout of ``runs/<experiment>/<run_id>/``:
 * ``config.yaml`` — the resolved config the run used;
 * ``metrics.jsonl`` — one JSON object per logged step (``{"step": t, ...}``);
 * ``ledger.json`` — the privacy ledger;
-* ``summary.json`` — written last, with ``status: complete``, final metrics, wall time, git commit, seed.
+* ``summary.json`` — written last, with ``status: complete``, final metrics, wall time, git commit, seed, and
+  ``provenance`` (commit, package version, device, GPU, torch and CUDA versions, cores).
 
 A folder without ``summary.json`` (or whose status is not ``complete``) is an incomplete run: the report lists it
 and leaves it out of every table.
@@ -22,14 +23,11 @@ import json
 import math
 import os
 import socket
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-
-from dp_adam_bench.paths import REPO_ROOT
 
 IDENTITY_KEYS = (
     "task",
@@ -77,27 +75,10 @@ def identity_hash(cfg: dict) -> str:
 
 
 def git_commit() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=False,
-        )
-        commit = out.stdout.strip() or "unknown"
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=False,
-        ).stdout.strip()
-        return commit + ("+dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
+    """The project's own commit (:func:`dp_adam_bench.tracking.provenance.project_commit`)."""
+    from dp_adam_bench.tracking.provenance import project_commit
+
+    return project_commit()
 
 
 def run_id(cfg: dict) -> str:
@@ -240,13 +221,20 @@ class RunFolder:
         tmp.write_text(json.dumps(json_safe(payload), indent=2))
         tmp.replace(self.path / name)
 
-    def finish(self, summary: dict, seed: int) -> dict:
+    def finish(self, summary: dict, seed: int, device=None) -> dict:
+        """Write ``summary.json`` (last) and release the lock. ``device``: what the run computed on, recorded with
+        the commit, versions and cores under ``provenance`` (:mod:`dp_adam_bench.tracking.provenance`);
+        ``git_commit`` repeats its commit at the top level, where earlier summaries have it."""
+        from dp_adam_bench.tracking.provenance import provenance
+
+        about = provenance(device)
         payload = {
             "status": "complete",
             "wall_time_s": time.time() - self.start,
-            "git_commit": git_commit(),
+            "git_commit": about["git_commit"],
             "seed": seed,
             **summary,
+            "provenance": about,
         }
         self.write_json("summary.json", payload)  # last: its presence marks the run complete
         self.close()
