@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from dp_adam_bench.engine.bk_rules import Rule, rule_for
+from dp_adam_bench.engine.bk_rules import Rule, adapter_for, rule_for
 from dp_adam_bench.engine.bk_rules.dense import GRAM_FACTOR, use_gram  # noqa: F401  (re-exported)
 from dp_adam_bench.engine.grads import ClippedSum, GradEngine, batch_len, clip_factors
 
@@ -158,6 +158,11 @@ class BKEngine(GradEngine):
         self._batch = 0
         self._scale: dict[int, torch.Tensor] | None = None  # id(param) -> per-coordinate scale (stp only)
         self._undo = []
+        for mname, m in model.named_modules():
+            adapter = adapter_for(m)
+            undo = adapter(self, mname, m) if adapter is not None else None
+            if undo is not None:
+                self._undo.append(undo)
         for layer in self.layers:
             if layer.rule.install is not None:
                 self._undo.append(layer.rule.install(self, layer))

@@ -248,14 +248,40 @@ class GhostEngine(GradEngine):
         self.gsm = GradSampleModuleFastGradientClipping(
             model, batch_first=True, loss_reduction="sum", max_grad_norm=1.0, use_ghost_clipping=True
         )
+        self._calls: dict[str, int] | None = None  # calls per layer in the forward of _clipped_sum
         self._guards = [
-            m.register_forward_pre_hook(_linear_rank_guard(name))
+            m.register_forward_pre_hook(self._guard(name, m))
             for name, m in model.named_modules()
-            if type(m) is nn.Linear and any(p.requires_grad for p in m.parameters(recurse=False))
+            if any(p.requires_grad for p in m.parameters(recurse=False))
         ]
 
+    def _guard(self, name: str, module: nn.Module):
+        """Refuse, before Opacus fails deep inside, what its ghost norms do not take: a Linear on inputs of more
+        than 3 dimensions, and a layer called twice in one forward (module reuse)."""
+
+        def check(m, args):
+            x = args[0] if args else None
+            if type(module) is nn.Linear and isinstance(x, torch.Tensor) and x.dim() > 3:
+                raise ValueError(
+                    f"train.clipping=ghost: Linear {name!r} got a {x.dim()}-D input {tuple(x.shape)}; Opacus' ghost "
+                    "norms take 2-D or 3-D inputs only; use train.clipping=bk or functorch"
+                )
+            if self._calls is not None:
+                self._calls[name] = self._calls.get(name, 0) + 1
+                if self._calls[name] > 1:
+                    raise ValueError(
+                        f"train.clipping=ghost: layer {name!r} is called more than once in one forward (module "
+                        "reuse), which Opacus' ghost clipping does not support; use train.clipping=bk or functorch"
+                    )
+
+        return check
+
     def _clipped_sum(self, batch, clip, scale):
-        losses = self.loss_per_example(self.gsm, batch)
+        self._calls = {}
+        try:
+            losses = self.loss_per_example(self.gsm, batch)
+        finally:
+            self._calls = None
         losses.sum().backward(retain_graph=True)
         norms = self.gsm.get_norm_sample().detach()
         for p in self.params:
@@ -277,18 +303,3 @@ class GhostEngine(GradEngine):
             h.remove()
         self._guards = []
         self.gsm._close()
-
-
-def _linear_rank_guard(name: str):
-    """Opacus' ghost norm of a Linear handles inputs (B, d) and (B, T, d) only; refuse more dimensions clearly
-    instead of failing inside Opacus."""
-
-    def check(module, args):
-        x = args[0] if args else None
-        if isinstance(x, torch.Tensor) and x.dim() > 3:
-            raise ValueError(
-                f"train.clipping=ghost: Linear {name!r} got a {x.dim()}-D input {tuple(x.shape)}; Opacus' ghost "
-                "norms take 2-D or 3-D inputs only; use train.clipping=bk or functorch"
-            )
-
-    return check

@@ -77,6 +77,26 @@ def rule_for(module: nn.Module) -> Rule | None:
     return rule
 
 
+_ADAPTERS: dict[type, Callable] = {}
+
+
+def register_adapter(*types: type):
+    """Register the decorated ``install(engine, name, module) -> undo or None`` for modules of ``types`` (with or
+    without parameters of their own) that bk must call differently while it records a batch, e.g. sequence-first
+    transformer layers, whose inner Linear layers would otherwise see the sequence along dim 0."""
+
+    def wrap(install):
+        for t in types:
+            _ADAPTERS[t] = install
+        return install
+
+    return wrap
+
+
+def adapter_for(module: nn.Module) -> Callable | None:
+    return _ADAPTERS.get(type(module))
+
+
 def supported_types() -> list[str]:
     """The class names that have a rule, for messages."""
     return sorted({t.__name__ for t in _RULES} | {name for _, name in _BY_NAME})

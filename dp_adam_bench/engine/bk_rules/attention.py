@@ -8,8 +8,16 @@ engine's capture, ``bias_k`` / ``bias_v`` (``add_bias_kv``) are captured as one 
 and ``out_proj`` is called as a module (its own Linear rule). Each row block of ``in_proj_weight`` is then a
 dense map with its own inputs and output gradients, and an example's gradient of ``in_proj_weight`` is the three
 blocks stacked: its squared norm is the sum of theirs. Outside a recorded batch (evaluation, ``mean_grad``) the
-module's own forward runs. The conformance suite checks the two forwards agree and the gradients match the loop
-over batches of size one, with masks, ``add_bias_kv``, ``add_zero_attn``, ``kdim`` / ``vdim``, both layouts.
+module's own forward runs.
+
+``nn.TransformerEncoderLayer`` / ``TransformerDecoderLayer`` with ``batch_first=False`` hand their feed-forward
+Linear layers and norms sequence-first tensors, on which no rule can tell the examples apart. While bk records, an
+adapter (:func:`_batch_first_while_recording`) transposes the layer's inputs to batch-first and runs it with its
+attention set to ``batch_first=True``: the same function (the feed-forward part acts per position, the masks do
+not depend on the layout), with every tensor batch-first.
+
+The conformance suite checks the gradients match the loop over batches of size one (which runs torch's own
+forward), with masks, ``add_bias_kv``, ``add_zero_attn``, ``kdim`` / ``vdim``, both layouts.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from dp_adam_bench.engine.bk_rules import register
+from dp_adam_bench.engine.bk_rules import register, register_adapter
 from dp_adam_bench.engine.bk_rules.dense import dense, sq_norms, weighted
 from dp_adam_bench.engine.bk_rules.linear import stack_calls
 
@@ -211,3 +219,45 @@ def attention(engine, layer, calls, b):
         return out
 
     return sq, finish
+
+
+_LAYER_INPUTS = {nn.TransformerEncoderLayer: ("src",), nn.TransformerDecoderLayer: ("tgt", "memory")}
+
+
+@register_adapter(nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)
+def _batch_first_while_recording(engine, name, module):
+    """For a sequence-first transformer layer: run it batch-first while bk records (see the module docstring)."""
+    attns = [m for m in (getattr(module, "self_attn", None), getattr(module, "multihead_attn", None)) if m]
+    if all(m.batch_first for m in attns):
+        return None
+    names = _LAYER_INPUTS[type(module)]
+    signature = inspect.signature(type(module).forward)
+    own = module.__dict__.get("forward")
+    original = module.forward
+
+    def forward(*args, **kwargs):
+        if not engine.recording():
+            return original(*args, **kwargs)
+        bound = signature.bind(module, *args, **kwargs)
+        if bound.arguments[names[0]].dim() != 3:  # unbatched: no batch to find
+            return original(*args, **kwargs)
+        for n in names:
+            bound.arguments[n] = bound.arguments[n].transpose(0, 1)
+        for m in attns:
+            m.batch_first = True
+        try:
+            out = original(*bound.args[1:], **bound.kwargs)
+        finally:
+            for m in attns:
+                m.batch_first = False
+        return out.transpose(0, 1)
+
+    module.forward = forward
+
+    def restore():
+        if own is None:
+            del module.forward
+        else:
+            module.forward = own
+
+    return restore
