@@ -5,7 +5,11 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TABLE ?= default
 PROFILE ?= cpu
-LAUNCHER ?= basic
+# LAUNCHER: basic (one run at a time, the default), joblib or slurm; JOBS=N: N runs at once (joblib; default one
+# per visible GPU, else one per core); JOBS_PER_GPU=K: K runs on each GPU
+LAUNCHER ?=
+JOBS ?=
+JOBS_PER_GPU ?=
 
 export WANDB_MODE ?= offline
 export HF_HUB_OFFLINE ?= 1
@@ -27,7 +31,8 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 reproduce-table: $(STAMP)
-	$(PY) -m dp_adam_bench reproduce $(TABLE) --profile $(PROFILE) --launcher $(LAUNCHER)
+	$(PY) -m dp_adam_bench reproduce $(TABLE) --profile $(PROFILE) $(if $(LAUNCHER),--launcher $(LAUNCHER)) \
+		$(if $(JOBS),--jobs $(JOBS)) $(if $(JOBS_PER_GPU),--jobs-per-gpu $(JOBS_PER_GPU))
 
 # the non-private pretrained GPT-2 of the CPU li_e2e table (built once into .cache/; a table that needs it builds it)
 pretrain: $(STAMP)

@@ -72,7 +72,34 @@ def _sweep(args) -> int:
 
             return run_smoke(args.experiment, args.profile, args.overrides)
         return 0
-    return run_sweep(args.experiment, args.profile, args.launcher, args.overrides, dry_run=args.dry_run)
+    return run_sweep(
+        args.experiment,
+        args.profile,
+        args.launcher,
+        args.overrides,
+        dry_run=args.dry_run,
+        jobs=args.jobs,
+        jobs_per_gpu=args.jobs_per_gpu,
+    )
+
+
+def _add_launch_options(p) -> None:
+    p.add_argument(
+        "--launcher",
+        default=None,
+        choices=["basic", "joblib", "slurm"],
+        help="basic: one run at a time (the default); joblib: several at once (the default with --jobs); slurm",
+    )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        metavar="N",
+        help="runs at once (joblib): default one per visible GPU, one GPU each; without a GPU, one per core with "
+        "1 torch thread",
+    )
+    p.add_argument(
+        "--jobs-per-gpu", type=int, metavar="K", help="runs at once on each visible GPU (joblib; small runs)"
+    )
 
 
 def _wandb_dashboard(args) -> int:
@@ -106,7 +133,9 @@ def _reproduce(args) -> int:
         if spec.experiment:
             for moved in set_aside_stale_runs(spec.experiment, args.profile, ctx.runs):
                 print(f"set aside (not part of the current preset): {moved}")
-            rc = run_sweep(spec.experiment, args.profile, args.launcher)
+            rc = run_sweep(
+                spec.experiment, args.profile, args.launcher, jobs=args.jobs, jobs_per_gpu=args.jobs_per_gpu
+            )
             if rc:
                 return rc
         for path in registry.build(tid, ctx):
@@ -159,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("sweep", help="run an experiment preset's sweep (Hydra multirun)")
     p.add_argument("experiment")
     p.add_argument("--profile", default="cpu", choices=["cpu", "paper"])
-    p.add_argument("--launcher", default="basic", choices=["basic", "joblib", "slurm"])
+    _add_launch_options(p)
     p.add_argument(
         "--dry-run",
         action="store_true",
@@ -184,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("reproduce", help="sweep (if the table needs runs) and report")
     p.add_argument("table", nargs="?", default="default")
     p.add_argument("--profile", default="cpu", choices=["cpu", "paper"])
-    p.add_argument("--launcher", default="basic", choices=["basic", "joblib", "slurm"])
+    _add_launch_options(p)
     p.set_defaults(func=_reproduce)
 
     p = sub.add_parser(

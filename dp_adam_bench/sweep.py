@@ -13,12 +13,17 @@ part of any run's config (so it is not part of a run's id either)::
       profiles: {cpu: {...}, paper: {...}}   # the sweep's own per-profile values: ${sweep.profiles.${profile}.x}
 
 Each entry becomes one Hydra multirun of ``dp_adam_bench.train``. Runs whose folders are complete are skipped by
-the training entry point, so an interrupted sweep is finished by launching it again.
+the training entry point, so an interrupted sweep is finished by launching it again; a run another process is
+training (its folder locked) is skipped with a line, and its siblings run.
+
+Locally, ``basic`` runs one job at a time; ``joblib`` (``--jobs N``, ``--jobs-per-gpu k``) runs N at once, one GPU
+per worker when the machine has GPUs (:mod:`dp_adam_bench.placement`).
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import shlex
 import shutil
 import subprocess
@@ -32,6 +37,7 @@ from omegaconf import OmegaConf
 
 from dp_adam_bench.errors import ConfigError
 from dp_adam_bench.paths import CONFIG_DIR
+from dp_adam_bench.placement import LocalJobs, plan_local_jobs, visible_gpus
 
 LAUNCHERS = ("basic", "joblib", "slurm")
 
@@ -147,10 +153,50 @@ def _override(key: str, value, keys: dict) -> str:
     return f"{key}={_values(value)}"
 
 
+def cores() -> int:
+    """CPU cores this process may use (its affinity, e.g. a container's or a SLURM allocation's share)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def resolve_launcher(launcher: str | None, jobs: int | None = None, jobs_per_gpu: int | None = None) -> str:
+    """The launcher a sweep uses: the one given, else ``joblib`` when ``--jobs`` / ``--jobs-per-gpu`` is given,
+    else ``basic``; a job count the launcher cannot honour is refused in one line."""
+    if launcher is not None and launcher not in LAUNCHERS:
+        raise ValueError(f"unknown launcher {launcher!r}; valid: {', '.join(LAUNCHERS)}")
+    counted = jobs is not None or jobs_per_gpu is not None
+    if launcher is None:
+        return "joblib" if counted else "basic"
+    if launcher == "basic" and (jobs_per_gpu is not None or (jobs is not None and jobs != 1)):
+        flag = f"--jobs {jobs}" if jobs is not None else f"--jobs-per-gpu {jobs_per_gpu}"
+        raise ConfigError(
+            f"{flag} with --launcher basic, which runs one job at a time: use --launcher joblib"
+        )
+    if launcher == "slurm" and counted:
+        raise ConfigError(
+            "--jobs / --jobs-per-gpu place jobs on this machine; with --launcher slurm every job is a SLURM task "
+            "with its own GPU (hydra.launcher.gpus_per_node), at most hydra.launcher.array_parallelism at once"
+        )
+    return launcher
+
+
+def local_jobs(jobs: int | None = None, jobs_per_gpu: int | None = None) -> LocalJobs:
+    """The joblib parallelism of a local sweep on this machine (:func:`dp_adam_bench.placement.plan_local_jobs`
+    with this machine's visible GPUs and cores)."""
+    return plan_local_jobs(jobs, jobs_per_gpu, visible_gpus(), cores())
+
+
 def sweep_commands(
-    experiment: str, profile: str = "cpu", launcher: str = "basic", overrides: Sequence[str] = ()
+    experiment: str,
+    profile: str = "cpu",
+    launcher: str = "basic",
+    overrides: Sequence[str] = (),
+    local: LocalJobs | None = None,
 ) -> list[list[str]]:
-    """The ``python -m dp_adam_bench.train -m ...`` command lines that make up the sweep."""
+    """The ``python -m dp_adam_bench.train -m ...`` command lines that make up the sweep. ``local``: the joblib
+    launcher's workers and threads per run (default: :func:`local_jobs`); with GPU slots the commands also need
+    ``local.env()``."""
     if launcher not in LAUNCHERS:
         raise ValueError(f"unknown launcher {launcher!r}; valid: {', '.join(LAUNCHERS)}")
     spec = sweep_spec(experiment, profile)
@@ -166,7 +212,10 @@ def sweep_commands(
         if seeds is not None and "seed" not in given and "seed" not in entry:
             args.append(f"seed={_values(seeds)}")
         if launcher == "joblib":
-            args += ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "train.threads=1"]
+            local = local or local_jobs()
+            args += ["hydra/launcher=joblib", f"hydra.launcher.n_jobs={local.jobs}"]
+            if "train.threads" not in given:
+                args.append(f"train.threads={local.threads}")
         elif launcher == "slurm":
             args += ["hydra/launcher=slurm"]
         commands.append([python_executable(), "-m", "dp_adam_bench.train", "-m", *args, *overrides])
@@ -289,20 +338,38 @@ def slurm_plan(
 def run_sweep(
     experiment: str,
     profile: str = "cpu",
-    launcher: str = "basic",
+    launcher: str | None = "basic",
     overrides: Sequence[str] = (),
     dry_run: bool = False,
+    jobs: int | None = None,
+    jobs_per_gpu: int | None = None,
 ) -> int:
-    commands = sweep_commands(experiment, profile, launcher, overrides)
+    """Run (or, ``dry_run``, print) the sweep's multirun commands one after the other; the first that fails stops
+    the sweep with its exit code. ``launcher`` None: joblib when ``jobs`` / ``jobs_per_gpu`` is given, else basic."""
+    launcher = resolve_launcher(launcher, jobs, jobs_per_gpu)
+    local = local_jobs(jobs, jobs_per_gpu) if launcher == "joblib" else None
+    commands = sweep_commands(experiment, profile, launcher, overrides, local=local)
+    env = local.env() if local is not None else {}
+    if local is not None:
+        where = f"one GPU per worker, slots {','.join(local.gpu_slots)}" if local.gpu_slots else "on the CPU"
+        print(f"joblib: {local.jobs} runs at once, {local.threads} torch thread(s) each, {where}", flush=True)
     if dry_run and launcher == "slurm":
         print(slurm_plan(experiment, profile, commands, overrides), flush=True)
     tracker = None if dry_run else _sweep_progress(experiment, profile, commands, overrides)
+    prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in env.items())
     try:
+        if tracker is not None and all(_is_hydra_override(o) for o in overrides) and tracker.done == tracker.total:
+            print(  # every run of the preset is complete: no multirun launched just to skip each one
+                f"sweep {experiment}: all {tracker.total} runs are complete, nothing to launch "
+                "(train.force=true reruns them)",
+                flush=True,
+            )
+            return 0
         for cmd in commands:
-            print("+ " + shell_line(cmd), flush=True)
+            print("+ " + prefix + shell_line(cmd), flush=True)
             if dry_run:
                 continue
-            rc = subprocess.run(cmd, check=False).returncode
+            rc = subprocess.run(cmd, check=False, env={**os.environ, **env} if env else None).returncode
             if rc != 0:
                 print(f"sweep command failed with exit code {rc}", file=sys.stderr)
                 return rc

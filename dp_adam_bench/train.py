@@ -128,13 +128,21 @@ def _skip(ddp, complete: bool, root, name: str, rid: str) -> bool:
 @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     from dp_adam_bench.engine.checkpoint import CheckpointError
+    from dp_adam_bench.placement import claim_gpu, skip_locked_run
+
+    claim_gpu()  # a worker of a GPU sweep takes its GPU before anything touches CUDA; elsewhere a no-op
 
     try:
         train(cfg)
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         sys.exit(2)
-    except (CheckpointError, FileNotFoundError, RunLockedError) as err:
+    except RunLockedError as err:
+        if skip_locked_run(err):  # a multirun job: its siblings still run
+            return
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    except (CheckpointError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
 
