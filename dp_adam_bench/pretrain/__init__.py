@@ -37,6 +37,7 @@ from dp_adam_bench.pretrain.common import (
     SUMMARY,
     Interrupted,
     cache_dir,
+    resolve_device,
 )
 
 __all__ = [
@@ -69,12 +70,14 @@ def load_spec(name: str, overrides: dict | None = None) -> dict:
 
 
 def check_spec(spec: dict) -> dict:
-    """ConfigError naming the bad value when a preset cannot make a model (the checks of its ``kind``)."""
+    """ConfigError naming the bad value when a preset cannot make a model (the checks of its ``kind``) or names a
+    device this machine cannot run it on."""
     kind = spec.get("kind")
     if kind not in KINDS:
         raise ConfigError(
             f"pretrain {spec.get('name', '?')}: kind must be one of {', '.join(KINDS)}, got {kind!r}"
         )
+    resolve_device(spec)
     return _module(kind).check_spec(spec)
 
 
@@ -143,10 +146,28 @@ def ensure(spec: dict, stop_after: int | None = None) -> Path:
                 flush=True,
             )
             (folder / "spec.json").write_text(json.dumps(spec, indent=2))
+            _show_progress_lines()
             _module(spec["kind"]).train(copy.deepcopy(spec), folder, stop_after)
     finally:
         lock.release()
     return folder / "model"
+
+
+def _show_progress_lines() -> None:
+    """Off a terminal a build reports its progress as INFO log lines (:mod:`dp_adam_bench.progress`), as a training
+    run does. ``dp-adam-bench pretrain`` configures no logging (a Hydra run does), and importing Opacus sets the root
+    logger to WARNING: unless a level was set for the package's logger, let its INFO records through, to stderr when
+    nothing else handles them."""
+    import logging
+    import sys
+
+    logger = logging.getLogger("dp_adam_bench")
+    if logger.level == logging.NOTSET and logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
+    if not logger.hasHandlers():
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+        logger.addHandler(handler)
 
 
 def _wait_for_lock(folder: Path, poll_s: float = 5.0):

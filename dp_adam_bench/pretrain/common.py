@@ -1,10 +1,11 @@
-"""What the pretraining kinds share: the cache location, file names, checks of numeric preset values, and the
-checkpoint a build resumes from."""
+"""What the pretraining kinds share: the cache location, file names, checks of numeric preset values, the device a
+build runs on, and the checkpoint a build resumes from."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from pathlib import Path
 
@@ -15,7 +16,16 @@ PRESET_DIR = CONFIG_DIR / "pretrain"
 CHECKPOINT = "checkpoint.pt"
 SUMMARY = "summary.json"
 # keys that change how a pretraining run is watched, not the model it makes (left out of the cache key)
-OPERATIONAL_KEYS = ("log_every", "eval_every", "checkpoint_every", "val_blocks", "encode_batch_size", "wandb")
+# (``device``: a GPU build equals the CPU one up to float rounding, as train.device leaves a run's identity alone)
+OPERATIONAL_KEYS = (
+    "log_every",
+    "eval_every",
+    "checkpoint_every",
+    "val_blocks",
+    "encode_batch_size",
+    "wandb",
+    "device",
+)
 KINDS = ("gpt2_clm", "bert_mlm_head")
 
 
@@ -42,26 +52,55 @@ def check_numbers(spec: dict, positive: tuple, nonneg: tuple, positive_floats: t
             raise ConfigError(f"pretrain {name}: {key} must be in [0, 1], got {v!r}")
 
 
-def save_checkpoint(folder: Path, step: int, model, opt) -> None:
-    """The state a build resumes from: step, trainable state, optimizer and torch RNG (written atomically)."""
+DEVICES = "auto, cpu, cuda, cuda:<index>"
+
+
+def resolve_device(spec: dict):
+    """The torch device of a build: the preset's ``device`` with ``train.device``'s meaning (``auto``: CUDA when
+    available, else CPU; :func:`dp_adam_bench.engine.trainer.resolve_device`). ConfigError naming the field for
+    anything else, or for a CUDA device this machine does not have."""
     import torch
 
+    from dp_adam_bench.engine.trainer import resolve_device as resolve
+
+    name, value = spec.get("name", "?"), spec.get("device", "auto")
+    if not isinstance(value, str) or not re.fullmatch(r"auto|cpu|cuda(:\d+)?", value):
+        raise ConfigError(f"pretrain {name}: device must be one of {DEVICES}, got {value!r}")
+    try:
+        device = resolve(value)
+    except ConfigError:  # its message names train.device
+        raise ConfigError(
+            f"pretrain {name}: device={value!r} but no CUDA device is available; use device=cpu or auto"
+        ) from None
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ConfigError(
+            f"pretrain {name}: device={value!r} but this machine has {torch.cuda.device_count()} CUDA device(s)"
+        )
+    return device
+
+
+def save_checkpoint(folder: Path, step: int, model, opt) -> None:
+    """The state a build resumes from: step, trainable state, optimizer and torch RNG, the CUDA one too when the
+    model is on a GPU (written atomically)."""
+    import torch
+
+    state = {
+        "step": step,
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "rng": torch.get_rng_state(),
+    }
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        state["cuda_rng"] = torch.cuda.get_rng_state(device)
     tmp = folder / f".{CHECKPOINT}.tmp"
-    torch.save(
-        {
-            "step": step,
-            "model": model.state_dict(),
-            "optimizer": opt.state_dict(),
-            "rng": torch.get_rng_state(),
-        },
-        tmp,
-    )
+    torch.save(state, tmp)
     tmp.replace(folder / CHECKPOINT)
 
 
 def load_checkpoint(folder: Path, model, opt) -> int:
-    """The step of ``folder``'s checkpoint, its state loaded into ``model`` and ``opt`` (0: none); a file that
-    cannot be read is a ConfigError naming it."""
+    """The step of ``folder``'s checkpoint, its state loaded into ``model`` and ``opt`` on the model's device (0:
+    none); a file that cannot be read is a ConfigError naming it."""
     import torch
 
     path = folder / CHECKPOINT
@@ -70,8 +109,11 @@ def load_checkpoint(folder: Path, model, opt) -> int:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
         model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
+        opt.load_state_dict(state["optimizer"])  # torch moves its state to the parameters' device
         torch.set_rng_state(state["rng"])
+        device = next(model.parameters()).device
+        if device.type == "cuda" and "cuda_rng" in state:
+            torch.cuda.set_rng_state(state["cuda_rng"], device)
         return int(state["step"])
     except Exception as err:  # a torn or foreign file: say which and how to start over
         raise ConfigError(
@@ -96,16 +138,17 @@ def finite(spec: dict, loss: float, step: int) -> float:
 
 
 class BuildLog:
-    """What every kind's build records: ``metrics.jsonl`` and W&B (as a training run), the progress bar, the
-    checkpoint schedule (and a test's simulated kill, ``stop_after``), and at the end the ``model/`` folder and the
-    summary, written last."""
+    """What every kind's build records: ``metrics.jsonl`` and W&B (as a training run), the progress bar (or lines),
+    the checkpoint schedule (and a test's simulated kill, ``stop_after``), and at the end the ``model/`` folder and
+    the summary, written last, with the build's provenance (``device``: the device it trained on)."""
 
-    def __init__(self, spec: dict, folder: Path, start: int, stop_after: int | None, t0: float):
+    def __init__(self, spec: dict, folder: Path, start: int, stop_after: int | None, t0: float, device):
         from dp_adam_bench import progress
         from dp_adam_bench.tracking.run_store import RunFolder
         from dp_adam_bench.tracking.wandb_logger import WandbLogger
 
         self.spec, self.folder, self.start, self.stop_after, self.t0 = spec, folder, start, stop_after, t0
+        self.device = device
         self.steps = int(spec["steps"])
         truncate_metrics(folder / "metrics.jsonl", start)
         self.run = RunFolder(folder)
@@ -140,13 +183,14 @@ class BuildLog:
         complete), and drop the checkpoint."""
         import shutil
 
-        from dp_adam_bench.tracking.run_store import git_commit
+        from dp_adam_bench.tracking.provenance import provenance
 
         out = self.folder / "model"
         shutil.rmtree(out, ignore_errors=True)
-        model.save_pretrained(out)
+        model.to("cpu").save_pretrained(out)  # CPU tensors: the folder loads the same on any machine
         tokenizer.save_pretrained(out)
         spec = self.spec
+        about = provenance(self.device)
         summary = {
             "status": "complete",
             "name": spec["name"],
@@ -155,8 +199,9 @@ class BuildLog:
             **summary,
             "resumed_from_step": self.start or None,
             "wall_time_s_this_session": time.time() - self.t0,
-            "git_commit": git_commit(),
+            "git_commit": about["git_commit"],
             "command": f"dp-adam-bench pretrain {spec['name']}",
+            "provenance": about,
         }
         self.run.write_json(SUMMARY, summary)
         (self.folder / CHECKPOINT).unlink(missing_ok=True)

@@ -7,7 +7,8 @@ public text disjoint from E2E, for the CPU ``li_e2e`` table. It is a far smaller
 
 Training: GPT-2 style packing (abstracts joined with ``<|endoftext|>``, cut into blocks of ``block_size`` tokens),
 AdamW with linear warm-up and cosine decay, gradient-norm clipping at ``grad_clip`` (an optimisation aid, not DP),
-tied input / output embeddings as GPT-2 has them. The block order of epoch e is a permutation seeded by
+tied input / output embeddings as GPT-2 has them, on the preset's ``device`` (auto: CUDA when available, as
+``train.device``). The block order of epoch e is a permutation seeded by
 (seed, e), so a build is a function of its preset; it checkpoints every ``checkpoint_every`` steps (model,
 optimizer, torch RNG) and resumes exactly from the last checkpoint. Logged to ``metrics.jsonl`` and W&B (offline by
 default) like a training run.
@@ -25,7 +26,7 @@ import torch
 
 from dp_adam_bench.errors import ConfigError
 from dp_adam_bench.paths import shared_data_dir
-from dp_adam_bench.pretrain.common import BuildLog, check_numbers, finite, load_checkpoint
+from dp_adam_bench.pretrain.common import BuildLog, check_numbers, finite, load_checkpoint, resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -185,11 +186,13 @@ def lr_at(step: int, spec: dict) -> float:
 
 @torch.no_grad()
 def mean_loss(model, blocks: torch.Tensor, batch_size: int) -> float:
+    """The mean next-token loss over ``blocks`` (on any device: each batch goes to the model's)."""
     was = model.training
     model.eval()
+    device = next(model.parameters()).device
     total, count = 0.0, 0
     for start in range(0, len(blocks), batch_size):
-        x = blocks[start : start + batch_size]
+        x = blocks[start : start + batch_size].to(device)
         out = model(input_ids=x, labels=x)
         n = x.numel() - len(x)  # predicted tokens
         total += float(out.loss) * n
@@ -204,10 +207,11 @@ def train(spec: dict, folder: Path, stop_after: int | None = None) -> dict:
     from dp_adam_bench.tasks.text import load_gpt2_tokenizer
 
     t0 = time.time()
+    device = resolve_device(spec)
     tokenizer = load_gpt2_tokenizer(tokenizer_path(spec))
     train_blocks, val_blocks, origin, tokenizer = token_blocks(spec, tokenizer)
     val_blocks = val_blocks[: int(spec["val_blocks"])]
-    model = build_model(spec, len(tokenizer), int(tokenizer.eos_token_id))
+    model = build_model(spec, len(tokenizer), int(tokenizer.eos_token_id)).to(device)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
@@ -221,8 +225,9 @@ def train(spec: dict, folder: Path, stop_after: int | None = None) -> dict:
     start = load_checkpoint(folder, model, opt)
     n_params = sum(p.numel() for p in model.parameters())
     log.info(
-        "pretraining %s: %.1fM parameters, %d train / %d val blocks of %d tokens (%s), steps %d..%d",
+        "pretraining %s on %s: %.1fM parameters, %d train / %d val blocks of %d tokens (%s), steps %d..%d",
         spec["name"],
+        device,
         n_params / 1e6,
         len(train_blocks),
         len(val_blocks),
@@ -231,14 +236,15 @@ def train(spec: dict, folder: Path, stop_after: int | None = None) -> dict:
         start,
         spec["steps"],
     )
-    build = BuildLog(spec, folder, start, stop_after, t0)
+    build = BuildLog(spec, folder, start, stop_after, t0, device)
     model.train()
     loss_sum, loss_n = 0.0, 0
     try:
         for step in range(start, int(spec["steps"])):
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, spec)
-            x = train_blocks[batch_rows(step, len(train_blocks), int(spec["batch_size"]), int(spec["seed"]))]
+            rows = batch_rows(step, len(train_blocks), int(spec["batch_size"]), int(spec["seed"]))
+            x = train_blocks[rows].to(device)
             loss = model(input_ids=x, labels=x).loss
             loss_value = finite(spec, loss.item(), step)
             opt.zero_grad(set_to_none=True)

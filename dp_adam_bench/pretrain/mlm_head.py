@@ -15,7 +15,8 @@ the head, NON-PRIVATELY, with the encoder FROZEN:
   each seeded by (corruption, row); the frozen encoder runs once over them, and the head trains on the hidden
   states at the chosen positions (so a step costs one head forward and backward).
 
-The result (``model/``) is a ``BertForMaskedLM`` folder: the base encoder's weights unchanged, the fitted head, the
+It runs on the preset's ``device`` (auto: CUDA when available, as ``train.device``). The result (``model/``) is a
+``BertForMaskedLM`` folder: the base encoder's weights unchanged, the fitted head, the
 base's tokenizer. The arxiv_mlm task reads it with ``task.pretrain=<preset>``.
 """
 
@@ -31,7 +32,7 @@ from torch.nn import functional as F
 
 from dp_adam_bench import progress
 from dp_adam_bench.errors import ConfigError
-from dp_adam_bench.pretrain.common import BuildLog, check_numbers, finite, load_checkpoint
+from dp_adam_bench.pretrain.common import BuildLog, check_numbers, finite, load_checkpoint, resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -106,19 +107,22 @@ def masked_examples(spec: dict, tokenizer) -> tuple[list, list, str]:
 
 @torch.no_grad()
 def encode(encoder, examples: list, pad_id: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Hidden states of the frozen encoder at every chosen position (N, hidden) and their labels (N,)."""
+    """Hidden states of the frozen encoder at every chosen position (N, hidden) and their labels (N,), on the
+    encoder's device."""
     from dp_adam_bench.tasks import text
 
     encoder.eval()
+    device = next(encoder.parameters()).device
     feats, labels = [], []
     for start in progress.iterate(range(0, len(examples), batch_size), desc="encode"):
         chunk = examples[start : start + batch_size]
         batch = text.pad_batch([c for c, _, _ in chunk], pad_id=pad_id, max_length=10**6, pad_to="longest")
-        hidden = encoder(**text.bert_inputs(batch), return_dict=True).last_hidden_state
+        inputs = {k: v.to(device) for k, v in text.bert_inputs(batch).items()}
+        hidden = encoder(**inputs, return_dict=True).last_hidden_state
         for j, (_, pos, lab) in enumerate(chunk):
-            feats.append(hidden[j, torch.from_numpy(pos)])
+            feats.append(hidden[j, torch.from_numpy(pos).to(device)])
             labels.append(torch.from_numpy(lab))
-    return torch.cat(feats), torch.cat(labels)
+    return torch.cat(feats), torch.cat(labels).to(device)
 
 
 def head_loss(mlm, feats: torch.Tensor, labels: torch.Tensor, batch_size: int = 4096) -> float:
@@ -141,6 +145,7 @@ def train(spec: dict, folder: Path, stop_after: int | None = None) -> dict:
     from dp_adam_bench.tasks import text
 
     t0 = time.time()
+    device = resolve_device(spec)
     base = base_folder(spec)
     tokenizer = text.load_tokenizer(base)
     config = text.load_config(base)
@@ -153,6 +158,7 @@ def train(spec: dict, folder: Path, stop_after: int | None = None) -> dict:
     trainable = [*head.transform.parameters(), head.decoder.bias]
     for p in trainable:
         p.requires_grad_(True)
+    mlm.to(device)
     fit, held, origin = masked_examples(spec, tokenizer)
     bs = int(spec["encode_batch_size"])
     x_fit, y_fit = encode(mlm.bert, fit, int(tokenizer.pad_token_id), bs)
@@ -161,7 +167,7 @@ def train(spec: dict, folder: Path, stop_after: int | None = None) -> dict:
     opt = torch.optim.AdamW(trainable, lr=float(spec["lr"]), weight_decay=float(spec["weight_decay"]))
     start = load_checkpoint(folder, head, opt)
     steps, batch = int(spec["steps"]), int(spec["batch_size"])
-    build = BuildLog(spec, folder, start, stop_after, t0)
+    build = BuildLog(spec, folder, start, stop_after, t0, device)
     mlm.train()
     try:
         loss_sum, loss_n = 0.0, 0
@@ -172,7 +178,7 @@ def train(spec: dict, folder: Path, stop_after: int | None = None) -> dict:
             # the positions of a step are a function of (seed, step): a resumed build draws the same ones
             pick = torch.from_numpy(
                 np.random.default_rng([int(spec["seed"]), 2, step]).integers(0, len(y_fit), batch)
-            )
+            ).to(device)
             loss = F.cross_entropy(mlm.cls(x_fit[pick]), y_fit[pick])
             loss_value = finite(spec, loss.item(), step)
             opt.zero_grad(set_to_none=True)

@@ -74,13 +74,6 @@ def identity_hash(cfg: dict) -> str:
     return hashlib.sha1(json.dumps(run_identity(cfg), sort_keys=True, default=str).encode()).hexdigest()
 
 
-def git_commit() -> str:
-    """The project's own commit (:func:`dp_adam_bench.tracking.provenance.project_commit`)."""
-    from dp_adam_bench.tracking.provenance import project_commit
-
-    return project_commit()
-
-
 def run_id(cfg: dict) -> str:
     """Readable, deterministic id: ``<optimizer>-<noise>-lr<lr>-s<seed>-<hash of the identity keys>``."""
     digest = identity_hash(cfg)[:8]
