@@ -2,8 +2,10 @@
 2023, arXiv 2305.08846), printing the epsilon the run claims beside the audit's lower bound.
 
 The config's variant, noise mechanism, sigma, clip, delta, accountant, sampler and schedule are audited; its task is
-replaced by the canary task (:mod:`dp_adam_bench.audit.whitebox`), whose dataset size is canaries + background. Exit
-status 1 on a VIOLATION (lower bound above the claim) or a missed control, 0 otherwise.
+replaced by the canary task (:mod:`dp_adam_bench.audit.whitebox`), whose dataset size is canaries + background.
+``--meter`` also runs the mechanism meter (:mod:`dp_adam_bench.audit.meter`) on the same config. Exit status 1 on a
+VIOLATION (lower bound above the claim), a failed meter check of an honest config, or a control that nothing
+caught; 0 otherwise.
 """
 
 from __future__ import annotations
@@ -33,6 +35,11 @@ def add_parser(sub) -> None:
         help="audit a control instead (its variant, noise and sampler replace the config's): "
         "see dp_adam_bench.audit.controls",
     )
+    p.add_argument(
+        "--meter",
+        action="store_true",
+        help="also meter the mechanism (noise std, sensitivity, sampling rate, noise correlation, post-processing)",
+    )
     p.set_defaults(func=run)
 
 
@@ -60,4 +67,12 @@ def run(args) -> int:
         confidence=args.confidence,
     )
     print(result.describe())
-    return 0 if result.verdict in ("consistent", "caught") else 1
+    if not args.meter:
+        return 0 if result.verdict in ("consistent", "caught") else 1
+    from dp_adam_bench.audit.meter import meter_config
+
+    metered = meter_config(cfg, n=args.canaries + args.background, control=control, control_name=args.control)
+    print(metered.describe())
+    if control is None:
+        return 0 if result.verdict == "consistent" and metered.passed else 1
+    return 0 if result.verdict == "caught" or not metered.passed else 1

@@ -17,17 +17,39 @@ the plan:
 
 The registered non-private baselines (``noiseless_precond``, ``stp_noiseless_precond``: clean second moments by
 design) are audited as controls too, with the epsilon their noise would claim.
+
+The planted-bug catalogue (issue 25): nine realistic bugs, each a few lines of the kind that happens in real code,
+applied here through the same mechanism (a privatizer, sampler, variant or clipping-engine replacement; nothing in
+``engine/`` or ``optim/`` is changed):
+
+* ``half_noise`` — noise std halved (every release);
+* ``realized_batch`` — the clipped sum divided by the realized batch size instead of the expected one;
+* ``bc_clean_v`` — Ganesh et al.'s bias correction (bc) feeding its second moment from the clean clipped gradient
+  while the run is still marked private;
+* ``double_rate`` — a Poisson sampler drawing at 2q while the ledger and the privatizer use q;
+* ``bias_unclipped`` — bias gradients escaping clipping: the clipping engine's sum for bias parameters replaced by
+  the sum of unclipped per-example bias gradients (a wrapper at the engine interface, ``clipped_sum``; model tasks);
+* ``reused_mf_draw`` — a correlated-noise mechanism whose Gaussian draw z is made once and reused at every step
+  (the C^{-1} recursion still runs on it);
+* ``stp_prescale_norms`` — scale-then-privatize clipping factors from the norms of the unscaled gradients;
+* ``ime_free_inverted`` — "IME for free" with its sigma factor inverted (sqrt 2 instead of 1 / sqrt 2): the
+  accountant sees twice the noise multiplier the mechanism has;
+* ``ime_sq_understated`` — IME's g^2 release with sensitivity C^2 / B^2 instead of (2B - 1) C^2 / B^2.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
-from dp_adam_bench.engine.privatizer import Privatizer, Release
-from dp_adam_bench.engine.sampling import CyclicPoissonSampler
+from dp_adam_bench.engine.grads import batch_len, clip_factors
+from dp_adam_bench.engine.privatizer import Privatizer, Release, per_example_norms
+from dp_adam_bench.engine.sampling import CyclicPoissonSampler, PoissonSampler
+from dp_adam_bench.optim.adam import AdamIMEFree, BiasCorrection
 from dp_adam_bench.registry import Registry
 
 
@@ -94,6 +116,119 @@ class CleanSquarePrivatizer(Privatizer):
         return out
 
 
+class HalfNoisePrivatizer(ScaledNoisePrivatizer):
+    factor = 0.5
+
+
+class RealizedBatchPrivatizer(Privatizer):
+    """Divides the clipped sum by the realized batch size (the rows it was given) instead of the expected B; the
+    noise keeps its std k sigma C / B."""
+
+    def clipped_mean(self, per_example, scale=None):
+        out, norms = super().clipped_mean(per_example, scale)
+        b = per_example[0].shape[0]
+        return ([o * (self.B / b) for o in out] if b else out), norms
+
+
+class PreScaleNormsPrivatizer(Privatizer):
+    """Scale-then-privatize whose clip factors come from the norms of the *unscaled* gradients ||g_i||, while the
+    scaled s g_i is what is summed: a scaled contribution has norm C ||s g_i|| / ||g_i||, not C."""
+
+    def clipped_mean(self, per_example, scale=None):
+        if scale is None:
+            return super().clipped_mean(per_example, scale)
+        lead = 1 + self.trial_dims
+        norms = per_example_norms(per_example, lead)  # the bug: before scaling
+        factor = clip_factors(norms, self.clip)
+        out = []
+        for g, s in zip(per_example, scale, strict=True):
+            f = factor.reshape(*factor.shape, *([1] * (g.dim() - lead)))
+            out.append((g * s * f).sum(0) / self.B)
+        return out, norms
+
+
+class ReusedDrawPrivatizer(Privatizer):
+    """Each noise mechanism draws its standard normal z once and reuses it at every step; a correlated mechanism
+    still runs its C^{-1} recursion on the repeated draw."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        for m in self.mechanisms:
+            first = m._draw_z()
+            m._draw_z = lambda first=first: [z.clone() for z in first]
+
+
+class UnderstatedSquarePrivatizer(Privatizer):
+    """IME's g^2 release noised for a sensitivity of C^2 / B^2 (the (2B - 1) cross term forgotten)."""
+
+    def __init__(self, **kw):
+        rel = kw["releases"]
+        if rel.square_sensitivity is None:
+            raise ValueError(
+                "the ime_sq_understated control needs a variant that releases g^2 (ime, adagrad_ime)"
+            )
+        kw["releases"] = dataclasses.replace(rel, square_sensitivity=lambda clip, b: clip**2 / b**2)
+        super().__init__(**kw)
+
+
+class CleanSecondMomentBC(BiasCorrection):
+    """bc whose second moment is fed the clean clipped gradient (asks the privatizer for it) while it still says
+    it is private: the ledger accounts it as a private run."""
+
+    needs_clean = True
+
+    def second_moment_input(self, ctx, first):
+        return [c * c for c in ctx.clean]
+
+
+class InvertedFactorIMEFree(AdamIMEFree):
+    """IME for free with its sigma factor inverted: accounted at sigma sqrt 2 instead of sigma / sqrt 2."""
+
+    sigma_factor = math.sqrt(2.0)
+
+
+class DoubleRateSampler(PoissonSampler):
+    """A Poisson sampler that draws each example with probability 2q while it reports q (and the expected batch
+    size q N) to the ledger and the privatizer."""
+
+    def __init__(self, honest: PoissonSampler):
+        if not isinstance(honest, PoissonSampler) or honest.kind != "poisson":
+            raise ValueError(
+                f"the double_rate control breaks a Poisson sampler, got {getattr(honest, 'kind', honest)!r}"
+            )
+        self.__dict__.update(honest.__dict__)
+
+    def iter_from(self, step: int) -> Iterator[torch.Tensor]:
+        for _ in range(step, self._steps):
+            mask = torch.rand(self.n, generator=self.generator) < min(1.0, 2 * self.q)
+            yield mask.nonzero().squeeze(1)
+
+
+class UnclippedBiasEngine:
+    """A clipping engine whose sum for bias parameters (trainable parameters named ``*bias``) is the sum of the
+    *unclipped* per-example bias gradients; everything else is the wrapped engine's. Planted at the engine
+    interface (``clipped_sum``), so any engine can carry it."""
+
+    def __init__(self, inner, model):
+        self.inner = inner
+        names = [n for n, p in model.named_parameters() if p.requires_grad]
+        self.bias = [i for i, n in enumerate(names) if n.endswith("bias")]
+        if not self.bias:
+            raise ValueError("the bias_unclipped control needs a model with bias parameters")
+
+    def clipped_sum(self, batch, clip, scale=None):
+        cs = self.inner.clipped_sum(batch, clip, scale)
+        n = batch_len(batch)
+        if n:
+            full = self.inner.mean_grad(batch)
+            for i in self.bias:
+                cs.summed[i] = full[i] * n
+        return cs
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
 class CycleIgnoredSampler(CyclicPoissonSampler):
     """A cyclic Poisson sampler that ignores the cycle: at every step every example joins with probability q (the
     group rate b B / N), instead of only the members of group t mod b. Its ``cycle_length`` is the honest
@@ -101,6 +236,11 @@ class CycleIgnoredSampler(CyclicPoissonSampler):
     cycle."""
 
     def __init__(self, honest: CyclicPoissonSampler):
+        if not isinstance(honest, CyclicPoissonSampler):
+            raise ValueError(
+                f"the {type(self).__name__} control breaks a cyclic Poisson sampler, got "
+                f"{getattr(honest, 'kind', honest)!r}"
+            )
         self.__dict__.update(honest.__dict__)
         self.generator = torch.Generator().manual_seed(honest.seed * 1_000_003 + 1)
 
@@ -113,8 +253,12 @@ class CycleIgnoredSampler(CyclicPoissonSampler):
 
 @dataclass(frozen=True)
 class Control:
-    """A control row: the registered variant, mechanism and sampler it runs, and the broken privatizer (None for a
-    registered non-private baseline) or broken sampler (``sampler_bug``: the plan's sampler -> its replacement)."""
+    """A control row: the registered variant, mechanism and sampler it runs, and what is broken: the privatizer
+    (None for a registered non-private baseline), the sampler (``sampler_bug``: the plan's sampler -> its
+    replacement), the variant (``variant_bug``: a class built with the config's optimizer fields in place of the
+    registered one, and the plan rebuilt for it, so its sigma factor reaches the ledger) or the clipping engine
+    (``engine_bug``: (engine, model) -> a wrapper; model tasks only). ``planted``: one of issue 25's planted
+    kinds; ``leaks``: False for a bug whose true epsilon is about the claim."""
 
     variant: str
     noise: str
@@ -122,18 +266,40 @@ class Control:
     privatizer: type[Privatizer] | None
     what: str
     sampler_bug: type | None = None
+    variant_bug: type | None = None
+    engine_bug: type | None = None
+    planted: bool = False
+    leaks: bool = True
 
     def wrap(self, p: Privatizer) -> Privatizer:
         return p if self.privatizer is None else rebuilt(self.privatizer, p)
 
     def wrap_sampler(self, sampler):
-        if self.sampler_bug is None:
-            return sampler
-        if not isinstance(sampler, CyclicPoissonSampler):
-            raise ValueError(
-                f"the {self.sampler_bug.__name__} control breaks a cyclic Poisson sampler, got {sampler.kind!r}"
-            )
-        return self.sampler_bug(sampler)
+        return sampler if self.sampler_bug is None else self.sampler_bug(sampler)
+
+    def wrap_engine(self, engine, model):
+        return engine if self.engine_bug is None else self.engine_bug(engine, model)
+
+    def apply_to_run(self, run, cfg):
+        """The prepared ``run`` with the broken variant and a plan built for it (unchanged without one)."""
+        if self.variant_bug is None:
+            return run
+        from dp_adam_bench.engine.plan import build_plan
+
+        variant = self.variant_bug(**{k: v for k, v in cfg.optimizer.items() if k != "name"})
+        plan = build_plan(
+            cfg,
+            len(run.population),
+            variant,
+            numel=run.backend.numel_per_trial,
+            sampler_seed=run.seeds.sampler,
+        )
+        return dataclasses.replace(run, variant=variant, plan=plan)
+
+    @property
+    def model_only(self) -> bool:
+        """Only a model task (a clipping engine) can carry this bug."""
+        return self.engine_bug is not None
 
 
 CONTROLS = Registry("audit control", "audit.control")
@@ -186,3 +352,92 @@ for _name, _control in (
     ),
 ):
     CONTROLS.register(_name, _control)
+for _name, _control in (
+    ("half_noise", Control("adam", "independent", "poisson", HalfNoisePrivatizer, "noise std halved")),
+    (
+        "realized_batch",
+        Control(
+            "adam",
+            "independent",
+            "poisson",
+            RealizedBatchPrivatizer,
+            "clipped sum divided by the realized batch size",
+            leaks=False,
+        ),
+    ),
+    (
+        "bc_clean_v",
+        Control(
+            "bc",
+            "independent",
+            "poisson",
+            None,
+            "bc's second moment from the clean clipped gradient",
+            variant_bug=CleanSecondMomentBC,
+        ),
+    ),
+    (
+        "double_rate",
+        Control(
+            "adam",
+            "independent",
+            "poisson",
+            None,
+            "Poisson sampler at 2q while the accountant uses q",
+            sampler_bug=DoubleRateSampler,
+        ),
+    ),
+    (
+        "bias_unclipped",
+        Control(
+            "adam",
+            "independent",
+            "poisson",
+            None,
+            "bias gradients escaping clipping (wrapped bk engine)",
+            engine_bug=UnclippedBiasEngine,
+        ),
+    ),
+    (
+        "reused_mf_draw",
+        Control(
+            "adam",
+            "dpmf_sqrt",
+            "single_pass",
+            ReusedDrawPrivatizer,
+            "correlated-noise draw reused at every step",
+        ),
+    ),
+    (
+        "stp_prescale_norms",
+        Control(
+            "stp",
+            "independent",
+            "poisson",
+            PreScaleNormsPrivatizer,
+            "scale-then-privatize norms taken before scaling",
+        ),
+    ),
+    (
+        "ime_free_inverted",
+        Control(
+            "ime_free",
+            "independent",
+            "single_pass",
+            None,
+            "IME-for-free's sigma factor inverted",
+            variant_bug=InvertedFactorIMEFree,
+        ),
+    ),
+    (
+        "ime_sq_understated",
+        Control(
+            "ime",
+            "independent",
+            "single_pass",
+            UnderstatedSquarePrivatizer,
+            "IME's g^2 sensitivity understated (2B - 1 -> 1)",
+        ),
+    ),
+):
+    CONTROLS.register(_name, dataclasses.replace(_control, planted=True))

@@ -380,6 +380,8 @@ def audit_config(
     task = CanaryTask(n, slots, included, float(cfg.privacy.clip), seed=int(seed))
     run = trainer.prepare(cfg, task)
     run.backend.close()
+    if control is not None:  # a broken variant, and the plan built for it
+        run = control.apply_to_run(run, cfg)
     backend = AuditBackend(task, control)
     plan = run.plan
     eligible = eligible_steps(plan.sampler, positions, plan.steps)  # the honest sampler's, before any draw

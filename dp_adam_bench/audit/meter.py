@@ -1,0 +1,599 @@
+"""A mechanism meter: white-box measurements, from one run, of the quantities the accountant assumed, each tested
+against its claimed value with a stated power.
+
+An epsilon audit (:mod:`~dp_adam_bench.audit.whitebox`) asks whether the canaries *look* more private than claimed;
+it only sees bugs large enough to move a lower bound past the claim. The meter instead measures the mechanism the
+accountant reasons about, directly: it runs the config (its variant, noise mechanism, sigma, clip, delta, sampler
+and schedule, through the real trainer and privatizer) on :class:`MeterTask`, whose per-example gradients it knows,
+and records every released quantity of every step: the batch the backend was asked to release, the noisy gradient
+g~_t (in the clipping geometry: s_t g~_t for scale-then-privatize) and, for independent moment estimation, the
+release of g_t^2. From those it predicts each release's mean, x_t = (1/B) sum_{i in batch_t} clip(s_t g_i; C)
+(the meter's own clipping, not the engine's), and whitens by the mechanism's strategy C (released noise
+std * C^{-1} z, so C (release - x) = std * z is white noise under the claim). Checks, per row:
+
+* ``sampling`` — every (step, example) drawn is one the sampler's public structure allows (the steps of its slot,
+  bin or cyclic group; exact), and the number drawn matches the rate q the ledger records (Poisson, cyclic
+  Poisson: a binomial z-test), or the fixed schedule exactly (single pass, balls-in-bins);
+* ``sensitivity`` (per release) — the slope a of the whitened release on the whitened prediction C x: a = 1 means
+  each example moves the release by exactly its clipped contribution, C / B in L2 (a z-test, SE from the measured
+  noise);
+* ``noise_std`` (per release) — the std of the whitened residual against the std the privatizer states (k sigma
+  C / B, the variant's Phi comes from it; for g^2 k sigma S2), pooled and per coordinate group (the shared
+  coordinate, the examples' own coordinates, coordinates no example touches);
+* ``correlation`` (per release) — the whitened residual's autocorrelation at lags 1..``LAGS`` across steps (a
+  chi-square test): the noise is C^{-1} z with the mechanism's own C, not a reused or mis-correlated draw;
+* ``multiplier`` — the noise multiplier of the joint release, (sum_r (Delta_r a_r / std_r)^2)^{-1/2}, with the
+  measured stds and slopes and the sensitivities Delta_r the meter derives from the release's mean function
+  (C / B for g~; (2 B_max - 1) C^2 / B^2 for the square of the mean, B_max the largest batch seen), tested
+  one-sided against the noise multiplier the accountant used (``plan.account_sigma``): a mechanism noisier than
+  accounted is no privacy bug, one less noisy is;
+* ``post_processing`` — the registered variant, replayed on the recorded releases alone (no clean gradient),
+  reproduces the run's parameters at every step (exact, to 1e-12): the update is a function of the releases.
+
+Every statistical check is a z- or chi-square test at level ``ALPHA`` / (number of checks) (a union bound: a
+correct mechanism fails any check of a row with probability <= ALPHA). Its power against a 10 % error
+(``EFFECT``: sigma, the sensitivity or q off by 10 %) is computed from the run's own standard errors and stated
+with the result; tests/test_meter.py plants such errors many times and checks the detection rate.
+
+Canaries share coordinates: each example's gradient is a vector of norm 1e6 C (clipped to exactly C) with weight
+``SHARED`` on one coordinate every example shares and the rest on a coordinate of its own, so the square of the
+mean has the cross term 2 x_shared x_i of every pair of examples, whence IME's (2B - 1) C^2 / B^2 sensitivity. The
+task has ``trials`` independent trials (the vector backend's trial dimension: the same batches, independent noise)
+so that a 100-step run has the stated power.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+from scipy import stats
+
+from dp_adam_bench.engine.backends import VectorBackend
+from dp_adam_bench.errors import ConfigError
+
+#: weight of the shared coordinate in every example's (unit) gradient direction; the rest is on its own coordinate
+SHARED = 0.95
+#: coordinates no example touches (pure noise)
+NULL_COORDS = 64
+#: the canaries' gradient norm, in units of C (clipped to exactly C, also after stp's per-coordinate scale)
+NORM = 1e6
+#: independent trials of the meter task (same batches, independent noise)
+TRIALS = 16
+#: lags of the autocorrelation test
+LAGS = 10
+#: the probability that a correct mechanism fails any check of a row (union bound over the checks)
+ALPHA = 1e-3
+#: the relative error whose detection probability (power) is stated
+EFFECT = 0.10
+#: relative tolerance of the post-processing replay
+REPLAY_TOL = 1e-12
+
+
+class MeterTask:
+    """A vector task with known, parameter-free per-example gradients: example i is NORM C (SHARED e_0 +
+    sqrt(1 - SHARED^2) e_{1+i}); NULL_COORDS coordinates after them are never touched. ``trials`` independent trials
+    (parameters of shape (trials, 1 + n + NULL_COORDS), float64)."""
+
+    name = "meter_canaries"
+    trial_dims = 1
+
+    def __init__(self, n: int, clip: float, trials: int = TRIALS, null: int = NULL_COORDS):
+        self.n, self.trials, self.null = int(n), int(trials), int(null)
+        self.dim = 1 + self.n + self.null
+        self.magnitude = NORM * float(clip)
+        self.own = math.sqrt(1.0 - SHARED**2)
+
+    @property
+    def dataset_size(self) -> int:
+        return self.n
+
+    def init_params(self) -> list[torch.Tensor]:
+        return [torch.zeros(self.trials, self.dim, dtype=torch.float64)]
+
+    def per_example_grads(self, params, idx: torch.Tensor) -> list[torch.Tensor]:
+        idx = torch.as_tensor(idx, dtype=torch.long)
+        g = torch.zeros(len(idx), self.trials, self.dim, dtype=torch.float64)
+        g[:, :, 0] = self.magnitude * SHARED
+        g[torch.arange(len(idx)), :, 1 + idx] = self.magnitude * self.own
+        return [g]
+
+    def groups(self) -> dict[str, slice]:
+        """The coordinate groups whose noise is checked separately."""
+        return {
+            "shared": slice(0, 1),
+            "own": slice(1, 1 + self.n),
+            "null": slice(1 + self.n, self.dim),
+        }
+
+    def evaluate(self, params) -> dict[str, torch.Tensor]:
+        return {"meter_param_norm": params[0].norm(dim=1)}
+
+
+@dataclass
+class StepRecord:
+    idx: torch.Tensor
+    scale: torch.Tensor | None
+    noisy: torch.Tensor
+    noisy_square: torch.Tensor | None
+    noise_std: float
+    ctx: object  # the step's StepContext (side information is set on it after the release)
+
+
+class MeterBackend(VectorBackend):
+    """The vector backend, recording every release and the parameters before it; with a control, its broken
+    privatizer (built once from the trainer's) makes the releases."""
+
+    def __init__(self, task: MeterTask, control=None):
+        super().__init__(task)
+        self.control = control
+        self._broken = None
+        self.privatizer = None
+        self.records: list[StepRecord] = []
+        self.params_before: list[torch.Tensor] = []
+
+    def release(self, idx, privatizer, scale):
+        if self.control is not None:
+            if self._broken is None:
+                self._broken = self.control.wrap(privatizer)
+            privatizer = self._broken
+        self.privatizer = privatizer
+        self.params_before.append(self.params[0].detach().clone())
+        out = super().release(idx, privatizer, scale)
+        ctx = out.ctx
+        self.records.append(
+            StepRecord(
+                idx=torch.as_tensor(idx).clone(),
+                scale=None if scale is None else scale[0].detach().clone(),
+                noisy=ctx.noisy[0].detach().clone(),
+                noisy_square=None if ctx.noisy_square is None else ctx.noisy_square[0].detach().clone(),
+                noise_std=float(ctx.noise_std),
+                ctx=ctx,
+            )
+        )
+        return out
+
+    def public_grad(self, pick: torch.Tensor) -> list[torch.Tensor]:
+        return [g.mean(0) for g in self.task.per_example_grads(self.params, pick)]
+
+
+@dataclass
+class MeterCheck:
+    """One check: ``estimate`` against ``claimed`` (ratios where the quantity has a scale), its z-score (or None
+    for an exact check), whether it passed, and its power against a 10 % error (None where none is defined)."""
+
+    name: str
+    release: str  # "g", "g^2", "joint" or "" (sampling, post-processing)
+    estimate: float
+    claimed: float
+    z: float | None
+    passed: bool
+    power: float | None = None
+    detail: str = ""
+
+    def describe(self) -> str:
+        z = f", z = {self.z:+.2f}" if self.z is not None else ""
+        pw = f", power at 10 % = {self.power:.4f}" if self.power is not None else ""
+        tag = "ok" if self.passed else "FAIL"
+        what = f"{self.name}" + (f" [{self.release}]" if self.release else "")
+        return f"  {what:<22} {self.estimate:.5g} vs {self.claimed:.5g}{z}{pw} -> {tag}" + (
+            f" ({self.detail})" if self.detail else ""
+        )
+
+
+@dataclass
+class MeterResult:
+    variant: str
+    noise: str
+    sampler: str
+    sigma: float
+    account_sigma: float
+    steps: int
+    trials: int
+    dataset_size: int
+    batch_size: float
+    alpha: float
+    checks: list[MeterCheck] = field(default_factory=list)
+    control: str | None = None
+
+    @property
+    def failed(self) -> list[MeterCheck]:
+        return [c for c in self.checks if not c.passed]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failed
+
+    @property
+    def power(self) -> float:
+        """The least stated power (10 % error) over the checks that state one."""
+        return min((c.power for c in self.checks if c.power is not None), default=math.nan)
+
+    def check(self, name: str, release: str = "") -> MeterCheck | None:
+        return next((c for c in self.checks if c.name == name and c.release == release), None)
+
+    def summary(self) -> str:
+        """One cell: 'pass' or 'FAIL: <checks>'."""
+        if self.passed:
+            return "pass"
+        return "FAIL: " + ", ".join(c.name + (f" [{c.release}]" if c.release else "") for c in self.failed)
+
+    def describe(self) -> str:
+        head = (
+            f"meter: {self.variant} x {self.noise} x {self.sampler}"
+            + (f" [control {self.control}]" if self.control else "")
+            + f": sigma = {self.sigma:g} (accounted {self.account_sigma:.4g}), {self.steps} steps, N = "
+            f"{self.dataset_size}, B = {self.batch_size:g}, {self.trials} trials; each check at level "
+            f"{self.alpha:g} / {len(self.checks)}"
+        )
+        return "\n".join(
+            [head, *(c.describe() for c in self.checks), f"  -> {self.summary()} (power {self.power:.4f})"]
+        )
+
+
+# --- the statistics (pure functions of the recorded arrays: tests/test_meter.py simulates them) -------------------
+def critical(alpha: float, tests: int, two_sided: bool = True) -> float:
+    """The z a test must exceed to fail at level alpha / tests."""
+    level = alpha / tests
+    return float(stats.norm.isf(level / 2 if two_sided else level))
+
+
+def power_at(effect: float, se: float, crit: float) -> float:
+    """P[|z| > crit] (two-sided, far tail neglected) when the true relative error is ``effect``, the SE ``se``."""
+    if not se > 0:
+        return 1.0
+    return float(stats.norm.cdf(abs(effect) / se - crit))
+
+
+@dataclass
+class ReleaseStats:
+    """Estimates for one release from its whitened arrays."""
+
+    slope: float
+    slope_se: float  # relative
+    std: float
+    std_se: float  # relative (of the std, under the claim)
+    group_std: dict[str, float]
+    group_n: dict[str, int]
+    lag_q: float  # sum_l n_l rho_l^2, chi-square with LAGS degrees of freedom under the claim
+    lags: int
+    n: int
+
+
+def release_stats(
+    y: np.ndarray, x: np.ndarray, strategy: np.ndarray | None, groups: dict[str, np.ndarray] | None = None
+) -> ReleaseStats:
+    """``y``: the release, ``x``: its predicted mean, both (steps, coordinates); ``strategy``: C (None: I);
+    ``groups``: name -> boolean mask over the coordinates."""
+    t = len(y)
+    if strategy is not None:
+        c = np.asarray(strategy, dtype=np.float64)[:t, :t]
+        y, x = c @ y, c @ x
+    xx = float((x * x).sum())
+    slope = float((y * x).sum() / xx) if xx > 0 else math.nan
+    resid = y - x
+    n = resid.size
+    std = float(np.sqrt((resid * resid).mean()))
+    slope_se = std / math.sqrt(xx) if xx > 0 else math.inf
+    group_std, group_n = {}, {}
+    for name, mask in (groups or {}).items():
+        r = resid[:, mask]
+        group_std[name] = float(np.sqrt((r * r).mean())) if r.size else math.nan
+        group_n[name] = int(r.size)
+    lags = min(LAGS, t - 1)
+    q = 0.0
+    for lag in range(1, lags + 1):
+        prod = resid[lag:] * resid[:-lag]
+        rho = float(prod.mean()) / (std * std) if std > 0 else 0.0
+        q += prod.size * rho * rho
+    return ReleaseStats(slope, slope_se, std, 1 / math.sqrt(2 * n), group_std, group_n, q, lags, n)
+
+
+def _ratio(a: float, b: float) -> float:
+    """a / b, with 0 / 0 = 1 (a noise-free release stated as noise-free) and a / 0 = inf."""
+    if b > 0:
+        return a / b
+    return 1.0 if a == 0 else math.inf
+
+
+def _z(diff: float, se: float) -> float:
+    """diff / se, with 0 / 0 = 0 and diff / 0 = +-inf."""
+    if se > 0 and math.isfinite(se):
+        return diff / se
+    if diff == 0 or not math.isfinite(se):
+        return 0.0 if diff == 0 or se > 0 else math.copysign(math.inf, diff)
+    return math.copysign(math.inf, diff)
+
+
+def release_checks(name: str, s: ReleaseStats, stated_std: float, alpha_crit: float) -> list[MeterCheck]:
+    """The sensitivity, noise_std and correlation checks of one release."""
+    out = []
+    z = _z(s.slope - 1, s.slope_se)
+    out.append(
+        MeterCheck(
+            "sensitivity",
+            name,
+            s.slope,
+            1.0,
+            z,
+            abs(z) <= alpha_crit,
+            power_at(EFFECT, s.slope_se, alpha_crit),
+            "slope of the release on its predicted clipped mean",
+        )
+    )
+    ratio = _ratio(s.std, stated_std)
+    z = _z(ratio - 1, s.std_se)
+    worst, detail = z, []
+    for g, gs in s.group_std.items():
+        if s.group_n[g]:
+            gz = _z(_ratio(gs, stated_std) - 1, 1 / math.sqrt(2 * s.group_n[g]))
+            detail.append(f"{g} {_ratio(gs, stated_std):.4f}")
+            if abs(gz) > abs(worst):
+                worst = gz
+    out.append(
+        MeterCheck(
+            "noise_std",
+            name,
+            ratio,
+            1.0,
+            z,
+            abs(worst) <= alpha_crit,
+            power_at(EFFECT, s.std_se, alpha_crit),
+            "measured / stated std; by group: " + ", ".join(detail),
+        )
+    )
+    p = float(stats.chi2.sf(s.lag_q, s.lags)) if s.lags else 1.0
+    zq = float(stats.norm.isf(max(p / 2, 1e-300))) if p < 1 else 0.0
+    out.append(
+        MeterCheck(
+            "correlation",
+            name,
+            s.lag_q / max(s.lags, 1),
+            1.0,
+            zq,
+            zq <= alpha_crit,
+            None,
+            f"whitened residual, lags 1..{s.lags}: chi2 / df",
+        )
+    )
+    return out
+
+
+def multiplier_check(
+    parts: list[tuple[float, float, float, float, float]], account_sigma: float, crit_one_sided: float
+) -> MeterCheck:
+    """``parts``: per release (sensitivity Delta, slope a, slope SE (relative), std, std SE (relative)). The joint
+    noise multiplier (sum_r (Delta_r a_r / std_r)^2)^{-1/2} against the accountant's, one-sided."""
+    if any(s <= 0 for _, _, _, s, _ in parts):  # a release without noise: no multiplier at all
+        mult, se = 0.0, 0.0
+    else:
+        u = [(d * a / s) ** 2 for d, a, _, s, _ in parts]
+        total = sum(u)
+        mult = total**-0.5 if total > 0 else math.inf
+        rel_u = [2 * math.hypot(sa / max(abs(a), 1e-300), ss) for _, a, sa, _, ss in parts]
+        se = 0.5 * math.sqrt(sum((ui * ri) ** 2 for ui, ri in zip(u, rel_u, strict=True))) / total
+    ratio = mult / account_sigma
+    z = _z(ratio - 1, se)
+    return MeterCheck(
+        "multiplier",
+        "joint",
+        ratio,
+        1.0,
+        z,
+        z >= -crit_one_sided,
+        power_at(EFFECT, se, crit_one_sided),
+        f"measured {mult:.4g} / accounted {account_sigma:.4g} (one-sided: fails only below)",
+    )
+
+
+def rate_check(drawn: int, eligible: int, q: float, crit: float) -> MeterCheck:
+    """Poisson-type sampling: ``drawn`` of ``eligible`` (step, example) pairs, each drawn with probability q."""
+    expected = q * eligible
+    sd = math.sqrt(eligible * q * (1 - q)) if 0 < q < 1 else 0.0
+    z = (drawn - expected) / sd if sd > 0 else (0.0 if drawn == expected else math.inf)
+    se = sd / expected if expected > 0 else math.inf
+    return MeterCheck(
+        "sampling",
+        "",
+        drawn / expected if expected else math.nan,
+        1.0,
+        z,
+        abs(z) <= crit,
+        power_at(EFFECT, se, crit),
+        f"{drawn} drawn of {eligible} eligible (step, example) pairs at q = {q:.4g}",
+    )
+
+
+# --- the run ---------------------------------------------------------------------------------------------------
+def _predicted(task: MeterTask, records: list[StepRecord], clip: float, batch: float):
+    """Per step: the predicted scaled mean (trials, dim) and the unscaled mean, with the meter's own clipping."""
+    xs, means = [], []
+    for rec in records:
+        g = task.per_example_grads(None, rec.idx)[0]
+        s = rec.scale if rec.scale is not None else torch.ones(task.trials, task.dim, dtype=torch.float64)
+        sg = g * s
+        norms = sg.pow(2).sum(-1).sqrt()  # (b, trials)
+        f = torch.where(norms > clip, clip / norms, torch.ones_like(norms))
+        x = (sg * f[..., None]).sum(0) / batch
+        xs.append(x)
+        means.append(x / s)
+    return xs, means
+
+
+def _replay(run, records: list[StepRecord], before: list[torch.Tensor], final: torch.Tensor) -> MeterCheck:
+    """The registered variant on the recorded releases alone reproduces the trajectory."""
+    from dp_adam_bench.optim.registry import build_variant
+
+    cfg = run.cfg
+    variant = build_variant(cfg.optimizer.name, **{k: v for k, v in cfg.optimizer.items() if k != "name"})
+    params = [before[0].clone()]
+    after = [*before[1:], final]
+    worst, failed_at, why = 0.0, None, ""
+    try:
+        state = variant.init(params)
+        base = variant.lr
+        for t, (rec, target) in enumerate(zip(records, after, strict=True), start=1):
+            ctx = dataclasses.replace(
+                rec.ctx,
+                noisy=[rec.noisy.clone()],
+                noisy_square=None if rec.noisy_square is None else [rec.noisy_square.clone()],
+                clean=None,
+            )
+            variant.lr = base * run.schedule.factor(t)
+            with torch.no_grad():
+                variant.update(params, state, ctx)
+            scale = float(target.abs().max()) or 1.0
+            err = float((params[0] - target).abs().max()) / scale
+            worst = max(worst, err)
+            if err > REPLAY_TOL and failed_at is None:
+                failed_at = t
+    except Exception as exc:  # e.g. a variant that needs the clean gradient
+        why = f"the registered variant cannot run on the releases alone: {type(exc).__name__}: {exc}"
+        return MeterCheck("post_processing", "", math.inf, REPLAY_TOL, None, False, None, why)
+    detail = (
+        "replayed from the releases"
+        if failed_at is None
+        else f"the run's parameters differ from the replay from step {failed_at}"
+    )
+    return MeterCheck(
+        "post_processing", "", worst, REPLAY_TOL, None, failed_at is None, None, detail + " (max rel. diff)"
+    )
+
+
+def meter_config(
+    cfg,
+    *,
+    n: int = 1200,
+    trials: int = TRIALS,
+    control=None,
+    control_name: str | None = None,
+    alpha: float = ALPHA,
+) -> MeterResult:
+    """Meter the mechanism of config ``cfg`` (validated) on a :class:`MeterTask` of ``n`` examples; ``control``: a
+    :class:`~dp_adam_bench.audit.controls.Control` (its broken privatizer, sampler or variant replace the run's)."""
+    from dp_adam_bench.audit.whitebox import AUDIT_OVERRIDES, eligible_steps
+    from dp_adam_bench.engine import trainer
+    from dp_adam_bench.optim.registry import VARIANTS
+    from dp_adam_bench.privacy.noise_factory import NOISE
+
+    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    for key, value in AUDIT_OVERRIDES.items():
+        OmegaConf.update(cfg, key, value, force_add=True)
+    if not NOISE.get(cfg.noise.kind).private:
+        raise ConfigError(f"noise.kind={cfg.noise.kind!r} adds no noise: there is no mechanism to meter")
+    side = VARIANTS.get(cfg.optimizer.name).needs_side_info
+    if side:  # as the audit: a public share held out of the private set
+        public = max(1, n // 12)
+        OmegaConf.update(cfg, "train.side_info.public_examples", public, force_add=True)
+        batch = min(int(cfg.train.side_info.get("batch_size", 256)), public)
+        OmegaConf.update(cfg, "train.side_info.batch_size", batch, force_add=True)
+    clip = float(cfg.privacy.clip)
+    task = MeterTask(n, clip, trials)
+    run = trainer.prepare(cfg, task)
+    run.backend.close()
+    if control is not None:
+        run = control.apply_to_run(run, cfg)
+    backend = MeterBackend(task, control)
+    plan = run.plan
+    population = run.population.numpy()
+    eligible = eligible_steps(plan.sampler, np.arange(len(population)), plan.steps)  # (steps, positions)
+    honest_sampler = plan.sampler
+    if control is not None:
+        plan = dataclasses.replace(plan, sampler=control.wrap_sampler(plan.sampler))
+    run = dataclasses.replace(run, backend=backend, plan=plan)
+    with tempfile.TemporaryDirectory(prefix="dp-adam-bench-meter-") as folder:
+        trainer.run(cfg, Path(folder), lambda step, metrics: None, prepared=run)
+    recs = backend.records
+    T = len(recs)
+    B = float(honest_sampler.expected_batch_size)
+    strategy = plan.strategy.matrix() if plan.strategy is not None else None
+    has_square = recs[0].noisy_square is not None
+    checks_count = 3 + 3 * (1 + has_square)  # sampling, multiplier, post-processing + 3 per release
+    crit = critical(alpha, checks_count)
+    crit1 = critical(alpha, checks_count, two_sided=False)
+    checks: list[MeterCheck] = []
+
+    # sampling: the support (exact) and the rate
+    pos_of = np.full(task.n, -1, dtype=np.int64)
+    pos_of[population] = np.arange(len(population))
+    drawn = np.zeros((T, len(population)), dtype=bool)
+    for t, rec in enumerate(recs):
+        drawn[t, pos_of[rec.idx.numpy()]] = True
+    outside = int((drawn & ~eligible[:T]).sum())
+    kind = honest_sampler.kind
+    if outside:
+        checks.append(
+            MeterCheck(
+                "sampling",
+                "",
+                float(outside),
+                0.0,
+                None,
+                False,
+                None,
+                f"{outside} (step, example) pairs drawn outside the sampler's public structure",
+            )
+        )
+    elif kind in ("poisson", "cyclic_poisson"):
+        checks.append(rate_check(int(drawn.sum()), int(eligible[:T].sum()), float(honest_sampler.q), crit))
+    else:
+        same = bool((drawn == eligible[:T]).all())
+        checks.append(
+            MeterCheck(
+                "sampling",
+                "",
+                float(drawn.sum()),
+                float(eligible[:T].sum()),
+                None,
+                same,
+                1.0,
+                "every example at exactly the steps of its fixed schedule",
+            )
+        )
+
+    # the releases
+    xs, means = _predicted(task, recs, clip, B)
+    groups = {}
+    for g, sl in task.groups().items():
+        mask = np.zeros((trials, task.dim), dtype=bool)
+        mask[:, sl] = True
+        groups[g] = mask.reshape(-1)
+    y = np.stack(
+        [(rec.noisy * (rec.scale if rec.scale is not None else 1.0)).numpy().reshape(-1) for rec in recs]
+    )
+    x = np.stack([v.numpy().reshape(-1) for v in xs])
+    sg = release_stats(y, x, strategy, groups)
+    stated = recs[0].noise_std
+    checks += release_checks("g", sg, stated, crit)
+    parts = [(clip / B, sg.slope, sg.slope_se, sg.std, sg.std_se)]
+    if has_square:
+        y2 = np.stack([rec.noisy_square.numpy().reshape(-1) for rec in recs])
+        x2 = np.stack([(m * m).numpy().reshape(-1) for m in means])
+        s2 = release_stats(y2, x2, strategy, groups)
+        p = backend.privatizer
+        stated2 = p.releases.noise_scale * p.sigma * p.releases.square_sensitivity(p.clip, p.B)
+        checks += release_checks("g^2", s2, stated2, crit)
+        b_max = max(len(rec.idx) for rec in recs)
+        parts.append(((2 * b_max - 1) * clip**2 / B**2, s2.slope, s2.slope_se, s2.std, s2.std_se))
+    checks.insert(1, multiplier_check(parts, float(plan.account_sigma), crit1))
+    checks.append(_replay(run, recs, backend.params_before, backend.params[0].detach().clone()))
+    return MeterResult(
+        variant=run.variant.name,
+        noise=str(cfg.noise.kind),
+        sampler=kind,
+        sigma=float(plan.sigma),
+        account_sigma=float(plan.account_sigma),
+        steps=T,
+        trials=trials,
+        dataset_size=n,
+        batch_size=B,
+        alpha=alpha,
+        checks=checks,
+        control=control_name,
+    )

@@ -1,0 +1,200 @@
+"""The mechanism meter (dp_adam_bench.audit.meter): honest mechanisms pass, every planted bug of the vector path
+fails the check it breaks, and the stated power against a 10 % error is what simulation shows."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from dp_adam_bench.audit import meter
+from dp_adam_bench.audit.meter import (
+    ALPHA,
+    EFFECT,
+    MeterTask,
+    critical,
+    multiplier_check,
+    rate_check,
+    release_checks,
+    release_stats,
+)
+
+
+def _meter(variant, noise, sampler, control=None, n=300, trials=8):
+    from dp_adam_bench.audit.controls import CONTROLS
+    from dp_adam_bench.audit.whitebox import compose_config
+    from dp_adam_bench.report import privacy_audit
+
+    cfg = compose_config(privacy_audit.overrides(variant, noise, sampler, n))
+    c = CONTROLS.get(control) if control else None
+    return meter.meter_config(cfg, n=n, trials=trials, control=c, control_name=control)
+
+
+def test_meter_task_gradients_share_one_coordinate_and_own_another():
+    import torch
+
+    task = MeterTask(5, clip=2.0, trials=3, null=4)
+    g = task.per_example_grads(None, torch.tensor([1, 3]))[0]
+    assert g.shape == (2, 3, 1 + 5 + 4)
+    assert (g[:, :, 0] == task.magnitude * meter.SHARED).all()
+    assert (g[0, :, 2] > 0).all() and (g[1, :, 4] > 0).all()
+    assert g[:, :, 6:].abs().sum() == 0  # null coordinates are never touched
+    assert torch.allclose(g.norm(dim=-1), torch.full((2, 3), task.magnitude, dtype=torch.float64))
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        ("adam", "independent", "poisson"),
+        ("ime", "bandmf", "single_pass"),
+        ("stp", "blt", "cyclic_poisson"),
+        ("ime_free", "dpmf_sqrt", "single_pass"),
+        ("side_info", "independent", "balls_in_bins"),
+    ],
+)
+def test_honest_mechanisms_pass_every_check(row):
+    r = _meter(*row)
+    assert r.passed, r.describe()
+    assert r.check("multiplier", "joint").estimate == pytest.approx(1.0, abs=0.06)
+    assert r.check("sensitivity", "g").estimate == pytest.approx(1.0, abs=0.03)
+    assert r.check("post_processing").estimate == 0.0
+
+
+@pytest.mark.parametrize(
+    "control, check",
+    [
+        ("half_noise", ("multiplier", "joint")),
+        ("realized_batch", ("noise_std", "g")),
+        ("bc_clean_v", ("post_processing", "")),
+        ("double_rate", ("sampling", "")),
+        ("reused_mf_draw", ("correlation", "g")),
+        ("stp_prescale_norms", ("sensitivity", "g")),
+        ("ime_free_inverted", ("multiplier", "joint")),
+        ("ime_sq_understated", ("multiplier", "joint")),
+        ("clean_square", ("noise_std", "g^2")),
+        ("cycle_ignored", ("sampling", "")),
+        ("noiseless_precond", ("post_processing", "")),
+    ],
+)
+def test_planted_bugs_fail_the_check_they_break(control, check):
+    from dp_adam_bench.audit.controls import CONTROLS
+
+    c = CONTROLS.get(control)
+    r = _meter(c.variant, c.noise, c.sampler, control, n=300 if control != "cycle_ignored" else 150, trials=4)
+    assert not r.check(*check).passed, r.describe()
+
+
+def test_ime_free_inverted_is_only_an_accounting_bug():
+    """The noise is what the code states; only the accountant's multiplier is wrong (by a factor 2)."""
+    r = _meter("ime_free", "independent", "single_pass", "ime_free_inverted", trials=4)
+    assert r.check("noise_std", "g").passed and r.check("noise_std", "g^2").passed
+    assert r.check("multiplier", "joint").estimate == pytest.approx(0.5, rel=0.05)
+
+
+# --- power, by simulation -----------------------------------------------------------------------------------------
+def _simulated_row(rng, *, std_factor=1.0, slope=1.0, batch=24, sigma=4.0, steps=100, trials=16, null=64):
+    """Releases of the meter task as the table's weakest row makes them (fixed batches of B = 24, sigma = 4,
+    100 steps, 16 trials): the shared coordinate and ``null`` untouched ones per trial (the examples' own
+    coordinates only add power, so they are left out); the release's mean scaled by ``slope``, its noise by
+    ``std_factor``."""
+    clip = 1.0
+    stated = sigma * clip / batch
+    x = np.zeros((steps, trials, 1 + null))
+    x[:, :, 0] = meter.SHARED * clip  # B examples of weight SHARED, divided by B
+    y = slope * x + std_factor * stated * rng.standard_normal(x.shape)
+    return y.reshape(steps, -1), x.reshape(steps, -1), stated, clip / batch, sigma
+
+
+def _detects(y, x, stated, delta, sigma, crit, crit1):
+    s = release_stats(y, x, None)
+    checks = release_checks("g", s, stated, crit)
+    checks.append(multiplier_check([(delta, s.slope, s.slope_se, s.std, s.std_se)], sigma, crit1))
+    return {c.name: not c.passed for c in checks}, {c.name: c.power for c in checks}
+
+
+def test_stated_power_against_a_ten_percent_error_holds_in_simulation():
+    rng = np.random.default_rng(2025)
+    tests = 6  # the checks of a one-release row
+    crit, crit1 = critical(ALPHA, tests), critical(ALPHA, tests, two_sided=False)
+    reps = 200
+    planted = {
+        "noise_std": [dict(std_factor=1 - EFFECT), dict(std_factor=1 + EFFECT)],
+        "sensitivity": [dict(slope=1 - EFFECT), dict(slope=1 + EFFECT)],
+        "multiplier": [dict(std_factor=1 - EFFECT)],  # 10 % less noise than accounted: the privacy direction
+    }
+    for check, cases in planted.items():
+        for case in cases:
+            hits, stated_power = 0, []
+            for _ in range(reps):
+                fail, power = _detects(*_simulated_row(rng, **case), crit, crit1)
+                hits += fail[check]
+                stated_power.append(power[check])
+            assert min(stated_power) >= 0.99, (check, case, min(stated_power))
+            assert hits / reps >= 0.99, (check, case, hits)
+    # and a correct mechanism rarely fails any of them (each row's checks share the level ALPHA)
+    false = 0
+    for _ in range(reps):
+        fail, _ = _detects(*_simulated_row(rng), crit, crit1)
+        false += any(fail.values())
+    assert false <= 3
+
+
+def test_stated_power_of_the_rate_check_holds_in_simulation():
+    """Poisson (q = 0.1) and cyclic Poisson (q = 0.5 at the steps of a group) at the table's sizes: a sampler 10 %
+    off its q is caught in >= 99 % of runs, as stated."""
+    rng = np.random.default_rng(7)
+    crit = critical(ALPHA, 6)
+    for eligible, q in ((120_000, 0.1), (4_800, 0.5)):
+        for factor in (1 - EFFECT, 1 + EFFECT):
+            draws = rng.binomial(eligible, factor * q, size=400)
+            checks = [rate_check(int(d), eligible, q, crit) for d in draws]
+            assert min(c.power for c in checks) >= 0.99
+            assert np.mean([not c.passed for c in checks]) >= 0.99
+        honest = [rate_check(int(d), eligible, q, crit) for d in rng.binomial(eligible, q, size=400)]
+        assert sum(not c.passed for c in honest) <= 2
+
+
+def test_whitening_by_the_strategy_makes_correlated_noise_white_and_a_reused_draw_is_not():
+    from dp_adam_bench.privacy.strategies import SqrtPrefixStrategy
+
+    rng = np.random.default_rng(3)
+    steps, d = 60, 400
+    c = SqrtPrefixStrategy(steps).matrix()
+    cinv = np.linalg.inv(c)
+    x = np.zeros((steps, d))
+    honest = cinv @ rng.standard_normal((steps, d))
+    reused = cinv @ np.repeat(rng.standard_normal((1, d)), steps, axis=0)
+    crit = critical(ALPHA, 6)
+    ok = {ch.name: ch.passed for ch in release_checks("g", release_stats(honest, x, c), 1.0, crit)}
+    assert ok["correlation"] and ok["noise_std"]
+    bad = {ch.name: ch.passed for ch in release_checks("g", release_stats(reused, x, c), 1.0, crit)}
+    assert not bad["correlation"]
+    # without whitening, honest correlated noise itself would look correlated
+    assert not {ch.name: ch.passed for ch in release_checks("g", release_stats(honest, x, None), 1.0, crit)}[
+        "correlation"
+    ]
+
+
+def test_multiplier_combines_releases_like_the_accountant():
+    """Two releases each at noise multiplier sigma compose to sigma / sqrt 2 (IME for free's sigma factor)."""
+    sigma = 3.0
+    parts = [(1.0, 1.0, 1e-6, sigma, 1e-6), (5.0, 1.0, 1e-6, 5.0 * sigma, 1e-6)]
+    c = multiplier_check(parts, sigma / math.sqrt(2), critical(ALPHA, 6, two_sided=False))
+    assert c.estimate == pytest.approx(1.0) and c.passed
+    c = multiplier_check(parts, sigma * math.sqrt(2), critical(ALPHA, 6, two_sided=False))
+    assert c.estimate == pytest.approx(0.5) and not c.passed
+
+
+def test_audit_command_meters_the_mechanism_too(capsys):
+    from dp_adam_bench.cli import main
+
+    args = ["audit", "optimizer=sgd", "noise=independent", "train.sampler=poisson", "train.batch_size=12"]
+    args += ["train.steps=20", "privacy.sigma=3", "--canaries", "50", "--background", "10", "--meter"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "meter: sgd x independent x poisson" in out and "-> pass" in out
+    # a control is caught when the audit or the meter catches it (exit 0); here the meter does
+    assert main([*args, "--control", "half_noise"]) == 0
+    out = capsys.readouterr().out
+    assert "-> missed" in out and "FAIL: multiplier [joint]" in out
