@@ -145,6 +145,15 @@ def test_the_cli_refuses_a_bad_job_count_in_one_line(capsys):
     assert err == "error: --jobs 0: must be a whole number >= 1"
 
 
+def test_reproduce_takes_the_same_job_options(isolated_dirs, monkeypatch, capsys):
+    from dp_adam_bench.cli import main
+
+    monkeypatch.setattr(sweep, "visible_gpus", lambda: [])  # a machine without a GPU, on any machine
+    assert main(["reproduce", "ganesh_fig2", "--jobs-per-gpu", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --jobs-per-gpu 2: this machine has no visible GPU") and "\n" not in err
+
+
 # --- each worker claims a GPU slot for its life --------------------------------------------------------------------
 
 
