@@ -124,13 +124,17 @@ def test_nonprivate_model_run_matches_plain_torch_adam(isolated_dirs):
             ]
         )
     )
+    from dp_adam_bench.engine.trainer import resolve_device
+
     task = TinyTask({"n": 64}, trials=1, seed=0)
     torch.manual_seed(0)
-    model = task.build_model()
+    device = resolve_device("auto")  # where the trainer ran the model: the reference runs there too
+    model = task.build_model().to(device)
     opt = torch.optim.Adam(model.parameters(), lr=0.01, foreach=False)
     for idx in SinglePassSampler(64, 16, epochs=2, seed=0):
         opt.zero_grad()
-        task.loss_per_example(model, task.get_batch(idx)).mean().backward()
+        batch = {k: v.to(device) for k, v in task.get_batch(idx).items()}
+        task.loss_per_example(model, batch).mean().backward()
         opt.step()
     ref = task.evaluate(model)
     assert s["metrics"]["test_loss"] == pytest.approx(ref["test_loss"], rel=1e-5)
