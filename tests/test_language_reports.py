@@ -319,6 +319,27 @@ def test_tang_fig3_sorts_runs_into_ablations(isolated_dirs):
     assert "DP-AdamBC (true Phi) > DP-Adam-Biased at the best of its betas: **holds** (50.00 vs 44.00)" in md
 
 
+def test_tang_fig3_names_its_profile_and_seeds_per_point(isolated_dirs):
+    """The note said "one seed per point on the cpu profile" at the paper profile too."""
+    root, exp = isolated_dirs / "runs", "tang_fig3_snli_paper"
+    for seed in (0, 1):  # the true-Phi default point has two seeds, the others one
+        write_run(
+            root, exp, f"phi-true-{seed}", snli_cfg("adambc", seed), {"metrics": {"test_accuracy": 50.0}}
+        )
+    write_run(root, exp, "phi-7", snli_cfg("adambc", 0, phi=1e-7), {"metrics": {"test_accuracy": 45.0}})
+    write_run(root, exp, "gb-6", snli_cfg("adam", 0, eps=1e-6), {"metrics": {"test_accuracy": 43.0}})
+    tang_fig3.build(ReportContext(profile="paper", out=isolated_dirs / "results" / "paper"), "snli")
+    md = (isolated_dirs / "results" / "paper" / "tang_fig3_snli.md").read_text()
+    assert (
+        "- 1-2 seeds per point on the paper profile: a claim whose two sides differ by less than 2 points"
+        in md
+    )
+    assert "see results/paper/tang_fig1_snli.md." in md and "cpu profile" not in md
+    assert (
+        tang_fig3._seeds_per_point([1, 1]) == "One seed" and tang_fig3._seeds_per_point([3, 3]) == "3 seeds"
+    )
+
+
 # ---------------------------------------------------------------------------------------------- li_e2e
 
 

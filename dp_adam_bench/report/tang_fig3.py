@@ -92,10 +92,11 @@ def build(ctx: ReportContext, dataset: str) -> list[Path]:
     ) ** 2
     claims = _claims(df, phi_true)
     fig = _figure(df, table_id, phi_true, ctx.out)
+    fig1 = f"results/{'' if profile == 'cpu' else profile + '/'}tang_fig1_{dataset}.md"
     notes = [
-        f"One seed per point on the cpu profile: a claim whose two sides differ by less than {NOISE_POINTS:g} "
-        f"points is marked not checked (see the std of the tang_fig1_{dataset} runs).",
-        f"Ablations run at the tang_fig1_{dataset} setting of this profile; see results/tang_fig1_{dataset}.md.",
+        f"{_seeds_per_point(df['n'])} per point on the {profile} profile: a claim whose two sides differ by less "
+        f"than {NOISE_POINTS:g} points is marked not checked (see the std of the tang_fig1_{dataset} runs).",
+        f"Ablations run at the tang_fig1_{dataset} setting of this profile; see {fig1}.",
     ]
     lrs = {}
     for r in complete:
@@ -129,6 +130,16 @@ def build(ctx: ReportContext, dataset: str) -> list[Path]:
         digits=3,
         missing=runs.missing,
     )
+
+
+def _seeds_per_point(counts) -> str:
+    """The seeds behind the table's points (their ``n``): ``One seed``, ``3 seeds`` or ``1-3 seeds``."""
+    if not len(counts):
+        return "No seed"
+    low, high = int(min(counts)), int(max(counts))
+    if low == high:
+        return "One seed" if low == 1 else f"{low} seeds"
+    return f"{low}-{high} seeds"
 
 
 #: differences below this many accuracy points are not read as an ordering (single-seed runs; the two seeds of a
