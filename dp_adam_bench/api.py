@@ -174,6 +174,7 @@ def make_private(
     evaluate: Callable[[nn.Module], Mapping[str, float]] | None = None,
     seed: int = 0,
     secure_rng: bool = False,
+    self_check: bool = True,
 ) -> PrivateTraining:
     """Make ``model`` train privately on ``dataset``: returns a :class:`PrivateTraining` whose ``step()`` draws the
     batch the accountant assumes, clips each example's gradient (``clipping``: ``bk``, ``ghost``, ``hooks``,
@@ -199,6 +200,9 @@ def make_private(
 
     ``evaluate(model) -> dict`` is optional: your own metrics, which ``private.evaluate()`` returns (the model in
     eval mode, without gradients).
+    ``self_check``: before the first step, the engine's per-example norms and clipped sum for a few of your
+    examples are compared with the loop over batches of size one on your model; a mismatch refuses the run before
+    any noise is released (``private.self_check`` holds the measured error). ``False`` skips it.
     Seeds: ``seed`` fixes the sampler, the noise and dropout (this re-seeds torch's global generator);
     ``secure_rng=True`` draws them from the OS CSPRNG instead (for real private data; not reproducible).
     """
@@ -241,6 +245,9 @@ def make_private(
         lr_warmup_steps=lr_warmup_steps,
     )
     train["device"] = _device_of(model)
+    if not isinstance(self_check, bool):
+        raise ConfigError(f"self_check={self_check!r} must be True or False")
+    train["self_check"] = dict(train.get("self_check") or {}, enabled=self_check)
     if physical_batch_size is not None:
         train["physical_batch_size"] = physical_batch_size
     if steps is not None and epochs is not None:

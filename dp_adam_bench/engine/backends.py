@@ -18,6 +18,7 @@ import torch
 
 from dp_adam_bench.engine.engines import build_engine
 from dp_adam_bench.engine.privatizer import Privatizer, Release
+from dp_adam_bench.engine.self_check import DEFAULT_EXAMPLES, DEFAULT_TOLERANCE, self_check
 
 
 class VectorBackend:
@@ -116,6 +117,18 @@ class ModelBackend:
                 self._counts[1] += (cs.norms > clip).sum()
         ddp.all_reduce_(summed)  # the global sum of clipped gradients, before any noise
         return privatizer.release_sum(summed, scale)
+
+    def self_check(self, population: torch.Tensor, clip: float | None, settings) -> dict:
+        """The engine against the size-one loop on the first ``train.self_check.examples`` examples of the private
+        population (:mod:`dp_adam_bench.engine.self_check`); raises ConfigError on a mismatch."""
+        settings = settings or {}
+        if not settings.get("enabled", True):
+            return {"enabled": False}
+        k = min(int(settings.get("examples", DEFAULT_EXAMPLES)), len(population))
+        if k == 0:
+            return {"enabled": True, "examples": 0}
+        batch = {name: v.to(self.device) for name, v in self.task.get_batch(population[:k]).items()}
+        return self_check(self.engine, batch, clip, float(settings.get("tolerance", DEFAULT_TOLERANCE)))
 
     def clipped_fraction(self, clip: float | None) -> dict:
         """Diagnostic: the fraction of the last step's examples whose norm exceeded C (a collective under DDP)."""

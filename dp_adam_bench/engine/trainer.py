@@ -277,7 +277,11 @@ def _train(r: Run, folder: Path, log_metrics, t0: float) -> dict:
     if getattr(backend.task, "data_note", None):  # what model and data (e.g. pretrained on what, how long)
         summary["data_note"] = backend.task.data_note
     if model_task:
-        summary |= {"clipping": backend.engine_name, "world_size": ddp.world}
+        summary |= {
+            "clipping": backend.engine_name,
+            "world_size": ddp.world,
+            "self_check": session.self_check,
+        }
     else:
         summary |= backend.final_summary(r.variant, session.state)
     return summary

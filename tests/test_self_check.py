@@ -1,0 +1,91 @@
+"""The engine's self-check on the user's own model (engine/self_check.py): it runs at the start of every model run,
+records its error in the summary, stops a silently wrong engine before any noise is released, leaves the run's
+results unchanged, and can be switched off (recorded)."""
+
+import pytest
+import torch
+
+from dp_adam_bench import make_private
+from dp_adam_bench.engine.bk import BKEngine
+from dp_adam_bench.engine.self_check import self_check
+from dp_adam_bench.errors import ConfigError
+from dp_adam_bench.tasks import registry
+from dp_adam_bench.train import train
+
+from helpers import CE, compose_cfg, tiny_data, tiny_model, tiny_poisson
+from small_models import fresh_model, loss_per_example, make_batch
+
+
+@pytest.fixture
+def tiny_task(monkeypatch):
+    monkeypatch.setitem(registry.TASKS, "tiny", "tiny_task:TinyTask")
+
+
+def _shrink_norms(monkeypatch, factor=0.8):
+    """A planted engine defect: bk reports every norm ``factor`` times too small (and clips accordingly)."""
+    real = BKEngine._clipped_sum
+
+    def wrong(self, batch, clip, scale):
+        out = real(self, batch, clip, scale)
+        out.norms = out.norms * factor
+        return out
+
+    monkeypatch.setattr(BKEngine, "_clipped_sum", wrong)
+
+
+@pytest.mark.parametrize("engine", ["bk", "functorch", "hooks", "ghost"])
+def test_an_exact_engine_passes_and_the_model_is_left_as_it_was(engine):
+    from dp_adam_bench.engine.engines import build_engine
+
+    model = fresh_model()
+    model.train()
+    eng = build_engine(engine, model, loss_per_example)
+    rng = torch.get_rng_state()
+    record = self_check(eng, make_batch(), 0.5)
+    eng.close()
+    assert record["enabled"] and record["examples"] == 6
+    assert record["max_rel_error"] < 1e-5 and record["seconds"] > 0
+    assert model.training  # back in the mode it was in
+    assert torch.equal(torch.get_rng_state(), rng)  # the run's random stream is untouched
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_a_wrong_engine_is_stopped_naming_the_error(monkeypatch):
+    _shrink_norms(monkeypatch)
+    eng = BKEngine(fresh_model(), loss_per_example)
+    with pytest.raises(ConfigError, match=r"self-check: train\.clipping=bk .* by 0\.2 .*tolerance 0\.01"):
+        self_check(eng, make_batch(), 0.5)
+
+
+def test_make_private_stops_before_any_noise_and_records_the_check(monkeypatch):
+    task, data = tiny_data()
+    kw = dict(optimizer="adam", sigma=1.0, clip=0.5, batch_size=16, steps=2, lr=0.01)
+    private = make_private(tiny_model(), data, CE, **kw)
+    assert private.self_check["enabled"] and private.self_check["max_rel_error"] < 1e-5
+    assert private.steps_done == 0
+
+    _shrink_norms(monkeypatch)
+    with pytest.raises(ConfigError, match="stopped before any noise was released"):
+        make_private(tiny_model(), data, CE, **kw)
+    skipped = make_private(tiny_model(), data, CE, self_check=False, **kw)
+    assert skipped.self_check == {"enabled": False}
+    with pytest.raises(ConfigError, match="self_check='yes' must be True or False"):
+        make_private(tiny_model(), data, CE, self_check="yes", **kw)
+
+
+def test_cli_runs_record_the_check_and_it_changes_no_result(isolated_dirs, tiny_task):
+    base = tiny_poisson("self_check", 3)
+    checked = train(compose_cfg(base))
+    assert checked["self_check"]["enabled"] and checked["self_check"]["max_rel_error"] < 1e-5
+    assert checked["self_check"]["examples"] == 4
+    off = train(compose_cfg([*base, "train.self_check.enabled=false", "train.force=true"]))
+    assert off["self_check"] == {"enabled": False}
+    assert off["final_params_sha1"] == checked["final_params_sha1"]  # same run, same result
+    with pytest.raises(ConfigError, match=r"train\.self_check\.tolerance=nan must be a finite number > 0"):
+        train(compose_cfg([*base, "train.self_check.tolerance=nan"]))
+
+
+def test_cli_run_with_a_wrong_engine_stops_before_its_first_step(isolated_dirs, tiny_task, monkeypatch):
+    _shrink_norms(monkeypatch)
+    with pytest.raises(ConfigError, match="self-check"):
+        train(compose_cfg(tiny_poisson("self_check_wrong", 3)))
