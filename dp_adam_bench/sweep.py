@@ -358,7 +358,11 @@ def run_sweep(
     tracker = None if dry_run else _sweep_progress(experiment, profile, commands, overrides)
     prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in env.items())
     try:
-        if tracker is not None and all(_is_hydra_override(o) for o in overrides) and tracker.done == tracker.total:
+        if (
+            tracker is not None
+            and all(_is_hydra_override(o) for o in overrides)
+            and tracker.done == tracker.total
+        ):
             print(  # every run of the preset is complete: no multirun launched just to skip each one
                 f"sweep {experiment}: all {tracker.total} runs are complete, nothing to launch "
                 "(train.force=true reruns them)",
