@@ -207,11 +207,10 @@ def test_a_failed_run_leaves_no_hydra_folder(isolated_dirs, capsys, monkeypatch)
     assert sorted(p.name for p in isolated_dirs.iterdir()) == [], sorted(isolated_dirs.rglob("*"))
 
 
-def test_cuda_device_without_cuda_is_refused(isolated_dirs, capsys):
+def test_cuda_device_without_cuda_is_refused(isolated_dirs, capsys, monkeypatch):
     import torch
 
-    if torch.cuda.is_available():
-        pytest.skip("this machine has CUDA")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a machine without CUDA, on any machine
     with pytest.raises(SystemExit) as exc:
         train_mod.main(compose_cfg([*TINY, "train.device=cuda", "experiment_name=bad"]))
     assert exc.value.code == 2
