@@ -1,7 +1,10 @@
 """``results/REPORT.md``: every table's markdown in one document, opening with a summary of all claim checks.
 
 Built only from the ``results/<id>.md`` files the reports wrote (never from runs), so it is regenerated in a
-second by ``dp-adam-bench report --document`` and at the end of ``make reproduce-table``.
+second by ``dp-adam-bench report --document`` and at the end of ``make reproduce-table``. The CPU-profile and exact
+tables come first; the paper-profile tables (``results/paper/<id>.md``) follow in a section of their own, each linked
+to the logged runs committed under ``results/paper/runs/<experiment>/`` (and their README, which says how they were
+made) when that folder exists.
 """
 
 from __future__ import annotations
@@ -40,6 +43,20 @@ def _command(markdown: str) -> str:
 
 
 PROFILES = ("cpu", "paper")
+RUNS = "runs"  # results/<profile>/runs/<experiment>/: the committed runs a profile's tables were built from
+
+
+def _runs_link(res: Path, table, profile: str) -> str:
+    """`` — runs: <link>`` to ``results/<profile>/runs/<experiment name>/`` of ``table`` (and to its README) when
+    that folder exists; "" otherwise."""
+    from dp_adam_bench.sweep import sweep_spec
+
+    folder = results_for(profile, res) / RUNS / sweep_spec(table.experiment, profile).name
+    if not folder.is_dir():
+        return ""
+    rel = folder.relative_to(res).as_posix()
+    how = f" ([how they were made]({rel}/README.md))" if (folder / "README.md").is_file() else ""
+    return f" — runs: [{rel}/]({rel}/){how}"
 
 
 def build_document(results: Path | None = None) -> Path:
@@ -87,21 +104,52 @@ def build_document(results: Path | None = None) -> Path:
             "Not generated yet: " + ", ".join(f"`{t}` (`make reproduce-table TABLE={t}`)" for t in missing),
             "",
         ]
-    lines += ["## Tables", ""]
-    for tid, table, label, md, rel in present:
-        body = md.split("\n", 1)[1] if md.startswith("# ") else md
-        title = md.splitlines()[0].lstrip("# ") if md.startswith("# ") else tid
+    paper = [entry for entry in present if entry[2] == "paper"]
+    if paper:
         lines += [
-            f'<a id="{tid}-{label}"></a>',
-            f"### {title} ({label})",
-            "",
-            f"*{table.paper}* — `{_command(md)}` — [{rel}]({rel})",
+            "Paper-scale results (the papers' own settings, `--profile paper`, sized for a GPU): "
+            + ", ".join(f"[{tid}](#{tid}-paper)" for tid, *_ in paper)
+            + "; see [Paper-scale tables](#paper-scale-tables).",
             "",
         ]
-        prefix = "" if rel.parent == Path(".") else f"{rel.parent.as_posix()}/"
-        for ln in body.splitlines()[1:]:
-            ln = ln.replace("## ", "#### ", 1) if ln.startswith("## ") else ln
-            lines.append(IMAGE.sub(lambda m, pre=prefix: f"![{m[1]}]({pre}{m[2]})", ln))
-        lines.append("")
+    lines += ["## Tables", ""]
+    for entry in present:
+        if entry[2] != "paper":
+            lines += _section(*entry)
+    if paper:
+        lines += [
+            '<a id="paper-scale-tables"></a>',
+            "## Paper-scale tables",
+            "",
+            "The papers' own settings (`--profile paper`: their models, batch sizes, steps and test sets), sized "
+            "for a GPU and written to `results/paper/`. Each table is built from logged runs committed under "
+            "`results/paper/runs/<experiment>/` (config, metrics and summary of every run, no checkpoints), whose "
+            "README says how they were made (hardware, command, commit, cost); "
+            "`DP_ADAM_BENCH_RUNS=results/paper/runs dp-adam-bench report <id> --profile paper` rebuilds a table from "
+            "them.",
+            "",
+        ]
+        for entry in paper:
+            lines += _section(*entry, source=_runs_link(res, entry[1], "paper"))
     out.write_text("\n".join(lines))
     return out
+
+
+def _section(tid: str, table, label: str, md: str, rel: Path, source: str = "") -> list[str]:
+    """The lines of one table's section: its title and profile, paper, command and file (and ``source``: where its
+    runs are), then the table's markdown, its headings one level down and its images relative to results/."""
+    body = md.split("\n", 1)[1] if md.startswith("# ") else md
+    title = md.splitlines()[0].lstrip("# ") if md.startswith("# ") else tid
+    lines = [
+        f'<a id="{tid}-{label}"></a>',
+        f"### {title} ({label})",
+        "",
+        f"*{table.paper}* — `{_command(md)}` — [{rel}]({rel}){source}",
+        "",
+    ]
+    prefix = "" if rel.parent == Path(".") else f"{rel.parent.as_posix()}/"
+    for ln in body.splitlines()[1:]:
+        ln = ln.replace("## ", "#### ", 1) if ln.startswith("## ") else ln
+        lines.append(IMAGE.sub(lambda m, pre=prefix: f"![{m[1]}]({pre}{m[2]})", ln))
+    lines.append("")
+    return lines
