@@ -6,6 +6,7 @@
 >>> while not private.done:
 ...     private.step()
 >>> private.epsilon()          # {"rdp": ..., "prv": ..., "pld": ..., "gdp_clt": ...}
+>>> private.guarantee()        # {"accountant": "rdp", "epsilon": ..., "target_accountant": ..., ...}
 
 :func:`make_private` turns its arguments into the same configuration the command line builds
 (``python -m dp_adam_bench.train task=... optimizer=... noise=...``), validates it with the same checks, and builds
@@ -198,6 +199,11 @@ def make_private(
     ``lr_schedule``: ``constant`` or ``linear`` (``lr_warmup_steps`` of linear warm-up, then linear decay towards 0
     at the last step; :mod:`dp_adam_bench.optim.schedule`).
 
+    ``private.guarantee()`` names the accountant of each privacy number: the epsilon reported (``accountant``, the
+    argument), and the accountant that met ``target_epsilon`` or enforces ``epsilon_budget`` (``exact_gaussian``
+    for a non-amplified release, whose epsilon is computed exactly: e.g. BandMF on single-pass batches calibrated
+    to epsilon = 4 shows a larger epsilon under ``rdp``, a looser bound on the same release).
+
     ``evaluate(model) -> dict`` is optional: your own metrics, which ``private.evaluate()`` returns (the model in
     eval mode, without gradients).
     ``self_check``: before the first step, the engine's per-example norms and clipped sum for a few of your
@@ -245,6 +251,12 @@ def make_private(
         lr_warmup_steps=lr_warmup_steps,
     )
     train["device"] = _device_of(model)
+    # named as the caller knows it (the model's device), not as train.device, a field the caller never set
+    if train["device"].split(":")[0] not in ("cpu", "cuda"):
+        raise ConfigError(
+            f"model is on device {train['device']!r}; make_private trains a model on cpu or cuda (a 'meta' model "
+            "has no values): build it there or move it with model.to('cpu')"
+        )
     if not isinstance(self_check, bool):
         raise ConfigError(f"self_check={self_check!r} must be True or False")
     train["self_check"] = dict(train.get("self_check") or {}, enabled=self_check)

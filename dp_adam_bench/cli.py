@@ -18,7 +18,7 @@ def _train(argv: list[str]) -> int:
     from dp_adam_bench import train
 
     sys.argv = ["dp-adam-bench train", *argv]
-    train.main()
+    train.cli()
     return 0
 
 

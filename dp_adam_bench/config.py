@@ -21,6 +21,27 @@ MF_SAMPLERS = ("single_pass", "cyclic_poisson", "balls_in_bins")
 PROFILES = ("cpu", "paper")
 DISTRIBUTED = ("auto", "off")
 WANDB_MODES = (None, "offline", "online", "disabled")
+#: the top-level keys of a run's config (configs/config.yaml and its groups); any other, e.g. ``+foo=1``, is refused
+ROOT_KEYS = (
+    "task",
+    "optimizer",
+    "noise",
+    "privacy",
+    "logger",
+    "experiment_name",
+    "profile",
+    "seed",
+    "train",
+    "diagnostics",
+    "paths",
+    "sweep",  # an experiment preset's sweep and per-profile values: not part of a run (train.run_config drops them)
+    "profiles",
+)
+#: the largest seed: torch and numpy take seeds of at most 64 bits
+SEED_MAX = 2**63 - 1
+#: the largest noise multiplier: beyond it, noise of std sigma C / B buries any gradient (epsilon ~ 0), and its
+#: variance, which bias-correcting variants subtract, overflows float32 near sigma C / B = 1e19
+SIGMA_MAX = 1e6
 
 _MISSING = object()
 
@@ -74,13 +95,20 @@ def number(
     return v
 
 
-def integer(cfg: Mapping, dotted: str, *, low: int = 1, null: bool = False, default=_MISSING):
-    """An integer >= ``low`` (``null`` allows None); a float such as 2.7 is refused, never truncated."""
+def integer(
+    cfg: Mapping, dotted: str, *, low: int = 1, high: int | None = None, null: bool = False, default=_MISSING
+):
+    """An integer >= ``low`` (and <= ``high``; ``null`` allows None); a float such as 2.7 is refused, never
+    truncated."""
     v = _get(cfg, dotted, default)
     if v is None and null:
         return None
-    if isinstance(v, bool) or not isinstance(v, int) or v < low:
-        raise ConfigError(f"{dotted}={v!r} must be an integer >= {low}" + (" or null" if null else ""))
+    if isinstance(v, bool) or not isinstance(v, int) or v < low or (high is not None and v > high):
+        raise ConfigError(
+            f"{dotted}={v!r} must be an integer >= {low}"
+            + (f" and <= {high}" if high is not None else "")
+            + (" or null" if null else "")
+        )
     return v
 
 
@@ -107,7 +135,12 @@ def validate(cfg: Mapping, *, custom_task: bool = False) -> None:
     from dp_adam_bench.privacy.noise_factory import NOISE
     from dp_adam_bench.tasks.registry import TASKS
 
-    integer(cfg, "seed", low=0)
+    unknown = sorted(str(k) for k in cfg if k not in ROOT_KEYS)
+    if unknown:
+        raise ConfigError(
+            f"{unknown[0]}={cfg[unknown[0]]!r} is not a config field; valid top-level fields: {', '.join(ROOT_KEYS)}"
+        )
+    integer(cfg, "seed", low=0, high=SEED_MAX)
     choice(cfg, "profile", PROFILES, default="cpu")
     if not custom_task:
         TASKS.check(_get(cfg, "task.name"))
@@ -117,9 +150,17 @@ def validate(cfg: Mapping, *, custom_task: bool = False) -> None:
     opt = _get(cfg, "optimizer")
     VARIANTS.check(_get(cfg, "optimizer.name"))
     number(cfg, "optimizer.lr", low=0, low_open=True)
+    fields = variant_fields(VARIANTS.get(opt["name"]))
     for key, value in opt.items():
-        if key == "name" or value is None or isinstance(value, str):
+        if key == "name":
             continue
+        if key not in fields:
+            raise ConfigError(
+                f"optimizer.{key}={value!r} is not a field of optimizer.name={opt['name']!r}; valid: "
+                f"{', '.join(sorted(fields))}"
+            )
+        if value is None or (isinstance(value, str) and isinstance(fields[key], str)):
+            continue  # null where the variant allows it (it says so); a string where its default is one
         if not _is_number(value) or not math.isfinite(value):
             raise ConfigError(f"optimizer.{key}={value!r} must be a finite number")
     try:
@@ -206,8 +247,25 @@ def validate(cfg: Mapping, *, custom_task: bool = False) -> None:
         )
 
 
+def variant_fields(cls) -> dict:
+    """``{field: default}`` of an optimizer variant: the keyword arguments of every ``__init__`` along its classes
+    (a subclass passes the rest on to its base), ``lr`` included; the default is None where there is none."""
+    import inspect
+
+    fields: dict = {}
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None or klass is object:
+            continue
+        for name, param in inspect.signature(init).parameters.items():
+            if name != "self" and param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY):
+                default = None if param.default is inspect.Parameter.empty else param.default
+                fields.setdefault(name, default)
+    return fields
+
+
 def _validate_privacy(cfg: Mapping, kind: str, sampler: str, correlated: bool) -> None:
-    sigma = number(cfg, "privacy.sigma", low=0, null=True)
+    sigma = number(cfg, "privacy.sigma", low=0, high=SIGMA_MAX, null=True)
     number(cfg, "privacy.clip", low=0, low_open=True)
     number(cfg, "privacy.delta", low=0, high=1, low_open=True, high_open=True)
     budget = number(cfg, "privacy.epsilon_budget", low=0, low_open=True, null=True, default=None)

@@ -2,8 +2,10 @@
 
 On a terminal (stderr is a TTY) training shows a tqdm bar with the ETA, the last logged loss or metric and the
 epsilon spent so far under the run's accountant; evaluation, decoding and sweeps show bars of their own. Off a
-terminal (CI, SLURM logs, a redirected file) there are no bars: training writes one log line per logged step
-(``train.log_every``). ``DP_ADAM_BENCH_PROGRESS`` overrides the choice: ``bar``, ``lines`` or ``off``.
+terminal (CI, SLURM logs, a redirected file) there are no bars: training writes a log line when it starts, one per
+logged step (``train.log_every``), and one at least every :attr:`Progress.LINE_EVERY_S` seconds whatever
+``log_every`` says, each with the ETA and the epsilon named by its accountant (``epsilon (rdp)=4.729``).
+``DP_ADAM_BENCH_PROGRESS`` overrides the choice: ``bar``, ``lines`` or ``off``.
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ class Progress:
 
     #: seconds between two epsilon evaluations for the bar (an accountant call can cost a fraction of a second)
     EPSILON_EVERY_S = 2.0
+    #: off a terminal, the longest silence between two lines (a slow step count between logged steps)
+    LINE_EVERY_S = 30.0
 
     def __init__(
         self,
@@ -68,11 +72,14 @@ class Progress:
         enabled: bool = True,
         what: str = "train",
         epsilon: Callable[[], dict] | None = None,
+        accountant: str | None = None,
     ):
         """``epsilon()`` returns ``{"epsilon": value}`` so far (or {}): the bar refreshes it every few seconds,
-        between the logged steps that carry it."""
+        between the logged steps that carry it. ``accountant`` names the accountant of that epsilon, shown beside
+        it (``epsilon (rdp)``)."""
         self.total, self.what = int(total), what
         self.epsilon = epsilon
+        self.epsilon_key = f"epsilon ({accountant})" if accountant else "epsilon"
         self._eps_next = float("-inf")
         self.mode = mode() if enabled else "off"
         self.t0 = time.time()
@@ -83,32 +90,46 @@ class Progress:
             from tqdm import tqdm
 
             self.bar = tqdm(total=self.total, initial=self.initial, desc=what, unit="step", **_width())
+        self._line_at = self.t0
+        if self.mode == "lines":
+            log.info(
+                "%s step %d/%d: training starts (a line per logged step and at least every %.0f s)",
+                what,
+                self.initial,
+                self.total,
+                self.LINE_EVERY_S,
+            )
 
     def update(self, step: int, metrics: dict, logged: bool) -> None:
         if self.mode == "off":
             return
         shown = _shown(metrics)
         now = time.time()
+        # off a terminal, a line at least every LINE_EVERY_S seconds, logged step or not
+        due = self.bar is None and now - self._line_at >= self.LINE_EVERY_S
         if "epsilon" in shown:
             self._eps_next = now + self.EPSILON_EVERY_S
         elif self.epsilon is not None and (
-            logged or step == self.total or (self.bar is not None and now >= self._eps_next)
+            logged or due or step == self.total or (self.bar is not None and now >= self._eps_next)
         ):  # a non-amplified run logs no epsilon (it is spent up front): ask the ledger
             shown |= self.epsilon()
             # an accountant call can cost a fraction of a second (PRV or PLD over many steps): the bar's refreshes
             # wait at least 20 times as long as the last call took, so they stay under ~5 % of the training time
             self._eps_next = now + max(self.EPSILON_EVERY_S, 20 * (time.time() - now))
+        if "epsilon" in shown:  # named by its accountant
+            shown[self.epsilon_key] = shown.pop("epsilon")
         self.last |= shown
         if self.bar is not None:
             self.bar.update(step - self.bar.n)
             if shown:
                 self.bar.set_postfix({k: f"{v:.4g}" for k, v in self.last.items()}, refresh=False)
-        elif logged:
+        elif logged or due:
+            self._line_at = now
             elapsed = now - self.t0
             done = step - self.initial
-            eta = elapsed / done * (self.total - step) if done > 0 else float("nan")
+            eta = f"{elapsed / done * (self.total - step):.0f} s" if done > 0 else "unknown"
             text = " ".join(f"{k}={v:.4g}" for k, v in self.last.items())
-            log.info("%s step %d/%d (%.0f s, ETA %.0f s) %s", self.what, step, self.total, elapsed, eta, text)
+            log.info("%s step %d/%d (%.0f s, ETA %s) %s", self.what, step, self.total, elapsed, eta, text)
 
     def close(self) -> None:
         if self.bar is not None:

@@ -12,7 +12,9 @@ the other ranks train alongside it and write nothing.
 
 from __future__ import annotations
 
+import difflib
 import logging
+import re
 import sys
 
 import hydra
@@ -20,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dp_adam_bench.config import ConfigError, validate
 from dp_adam_bench.paths import CONFIG_DIR, runs_dir
-from dp_adam_bench.tracking.run_store import RunFolder, RunLockedError, is_complete, run_id
+from dp_adam_bench.tracking.run_store import RunFolder, RunLock, RunLockedError, is_complete, run_id
 from dp_adam_bench.tracking.wandb_logger import WandbLogger
 
 log = logging.getLogger("dp_adam_bench.train")
@@ -55,6 +57,9 @@ def train(cfg: DictConfig) -> dict | None:
     # rank 0 decides for all: its folder writes below must not change another rank's answer
     if _skip(ddp, is_complete(RunFolder.folder(root, name, rid)) and not cfg.train.force, root, name, rid):
         return None
+    # a second launch of a running run is refused now, not after the set-up (data, model, plan)
+    if ddp.is_main:
+        RunLock.check(RunFolder.folder(root, name, rid))
     run_cfg = OmegaConf.create(data)
     try:
         prepared = trainer.build(run_cfg)
@@ -62,6 +67,9 @@ def train(cfg: DictConfig) -> dict | None:
         raise
     except ValueError as err:  # a task or variant refusing one of its fields
         raise ConfigError(str(err)) from err
+    if ddp.is_main:
+        for line in prepared.plan.warnings:
+            print(f"warning: {line}", file=sys.stderr)
     try:
         lock = (
             RunFolder.acquire(root, name, rid) if ddp.is_main else None
@@ -79,6 +87,7 @@ def train(cfg: DictConfig) -> dict | None:
         trainer.run(run_cfg, RunFolder.folder(root, name, rid), lambda step, metrics: None, prepared=prepared)
         return None
     folder = RunFolder.create(root, name, data, lock=lock)
+    print(f"run folder: {folder.path}", file=sys.stderr, flush=True)
     tags = [
         data["experiment_name"],
         data["task"]["name"],
@@ -109,7 +118,9 @@ def train(cfg: DictConfig) -> dict | None:
     finally:
         wb.finish()
         folder.close()
-    log.info("run %s: %s", folder.path.name, summary["metrics"])
+    log.info("run %s: %s", folder.path, summary["metrics"])
+    if summary.get("diverged"):
+        print(f"warning: {folder.path.name} {summary['diverged']}", file=sys.stderr)
     return summary
 
 
@@ -125,13 +136,101 @@ def _skip(ddp, complete: bool, root, name: str, rid: str) -> bool:
     return True
 
 
+def ignored_overrides(cfg: DictConfig, overrides: list[str]) -> list[str]:
+    """One line per override the run ignores: ``privacy.*`` with ``noise=none`` (no noise, no clipping)."""
+    if cfg.noise.kind != "none":
+        return []
+    keys = [o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o]
+    return [
+        f"note: {k}={OmegaConf.select(cfg, k)} is ignored: noise=none trains without noise or clipping (the run "
+        "records sigma 0 and no clip norm)"
+        for k in keys
+        if k.startswith("privacy.")
+    ]
+
+
+def compose_error(overrides: list[str]) -> str | None:
+    """Why Hydra cannot compose the config from these overrides, in one line naming the override and what is
+    valid (an unknown option of a group, a key that is not a field, an override that does not parse); None when it
+    composes."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException, MissingConfigException
+
+    parser = OverridesParser.create()
+    for override in overrides:
+        try:
+            parser.parse_override(override)
+        except HydraException as err:
+            return f"{override!r} does not parse as an override (key=value): {_one_line(err)}"
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            compose("config", overrides=list(overrides))
+    except MissingConfigException as err:
+        found = re.search(r"Could not (?:find|load) '(.+)/([^/']+)'", str(err))
+        if found and err.options:
+            group, option = found.groups()
+            return f"{group}={option} is not an option of {group}; valid: {', '.join(err.options)}"
+        return _one_line(err)
+    except HydraException as err:
+        key = getattr(err.__cause__, "full_key", None)
+        if key and "not in struct" in str(err.__cause__):
+            return _not_a_field(key, overrides)
+        return _one_line(err)
+    return None
+
+
+def _one_line(err: BaseException) -> str:
+    skip = ("See https://", "Config search path", "provider=", "Set the environment variable")
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip() and not ln.strip().startswith(skip)]
+    return "; ".join(lines)
+
+
+def _not_a_field(key: str, overrides: list[str]) -> str:
+    """``train.stpes=5 is not a config field (did you mean train.steps?); valid: ...``"""
+    from hydra import compose, initialize_config_dir
+
+    given = next((o for o in overrides if o.lstrip("+~").split("=", 1)[0] == key), key)
+    parent, _, leaf = key.rpartition(".")
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            base = compose("config", overrides=[o for o in overrides if o != given])
+        node = OmegaConf.select(base, parent) if parent else base
+        known = sorted(str(k) for k in node.keys())
+    except Exception:  # the other overrides do not compose either: say what is known about this one
+        known = []
+    close = difflib.get_close_matches(leaf, known, n=1)
+    hint = f" (did you mean {parent + '.' if parent else ''}{close[0]}?)" if close else ""
+    valid = f"; valid fields of {parent or 'the config'}: {', '.join(known)}" if known else ""
+    return f"{given} is not a config field{hint}{valid}"
+
+
+def cli() -> None:
+    """``python -m dp_adam_bench.train`` and ``dp-adam-bench train``: Hydra's main, with Hydra's own refusals of a
+    single run's overrides (an unknown option of a group, a key typo) as one line and exit code 2 like every
+    config error, instead of Hydra's many lines and exit code 1. Multirun (``-m``) and Hydra's flags go to Hydra
+    as they are."""
+    argv = sys.argv[1:]
+    if argv and not any(a.startswith("-") for a in argv):
+        err = compose_error(argv)
+        if err:
+            print(f"config error: {err}", file=sys.stderr)
+            sys.exit(2)
+    main()
+
+
 @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
     from dp_adam_bench.engine.checkpoint import CheckpointError
     from dp_adam_bench.placement import claim_gpu, skip_locked_run
 
     claim_gpu()  # a worker of a GPU sweep takes its GPU before anything touches CUDA; elsewhere a no-op
 
+    overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    for line in ignored_overrides(cfg, overrides):
+        print(line, file=sys.stderr)
     try:
         train(cfg)
     except ConfigError as err:
@@ -148,4 +247,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli()

@@ -146,7 +146,7 @@ def test_honest_audit_is_consistent():
     r = _audit("adam", "independent", "poisson")
     assert r.verdict == "consistent"
     assert 0 < r.claimed_epsilon < r.max_possible
-    assert len(r.tests) == 12 and r.steps == 100
+    assert len(r.tests) == 18 and r.steps == 100  # 6 scores x 3 values of k
 
 
 @pytest.mark.parametrize(

@@ -127,6 +127,35 @@ CASES = [
     ([*TINY, "optimizer=ime"], "Poisson batches are unbounded"),
     ([*TINY, "optimizer=side_info", "train.side_info.public_examples=64"], "public_examples=64 must be in"),
     ([*TINY, "train.side_info.batch_size=0"], "train.side_info.batch_size=0"),
+    # issue 28 ("a newcomer's hour"): values that gave a traceback, or a line that did not name the field
+    ([*TOY, "privacy.sigma=1e300"], "privacy.sigma=1e+300 must be a finite number >= 0 and <= 1e+06"),
+    ([*TOY, "optimizer=adam", "optimizer.beta1=abc"], "optimizer.beta1='abc' must be a finite number"),
+    ([*TOY, "optimizer=adam", "optimizer.beta2=abc"], "optimizer.beta2='abc' must be a finite number"),
+    ([*TOY, "optimizer=adam", "optimizer.eps=abc"], "optimizer.eps='abc' must be a finite number"),
+    ([*TOY, "seed=99999999999999999999"], "seed=99999999999999999999 must be an integer >= 0 and <= "),
+    # ... and keys that were accepted without a word (the run id changed, the result did not)
+    ([*TOY, "+foo=1"], "foo=1 is not a config field; valid top-level fields: task, optimizer"),
+    (
+        [*TOY, "+optimizer.foo=1"],
+        "optimizer.foo=1 is not a field of optimizer.name='adagrad_pp'; valid: eps, lr",
+    ),
+]
+
+# Overrides Hydra itself cannot compose: the command line (dp_adam_bench.train.cli) says why in one line, exit 2
+HYDRA_CASES = [
+    (["task=nope"], "task=nope is not an option of task; valid: arxiv_mlm, cifar10_cnn"),
+    (["optimizer=nope"], "optimizer=nope is not an option of optimizer; valid: adagrad_ime"),
+    (["experiment=nope"], "experiment=nope is not an option of experiment; valid: ganesh_fig2"),
+    (["noise=nope"], "noise=nope is not an option of noise; valid: bandmf"),
+    (
+        ["train.stpes=5"],
+        "train.stpes=5 is not a config field (did you mean train.steps?); valid fields of train:",
+    ),
+    (["optimizer.betta1=0.5", "optimizer=adam"], "optimizer.betta1=0.5 is not a config field (did you mean"),
+    (["sed=3"], "sed=3 is not a config field (did you mean seed?)"),
+    (["optimizer.lr=1,2"], "Ambiguous value for argument 'optimizer.lr=1,2'"),
+    (["seed=["], "'seed=[' does not parse as an override (key=value)"),
+    (["task"], "'task' does not parse as an override (key=value)"),
 ]
 
 
@@ -151,6 +180,33 @@ def test_bad_input_fails_before_anything_runs(isolated_dirs, capsys, overrides, 
     assert not runs.exists() or not any(runs.rglob("*")), sorted(runs.rglob("*"))  # nothing created
 
 
+@pytest.mark.parametrize("overrides,expected", HYDRA_CASES, ids=[" ".join(c[0]) for c in HYDRA_CASES])
+def test_an_override_hydra_cannot_compose_is_one_line_and_exit_2(
+    isolated_dirs, capsys, monkeypatch, overrides, expected
+):
+    monkeypatch.chdir(isolated_dirs)  # nothing may appear here either (Hydra's output folder)
+    monkeypatch.setattr("sys.argv", ["dp_adam_bench.train", *overrides])
+    with pytest.raises(SystemExit) as exc:
+        train_mod.cli()
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2, err
+    assert err.startswith("config error: ") and expected in err, err
+    assert len(err.splitlines()) == 1, err
+    assert sorted(p.name for p in isolated_dirs.iterdir()) == [], sorted(isolated_dirs.rglob("*"))
+
+
+def test_a_failed_run_leaves_no_hydra_folder(isolated_dirs, capsys, monkeypatch):
+    """Through Hydra's own main (the run folder check runs inside it): a refused run leaves no empty
+    runs/_hydra/<time>/ folder, nor anything else."""
+    monkeypatch.chdir(isolated_dirs)
+    monkeypatch.setattr("sys.argv", ["dp_adam_bench.train", *TOY, "privacy.sigma=-1", "experiment_name=bad"])
+    with pytest.raises(SystemExit) as exc:
+        train_mod.cli()
+    assert exc.value.code == 2
+    assert "privacy.sigma=-1" in capsys.readouterr().err
+    assert sorted(p.name for p in isolated_dirs.iterdir()) == [], sorted(isolated_dirs.rglob("*"))
+
+
 def test_cuda_device_without_cuda_is_refused(isolated_dirs, capsys, monkeypatch):
     import torch
 
@@ -160,3 +216,66 @@ def test_cuda_device_without_cuda_is_refused(isolated_dirs, capsys, monkeypatch)
     assert exc.value.code == 2
     assert "train.device='cuda' but no CUDA device is available" in capsys.readouterr().err
     assert not (isolated_dirs / "runs").exists()
+
+
+# --- accepted, but not without a word (issue 28) ------------------------------------------------------------------
+def test_bands_beyond_the_steps_run_with_a_warning(isolated_dirs, capsys):
+    """Kept, not refused: BandMF with more bands than steps is the every-past-step strategy (a paper table's
+    2-step smoke run has 128 bands); the line and the summary say so."""
+    summary = train_mod.train(
+        compose_cfg([*TOY, "noise=bandmf", "noise.bands=5000", "logger.wandb.mode=disabled"])
+    )
+    note = "noise.bands=5000 is more than the run's 60 steps: BandMF uses 60 bands"
+    assert f"warning: {note}" in capsys.readouterr().err
+    assert any(note in n for n in summary["privacy_notes"])
+
+
+def test_a_diverging_run_gets_a_divergence_note(isolated_dirs, capsys):
+    summary = train_mod.train(compose_cfg([*TOY, "optimizer.lr=1e300", "logger.wandb.mode=disabled"]))
+    assert "times the untrained model's" in summary["diverged"], summary.get("diverged")
+    assert "warning: " in capsys.readouterr().err
+    calm = train_mod.train(compose_cfg([*TOY, "seed=1", "logger.wandb.mode=disabled"]))
+    assert "diverged" not in calm
+
+
+def test_divergence_note_rules():
+    import torch
+
+    from dp_adam_bench.engine.trainer import divergence_note
+
+    ok = [torch.zeros(2)]
+    assert divergence_note({"test_loss": 0.5}, {"test_loss_mean": 0.69}, ok) is None
+    assert "NaN or inf" in divergence_note({"test_loss": 0.5}, {}, [torch.tensor([1.0, float("nan")])])
+    assert "is nan" in divergence_note({"test_loss": float("nan")}, {}, ok)
+    assert "over 10 times" in divergence_note({"loss": 8.0}, {"loss": 0.7}, ok)
+    assert divergence_note({"loss": 6.0}, {"loss": 0.7}, ok) is None  # worse, but not diverged
+    assert divergence_note({"test_accuracy": 1e9}, {"test_accuracy": 1.0}, ok) is None  # not a loss
+
+
+def test_privacy_fields_of_a_non_private_run_are_said_to_be_ignored(isolated_dirs, capsys, monkeypatch):
+    monkeypatch.chdir(isolated_dirs)
+    argv = [*TOY, "noise=none", "privacy.sigma=5", "logger.wandb.mode=disabled", "train.log_every=1000"]
+    monkeypatch.setattr("sys.argv", ["dp_adam_bench.train", *argv])
+    train_mod.cli()
+    err = capsys.readouterr().err
+    assert "note: privacy.sigma=5 is ignored: noise=none trains without noise or clipping" in err
+    assert train_mod.ignored_overrides(compose_cfg([*TOY, "privacy.sigma=5"]), ["privacy.sigma=5"]) == []
+
+
+def test_a_model_on_meta_is_refused_in_the_api_callers_terms():
+    import torch
+    from torch import nn
+
+    import dp_adam_bench as dab
+
+    data = torch.utils.data.TensorDataset(torch.randn(20, 3), torch.randint(0, 2, (20,)))
+    with pytest.raises(dab.ConfigError, match="model is on device 'meta'") as exc:
+        dab.make_private(
+            nn.Linear(3, 2, device="meta"),
+            data,
+            nn.CrossEntropyLoss(reduction="none"),
+            sigma=1.0,
+            batch_size=4,
+            steps=3,
+        )
+    assert "train.device" not in str(exc.value)  # a field an API caller never set

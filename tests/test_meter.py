@@ -197,4 +197,4 @@ def test_audit_command_meters_the_mechanism_too(capsys):
     # a control is caught when the audit or the meter catches it (exit 0); here the meter does
     assert main([*args, "--control", "half_noise"]) == 0
     out = capsys.readouterr().out
-    assert "-> missed" in out and "FAIL: multiplier [joint]" in out
+    assert "caught by meter: multiplier" in out and "FAIL: multiplier [joint]" in out

@@ -30,19 +30,41 @@ def test_the_bar_shows_steps_eta_loss_and_epsilon(tiny, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "6/6" in err
     assert "<00:00" in err  # tqdm's elapsed<remaining field (the ETA)
-    assert "epsilon=" in err and "test_loss=" in err
-    eps_shown = float(err.rsplit("epsilon=", 1)[1].split(",")[0].split("]")[0])
+    assert "epsilon (rdp)=" in err and "test_loss=" in err  # epsilon named by its accountant
+    eps_shown = float(err.rsplit("epsilon (rdp)=", 1)[1].split(",")[0].split("]")[0])
     assert eps_shown == pytest.approx(summary["epsilon"]["rdp"], rel=1e-3)
 
 
-def test_off_a_terminal_a_line_per_logged_step(tiny, monkeypatch, caplog):
+def test_off_a_terminal_a_line_at_the_start_and_per_logged_step(tiny, monkeypatch, caplog):
     monkeypatch.setenv("DP_ADAM_BENCH_PROGRESS", "lines")
     with caplog.at_level(logging.INFO, logger="dp_adam_bench.progress"):
         _train("lines")
     lines = [r.getMessage() for r in caplog.records if r.name == "dp_adam_bench.progress"]
-    assert [ln.split()[2] for ln in lines] == ["2/6", "4/6", "6/6"]
-    assert all("ETA" in ln for ln in lines)
-    assert "epsilon=" in lines[-1] and "test_loss=" in lines[-1]
+    assert [ln.split()[2].rstrip(":") for ln in lines] == ["0/6", "2/6", "4/6", "6/6"]
+    assert "training starts" in lines[0]
+    assert all("ETA" in ln for ln in lines[1:])
+    assert "epsilon (rdp)=" in lines[-1] and "test_loss=" in lines[-1]
+
+
+def test_off_a_terminal_a_line_at_least_every_30_s_whatever_log_every_says(monkeypatch, caplog):
+    """A slow run logs every 100 steps: a line still comes every LINE_EVERY_S seconds, with the ETA and the epsilon
+    named by its accountant (asked of the ledger, since unlogged steps carry none)."""
+    clock = [0.0]
+    monkeypatch.setattr(progress.time, "time", lambda: clock[0])
+    monkeypatch.setenv("DP_ADAM_BENCH_PROGRESS", "lines")
+    asked = []
+    bar = progress.Progress(
+        1000, enabled=True, what="slow", epsilon=lambda: asked.append(1) or {"epsilon": 1.5}, accountant="prv"
+    )
+    with caplog.at_level(logging.INFO, logger="dp_adam_bench.progress"):
+        for step in range(1, 21):
+            clock[0] = 7.0 * step  # 7 s a step
+            bar.update(step, {}, logged=step % 100 == 0)
+    lines = [r.getMessage() for r in caplog.records if r.name == "dp_adam_bench.progress"]
+    assert [ln.split()[2] for ln in lines] == ["5/1000", "10/1000", "15/1000", "20/1000"]  # 35 s apart
+    assert all("ETA" in ln and "epsilon (prv)=1.5" in ln for ln in lines)
+    assert "ETA 6965 s" in lines[0]  # 35 s for 5 steps, 995 to go
+    assert len(asked) == 4
 
 
 def test_off_shows_nothing(tiny, monkeypatch, caplog, capsys):
@@ -87,8 +109,9 @@ def test_sweep_progress_counts_runs_across_commands(monkeypatch, capsys):
     assert "ETA" not in lines[0] and "ETA" in lines[1]
 
 
-def test_a_sweep_reports_its_runs(isolated_dirs, monkeypatch, capfd):
-    """The real sweep command of ganesh_quadratic's preset with every run already complete: one line, n/n."""
+def test_a_complete_sweep_reports_its_runs_and_launches_nothing(isolated_dirs, monkeypatch, capfd):
+    """The real sweep command of ganesh_quadratic's preset with every run already complete: one line, n/n, and no
+    multirun launched just to print a "skipped" line per run."""
     from dp_adam_bench import sweep
     from dp_adam_bench.paths import runs_dir
     from dp_adam_bench.tracking.run_store import RunFolder
@@ -99,10 +122,13 @@ def test_a_sweep_reports_its_runs(isolated_dirs, monkeypatch, capfd):
         folder = RunFolder.folder(runs_dir(), name, rid)
         folder.mkdir(parents=True)
         (folder / "summary.json").write_text('{"status": "complete"}')
-    monkeypatch.setattr(sweep.subprocess, "run", lambda cmd, check: type("R", (), {"returncode": 0})())
+    launched = []
+    monkeypatch.setattr(sweep.subprocess, "run", lambda cmd, **kw: launched.append(cmd))
     assert sweep.run_sweep("ganesh_quadratic") == 0
-    err = capfd.readouterr().err
+    out, err = capfd.readouterr()
     assert f"sweep ganesh_quadratic: {len(ids)}/{len(ids)} runs complete" in err
+    assert f"all {len(ids)} runs are complete, nothing to launch" in out
+    assert not launched
 
 
 def test_a_non_amplified_run_shows_the_epsilon_it_spent_up_front(tiny, monkeypatch, caplog):
@@ -117,8 +143,8 @@ def test_a_non_amplified_run_shows_the_epsilon_it_spent_up_front(tiny, monkeypat
     with caplog.at_level(logging.INFO, logger="dp_adam_bench.progress"):
         summary = train(compose_cfg([*over, "train.log_every=2", "train.epochs=1"]))
     lines = [r.getMessage() for r in caplog.records if r.name == "dp_adam_bench.progress"]
-    assert lines and all("epsilon=" in ln for ln in lines)
-    assert float(lines[-1].split("epsilon=")[1].split()[0]) == pytest.approx(
+    assert lines and all("epsilon (rdp)=" in ln for ln in lines[1:])
+    assert float(lines[-1].split("epsilon (rdp)=")[1].split()[0]) == pytest.approx(
         summary["epsilon"]["rdp"], rel=1e-3
     )
 

@@ -136,3 +136,102 @@ def count_correct(guesses: np.ndarray, included: np.ndarray) -> tuple[int, int]:
     r = int(np.count_nonzero(g))
     v = int(np.count_nonzero(g * s == 1))
     return r, v
+
+
+# --- a Gaussian (f-DP) bound from the same guesses ---------------------------------------------------------------
+#: grid points of epsilon at which the privacy curve of mu-GDP is tested (any grid gives a valid test)
+GDP_GRID = 160
+
+
+def _log_choose(r: int) -> np.ndarray:
+    k = np.arange(r + 1, dtype=np.float64)
+    return math.lgamma(r + 1) - np.array([math.lgamma(x + 1) + math.lgamma(r - x + 1) for x in k])
+
+
+def _p_values(m: int, r: int, v: int, epsilons: np.ndarray, deltas: np.ndarray, log_choose: np.ndarray):
+    """Steinke et al. Theorem 3.1's right-hand side at every (epsilon_j, delta_j) at once (as :func:`p_value`)."""
+    eps = np.asarray(epsilons, dtype=np.float64)[:, None]
+    k = np.arange(r + 1, dtype=np.float64)[None, :]
+    log_p = -np.logaddexp(0.0, -eps)  # log of e^eps / (e^eps + 1)
+    log_q = -np.logaddexp(0.0, eps)
+    pmf = np.exp(log_choose[None, :] + k * log_p + (r - k) * log_q)
+    tail = pmf[:, v:].sum(1)
+    if v == 0:
+        return np.minimum(tail, 1.0)
+    below = np.cumsum(pmf[:, :v][:, ::-1], axis=1)
+    alpha = (below / np.arange(1, v + 1)[None, :]).max(1)
+    return np.minimum(tail + 2 * m * np.asarray(deltas) * alpha, 1.0)
+
+
+def gdp_p_value(m: int, r: int, v: int, mu: float, log_choose: np.ndarray | None = None) -> float:
+    """An upper bound on P[W >= v] for any mu-GDP algorithm audited with m canaries and r guesses.
+
+    A mu-GDP mechanism (Dong, Roth & Su 2022, "Gaussian differential privacy", JRSS-B, arXiv:1905.02383) is
+    (epsilon, delta_mu(epsilon))-DP for *every* epsilon >= 0, with delta_mu(epsilon) = Phi(-epsilon / mu + mu / 2)
+    - e^epsilon Phi(-epsilon / mu - mu / 2) (their Cor. 2.13; :func:`~dp_adam_bench.privacy.accounting.gaussian.
+    gaussian_delta`). Steinke, Nasr & Jagielski's Theorem 3.1 therefore holds at each point of that curve, and so
+    does the smallest of the bounds over a grid of epsilons: the whole privacy curve is audited instead of the one
+    (epsilon, delta) of :func:`p_value`. This is the point-wise (envelope) form of the f-DP one-run audit of
+    Mahloujifar, Melis & Chaudhuri (ICML 2025, arXiv:2410.22235), which uses the trade-off function f = G_mu at
+    once and is at least as tight; it needs no assumption beyond the Gaussian curve being the one tested.
+    """
+    _check_counts(m, r, v)
+    if not (math.isfinite(mu) and mu >= 0):
+        raise ValueError(f"mu must be a finite number >= 0, got {mu}")
+    if r == 0:
+        return 1.0
+    lc = _log_choose(r) if log_choose is None else log_choose
+    if mu == 0:  # 0-GDP: perfectly private, every guess a fair coin
+        return float(_p_values(m, r, v, np.zeros(1), np.zeros(1), lc)[0])
+    hi = mu * mu / 2 + 10 * mu + 1.0  # delta_mu(hi) < Phi(-10): beyond it the bound only grows with epsilon
+    eps = np.linspace(0.0, hi, GDP_GRID)
+    return float(_p_values(m, r, v, eps, np.exp(log_gdp_delta(eps, mu)), lc).min())
+
+
+def log_gdp_delta(epsilons: np.ndarray, mu: float) -> np.ndarray:
+    """log delta_mu(epsilon) of mu-GDP at every epsilon (Dong, Roth & Su 2022, Cor. 2.13), vectorised as
+    :func:`~dp_adam_bench.privacy.accounting.gaussian.log_gaussian_delta` (which tests/test_audit_gdp.py
+    compares it with): log Phi(-eps / mu + mu / 2) + log(1 - e^{eps + log Phi(-eps / mu - mu / 2) - log Phi(...)})."""
+    from scipy.special import log_ndtr
+
+    eps = np.asarray(epsilons, dtype=np.float64)
+    log_a = log_ndtr(-eps / mu + mu / 2)
+    diff = np.minimum(eps + log_ndtr(-eps / mu - mu / 2) - log_a, 0.0)
+    with np.errstate(divide="ignore"):
+        return np.where(diff == 0.0, -np.inf, log_a + np.log(-np.expm1(diff)))
+
+
+def gdp_mu_lower_bound(m: int, r: int, v: int, significance: float = 0.05) -> float:
+    """The largest mu that v correct guesses out of r (m canaries) reject at ``significance``: with probability
+    >= 1 - significance the audited algorithm is not mu-GDP for any mu below it (0 when nothing is rejected).
+    :func:`gdp_p_value` grows with mu (delta_mu(epsilon) does, at every epsilon), so bisection finds it."""
+    _check_counts(m, r, v)
+    _check_unit("significance", significance, open_low=True, open_high=True)
+    if r == 0:
+        return 0.0
+    lc = _log_choose(r)
+    if gdp_p_value(m, r, v, 0.0, lc) > significance:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    while gdp_p_value(m, r, v, hi, lc) <= significance:
+        lo, hi = hi, 2 * hi
+        if hi > 64:
+            return lo
+    for _ in range(32):
+        mid = (lo + hi) / 2
+        if gdp_p_value(m, r, v, mid, lc) <= significance:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def gdp_epsilon(mu: float, delta: float) -> float:
+    """The epsilon at ``delta`` of mu-GDP (0 for mu = 0): how a mu lower bound reads as an epsilon. It is a lower
+    bound on the run's epsilon at delta only if the run's privacy curve is a Gaussian one (exact for the
+    non-amplified Gaussian releases; the assumption of Nasr et al. 2023, arXiv:2302.07956, §5, for the others)."""
+    if mu <= 0:
+        return 0.0
+    from dp_adam_bench.privacy.accounting.gaussian import gaussian_epsilon
+
+    return gaussian_epsilon(mu, delta)

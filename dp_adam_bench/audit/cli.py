@@ -65,14 +65,7 @@ def run(args) -> int:
         control=control,
         control_name=args.control,
         confidence=args.confidence,
+        meter=args.meter,
     )
     print(result.describe())
-    if not args.meter:
-        return 0 if result.verdict in ("consistent", "caught") else 1
-    from dp_adam_bench.audit.meter import meter_config
-
-    metered = meter_config(cfg, n=args.canaries + args.background, control=control, control_name=args.control)
-    print(metered.describe())
-    if control is None:
-        return 0 if result.verdict == "consistent" and metered.passed else 1
-    return 0 if result.verdict == "caught" or not metered.passed else 1
+    return 0 if result.verdict in ("consistent", "caught") else 1

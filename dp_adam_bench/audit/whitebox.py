@@ -28,12 +28,25 @@ The auditor sees the parameters before every step and at the end (the strongest 
   be sampled: the sampler's public structure, never its random draws (single pass and balls-in-bins: the steps of
   its slot or bin; cyclic Poisson: the steps t = g mod b of its group g; Poisson: every step, where with C = I it
   equals ``descent``). Under cyclic Poisson a canary has ceil(T / b) chances among T steps, and summing the noise
-  of the other steps would drown it.
+  of the other steps would drown it;
+* ``release``: the same matched filter on the *released* noisy gradient g~ (in the clipping geometry, s_t g~_t for
+  scale-then-privatize) instead of the update: the optimal test of a Gaussian release whatever the variant does
+  with it afterwards (the auditor sees every release: the accountant's claim is about them);
+* ``precond``: sum_t log(|g~_t| / |d_t|) over the canary's coordinate: minus the log of the step the variant takes
+  per unit of released gradient, i.e. its preconditioner. It sees preconditioner leaks through the update's
+  magnitude, not its sign (a second moment fed with the clean g^2 makes an absent canary's coordinate take huge
+  steps, a present one's small steps).
 
-The guesses are +1 on the k highest and -1 on the k lowest scores for k in ``FRACTIONS`` of m: 4 scores x 3 values
-of k are 12 pre-registered tests, each judged at significance beta / 9, so that the largest of their bounds holds
+The guesses are +1 on the k highest and -1 on the k lowest scores for k in ``FRACTIONS`` of m: 6 scores x 3 values
+of k are 18 pre-registered tests, each judged at significance beta / 18, so that the largest of their bounds holds
 with confidence 1 - beta (a union bound; no test is chosen after looking at the data). Nothing the auditor uses
 depends on which canaries are in: the eligible steps come from the sampler's seed-determined partition or order.
+
+Two bounds come from the same tests: Steinke et al.'s epsilon at the run's delta
+(:func:`~dp_adam_bench.audit.bound.epsilon_lower_bound`), and a Gaussian one
+(:func:`~dp_adam_bench.audit.bound.gdp_mu_lower_bound`): the largest mu for which the run is shown not to be mu-GDP,
+testing the whole privacy curve of mu-GDP instead of one (epsilon, delta) point; it is read as an epsilon at the
+run's delta through the mu-GDP curve, and judged against the claim's own mu (:attr:`AuditResult.claimed_mu`).
 """
 
 from __future__ import annotations
@@ -48,11 +61,18 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from dp_adam_bench.audit.bound import Guesses, count_correct, epsilon_lower_bound, max_epsilon
+from dp_adam_bench.audit.bound import (
+    Guesses,
+    count_correct,
+    epsilon_lower_bound,
+    gdp_epsilon,
+    gdp_mu_lower_bound,
+    max_epsilon,
+)
 from dp_adam_bench.engine.backends import VectorBackend
 from dp_adam_bench.errors import ConfigError
 
-SCORES = ("descent", "path", "roughness", "eligible")
+SCORES = ("descent", "path", "roughness", "eligible", "release", "precond")
 FRACTIONS = (
     0.01,
     0.05,
@@ -123,6 +143,8 @@ class AuditBackend(VectorBackend):
         self.control = control
         self._broken = None
         self.trajectory: list[torch.Tensor] = []
+        self.released: list[torch.Tensor] = []  # g~ on the canaries' coordinates, as the variant receives it
+        self.scaled: list[torch.Tensor] = []  # the same in the clipping geometry (s g~; = g~ without stp)
 
     def observe(self) -> None:
         self.trajectory.append(self.params[0][self.task.d_bg :].detach().clone())
@@ -133,36 +155,57 @@ class AuditBackend(VectorBackend):
             if self._broken is None:
                 self._broken = self.control.wrap(privatizer)
             privatizer = self._broken
-        return super().release(idx, privatizer, scale)
+        out = super().release(idx, privatizer, scale)
+        g = out.ctx.noisy[0][self.task.d_bg :].detach().clone()
+        self.released.append(g)
+        self.scaled.append(g if scale is None else g * scale[0][self.task.d_bg :])
+        return out
 
     def public_grad(self, pick: torch.Tensor) -> list[torch.Tensor]:
         return [g.mean(0) for g in self.task.per_example_grads(self.params, pick)]
 
 
 def scores(
-    theta: np.ndarray, eligible: np.ndarray | None = None, strategy: np.ndarray | None = None
+    theta: np.ndarray,
+    eligible: np.ndarray | None = None,
+    strategy: np.ndarray | None = None,
+    released: np.ndarray | None = None,
+    scaled: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """The pre-registered scores of each canary from its coordinate's trajectory ``theta`` (steps + 1, m);
     ``eligible`` (steps, m): the steps at which each canary can be sampled (None: every step); ``strategy``: the
-    noise strategy's matrix C, at least steps x steps (None: C = I, independent noise)."""
+    noise strategy's matrix C, at least steps x steps (None: C = I, independent noise); ``released`` (steps, m):
+    the noisy gradient g~ the variant received on each canary's coordinate, ``scaled`` the same in the clipping
+    geometry (default ``released``): with them, the ``release`` and ``precond`` scores too."""
     d = np.diff(theta, axis=0)
     if eligible is None:
         eligible = np.ones(d.shape, dtype=bool)
     if eligible.shape != d.shape:
         raise ValueError(f"eligible steps of shape {eligible.shape} for {d.shape} (steps, canaries) updates")
-    filtered = -d
+    c = None
     if strategy is not None:
         c = np.asarray(strategy, dtype=np.float64)
         if c.ndim != 2 or c.shape[0] < len(d) or c.shape[0] != c.shape[1]:
             raise ValueError(f"strategy matrix of shape {c.shape} for {len(d)} steps: need a square matrix")
         c = c[: len(d), : len(d)]
-        filtered = c.T @ (c @ filtered)
-    return {
+
+    def matched(x: np.ndarray) -> np.ndarray:
+        return np.where(eligible, x if c is None else c.T @ (c @ x), 0.0).sum(0)
+
+    out = {
         "descent": theta[0] - theta[-1],
         "path": -np.abs(d).sum(0),
         "roughness": np.abs(np.diff(d, axis=0)).sum(0) if len(d) > 1 else np.zeros(theta.shape[1]),
-        "eligible": np.where(eligible, filtered, 0.0).sum(0),
+        "eligible": matched(-d),
     }
+    if released is not None:
+        released = np.asarray(released, dtype=np.float64)
+        if released.shape != d.shape:
+            raise ValueError(f"released gradients of shape {released.shape} for {d.shape} (steps, canaries)")
+        out["release"] = matched(released if scaled is None else np.asarray(scaled, dtype=np.float64))
+        tiny = np.finfo(np.float64).tiny
+        out["precond"] = (np.log(np.abs(released) + tiny) - np.log(np.abs(d) + tiny)).sum(0)
+    return out
 
 
 def eligible_steps(sampler, positions: np.ndarray, steps: int) -> np.ndarray:
@@ -194,6 +237,7 @@ class AuditTest:
     guesses: int
     correct: int
     epsilon_lower: float
+    gdp_mu_lower: float = 0.0  # the largest mu-GDP this test rejects (same significance)
 
 
 @dataclass
@@ -218,6 +262,11 @@ class AuditResult:
     max_possible: float = math.nan
     auditor: str = "white-box"
     extra: dict = field(default_factory=dict)
+    #: the mu of the claim: the ledger's own for a non-amplified (Gaussian) run, exactly; for an amplified run the
+    #: mu-GDP curve through (claimed epsilon, delta), a Gaussian reading of a curve that is not Gaussian
+    claimed_mu: float = math.nan
+    claimed_mu_exact: bool = False
+    meter: object = None  # the mechanism meter's result for the same config (dp_adam_bench.audit.meter)
 
     @classmethod
     def of_run(cls, run, summary: dict, **fields) -> AuditResult:
@@ -229,6 +278,15 @@ class AuditResult:
         if accountant not in summary["epsilon"]:
             reason = (summary.get("epsilon_errors") or {}).get(accountant)
             raise ValueError(f"the {accountant} accountant gave no epsilon for this run: {reason}")
+        from dp_adam_bench.privacy.accounting.gaussian import gaussian_mu
+
+        claimed = float(summary["epsilon"][accountant])
+        exact = plan.accounting == "gaussian" and plan.sensitivity is not None
+        if exact:
+            mu = float(plan.sensitivity) / float(plan.account_sigma)
+        else:
+            mu = gaussian_mu(claimed, float(plan.delta)) if claimed > 0 else 0.0
+        fields = {"claimed_mu": mu, "claimed_mu_exact": exact} | fields
         return cls(
             variant=run.variant.name,
             noise=str(run.cfg.noise.kind),
@@ -251,14 +309,56 @@ class AuditResult:
         return max(self.tests, key=lambda t: t.epsilon_lower) if self.tests else None
 
     @property
+    def gdp_mu_lower(self) -> float:
+        return max((t.gdp_mu_lower for t in self.tests), default=0.0)
+
+    @property
+    def gdp_best(self) -> AuditTest | None:
+        return max(self.tests, key=lambda t: t.gdp_mu_lower) if self.tests else None
+
+    @property
+    def gdp_epsilon_lower(self) -> float:
+        """The epsilon at the run's delta of the largest mu-GDP rejected (see :func:`~dp_adam_bench.audit.bound.
+        gdp_epsilon`: a lower bound on epsilon if the run's privacy curve is Gaussian)."""
+        return gdp_epsilon(self.gdp_mu_lower, self.delta)
+
+    @property
+    def gdp_above(self) -> bool:
+        """The Gaussian bound exceeds the claim's mu."""
+        return bool(self.tests) and self.gdp_mu_lower > self.claimed_mu
+
+    @property
+    def caught_by(self) -> list[str]:
+        """What shows this run is not what it claims: the one-run bound, the Gaussian bound, the meter."""
+        out = []
+        if self.audit_epsilon_lower > self.claimed_epsilon:
+            out.append("audit (Steinke)")
+        if self.gdp_above:
+            out.append("audit (GDP)")
+        if self.meter is not None and not self.meter.passed:
+            out.append("meter: " + ", ".join(c.name for c in self.meter.failed))
+        return out
+
+    @property
     def verdict(self) -> str:
-        above = self.audit_epsilon_lower > self.claimed_epsilon
+        above = bool(self.caught_by)
         if self.control is None:
             return "VIOLATION" if above else "consistent"
         return "caught" if above else "missed"
 
     def row(self) -> dict:
-        best = self.best
+        best, gbest, m = self.best, self.gdp_best, self.meter
+        meter = {}
+        if m is not None:
+            mult, sens = m.check("multiplier", "joint"), m.check("sensitivity", "g")
+            samp = m.check("sampling")
+            meter = {
+                "meter": m.summary(),
+                "meter_sigma_ratio": mult.estimate if mult else math.nan,
+                "meter_sensitivity": sens.estimate if sens else math.nan,
+                "meter_rate": samp.estimate / samp.claimed if samp and samp.claimed else math.nan,
+                "meter_power": m.power,
+            }
         return {
             "auditor": self.auditor,
             "variant": self.variant,
@@ -272,7 +372,15 @@ class AuditResult:
             "audit_epsilon_lower": self.audit_epsilon_lower,
             "best_test": f"{best.score}, k={best.k}: {best.correct}/{best.guesses}" if best else "",
             "max_possible": self.max_possible,
+            "claimed_mu": self.claimed_mu,
+            "gdp_mu_lower": self.gdp_mu_lower,
+            "gdp_epsilon_lower": self.gdp_epsilon_lower,
+            "gdp_best_test": f"{gbest.score}, k={gbest.k}: {gbest.correct}/{gbest.guesses}"
+            if gbest and gbest.gdp_mu_lower > 0
+            else "",
+            **meter,
             "control": self.control or "",
+            "caught_by": "; ".join(self.caught_by),
             "verdict": self.verdict,
         }
 
@@ -291,8 +399,16 @@ class AuditResult:
             )
         lines.append(
             f"  audit lower bound = {self.audit_epsilon_lower:.4g} at {self.confidence:.0%} confidence (at most "
-            f"{self.max_possible:.4g} with these canaries) -> {self.verdict}"
+            f"{self.max_possible:.4g} with these canaries)"
         )
+        lines.append(
+            f"  Gaussian bound: not mu-GDP for mu < {self.gdp_mu_lower:.4g} (claim: mu = {self.claimed_mu:.4g}, "
+            f"{'exact' if self.claimed_mu_exact else 'the Gaussian curve through the claimed epsilon'}); as an "
+            f"epsilon at delta: {self.gdp_epsilon_lower:.4g} -> {self.verdict}"
+            + (f" (caught by {'; '.join(self.caught_by)})" if self.caught_by else "")
+        )
+        if self.meter is not None:
+            lines.append(self.meter.describe())
         return "\n".join(lines)
 
 
@@ -304,9 +420,11 @@ def judge(
     seed: int = 0,
     eligible: np.ndarray | None = None,
     strategy: np.ndarray | None = None,
+    released: np.ndarray | None = None,
+    scaled: np.ndarray | None = None,
 ) -> tuple[list[AuditTest], float]:
     """The pre-registered tests on the trajectories ``theta`` (steps + 1, m) and the most they could show;
-    ``eligible``, ``strategy``: see :func:`scores` and :func:`eligible_steps`."""
+    ``eligible``, ``strategy``, ``released``, ``scaled``: see :func:`scores` and :func:`eligible_steps`."""
     m = theta.shape[1]
     if not np.all(np.isfinite(theta)):
         raise ValueError(
@@ -316,11 +434,22 @@ def judge(
     level = (1 - confidence) / family
     tiebreak = np.random.default_rng([int(seed), 7]).permutation(m)
     tests = []
-    for name, s in scores(theta, eligible, strategy).items():
+    for name, s in scores(theta, eligible, strategy, released, scaled).items():
+        if not np.all(np.isfinite(s)):
+            raise ValueError(f"the {name} score is not finite for every canary")
         for frac in FRACTIONS:
             k = max(1, int(frac * m))
             r, v = count_correct(Guesses(k, k).guess(s, tiebreak), included)
-            tests.append(AuditTest(name, k, r, v, epsilon_lower_bound(m, r, v, delta, level)))
+            tests.append(
+                AuditTest(
+                    name,
+                    k,
+                    r,
+                    v,
+                    epsilon_lower_bound(m, r, v, delta, level),
+                    gdp_mu_lower_bound(m, r, v, level),
+                )
+            )
     r_max = 2 * max(1, int(max(FRACTIONS) * m))
     return tests, max_epsilon(m, r_max, delta, level)
 
@@ -344,9 +473,11 @@ def audit_config(
     control=None,
     control_name: str | None = None,
     confidence: float = 0.95,
+    meter: bool = False,
 ) -> AuditResult:
     """Audit the config ``cfg`` (validated) with ``canaries`` white-box canaries; ``control``: a
-    :class:`~dp_adam_bench.audit.controls.Control` whose privatizer replaces the trainer's."""
+    :class:`~dp_adam_bench.audit.controls.Control` whose privatizer (sampler, variant) replaces the trainer's;
+    ``meter``: also run the mechanism meter (:mod:`dp_adam_bench.audit.meter`) on the same config and control."""
     from dp_adam_bench.engine import trainer
     from dp_adam_bench.optim.registry import VARIANTS
 
@@ -395,10 +526,20 @@ def audit_config(
     if theta.shape[0] - 1 != plan.steps:
         raise ValueError(f"the audit observed {theta.shape[0] - 1} steps of the {plan.steps} planned")
     strategy = plan.strategy.matrix() if plan.strategy is not None else None
-    tests, most = judge(theta, included, float(plan.delta), confidence, seed, eligible, strategy)
+    released = torch.stack(backend.released).numpy()
+    scaled = torch.stack(backend.scaled).numpy()
+    tests, most = judge(
+        theta, included, float(plan.delta), confidence, seed, eligible, strategy, released, scaled
+    )
+    metered = None
+    if meter:
+        from dp_adam_bench.audit.meter import meter_config
+
+        metered = meter_config(cfg, n=n, control=control, control_name=control_name)
     return AuditResult.of_run(
         run,
         summary,
+        meter=metered,
         canaries=canaries,
         included=int(included.sum()),
         dataset_size=n,

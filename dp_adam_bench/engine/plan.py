@@ -45,6 +45,8 @@ from dp_adam_bench.privacy.strategies import Strategy
 
 #: Default cap on the memory of a noise mechanism's streaming buffers (``noise.max_memory_gb``).
 DEFAULT_NOISE_MEMORY_GB = 4.0
+#: the name under which a non-amplified run's budget or target is enforced: its exact Gaussian epsilon
+EXACT_GAUSSIAN = "exact_gaussian"
 #: samplers whose batches have a random, unbounded size
 VARIABLE_BATCHES = {
     "poisson": "Poisson",
@@ -74,6 +76,10 @@ class PrivacyPlan:
     # BandMF); "gaussian": the whole stream, one Gaussian mechanism recorded up front. "" = from the sampler.
     accounting: str = ""
     column_norm: float = 1.0  # the strategy's max column norm (amplified_mf: per-participation sensitivity)
+    target: float | None = None  # privacy.target_epsilon (sigma calibrated to it, or steps until it)
+    warnings: list[str] = field(
+        default_factory=list
+    )  # notes the command line also prints (also in ``notes``)
 
     def __post_init__(self) -> None:
         if not self.accounting:
@@ -115,6 +121,35 @@ class PrivacyPlan:
         ledger = self.new_ledger()
         self.record_step(ledger, self.steps if steps is None else int(steps))
         return ledger
+
+    @property
+    def bound_accountant(self) -> str:
+        """The accountant that holds the run to its budget or target: the whole stream of a non-amplified run is
+        one Gaussian mechanism, whose epsilon is computed exactly (``exact_gaussian``, Balle & Wang 2018), tighter
+        than any accountant's bound on it; otherwise ``privacy.accountant``."""
+        return EXACT_GAUSSIAN if self.accounting == "gaussian" else self.accountant
+
+    def guarantee(self, ledger) -> dict:
+        """The accountant of each privacy number of the run, for the summary and :class:`PrivateTraining`:
+        ``accountant`` and ``epsilon`` (the epsilon the run reports, under ``privacy.accountant``; progress lines
+        show it), and where set, the budget or target with the accountant that enforced it. A non-amplified run
+        adds ``exact_gaussian_epsilon``, the epsilon its budget or target was held to. {} without noise."""
+        from dp_adam_bench.privacy.accounting import AccountantFailure, mf_epsilon
+
+        if not self.noisy:
+            return {}
+        try:
+            eps = ledger.epsilon(self.delta, self.accountant)
+        except AccountantFailure:
+            eps = None
+        out = {"accountant": self.accountant, "epsilon": eps, "delta": self.delta}
+        if self.accounting == "gaussian":
+            out[f"{EXACT_GAUSSIAN}_epsilon"] = mf_epsilon(self.account_sigma, self.sensitivity, self.delta)
+        if self.budget is not None:
+            out |= {"epsilon_budget": self.budget, "budget_accountant": self.bound_accountant}
+        if self.target is not None:
+            out |= {"target_epsilon": self.target, "target_accountant": self.bound_accountant}
+        return out
 
     def describe(self) -> dict:
         """What the summary records of the plan."""
@@ -260,6 +295,14 @@ def build_plan(cfg, n: int, variant: Variant, *, numel: int, sampler_seed: int) 
 
     # --- strategy, accounting, calibration of the other samplers -----------------------------------------------------
     strategy = build_strategy(cfg.noise, sampler.steps) if noisy else None
+    warnings: list[str] = []
+    if noisy and cfg.noise.kind == "bandmf" and int(cfg.noise.bands) > sampler.steps:
+        # kept, not refused: a smoke run of a paper table trains 2 steps of a 128-band strategy
+        warnings.append(
+            f"noise.bands={int(cfg.noise.bands)} is more than the run's {sampler.steps} steps: BandMF uses "
+            f"{sampler.steps} bands (every past step), the same mechanism as noise.bands={sampler.steps}"
+        )
+        notes.extend(warnings)
     accounting = "poisson" if sampler.amplification else "gaussian"
     column_norm = 1.0
     if noisy and sampler_kind == "cyclic_poisson":
@@ -273,7 +316,11 @@ def build_plan(cfg, n: int, variant: Variant, *, numel: int, sampler_seed: int) 
         notes.append(
             f"sigma = {sigma:.6g} calibrated so that the run ({sampler.steps} steps, {_how(accounting)}) reaches "
             f"epsilon = {target:g}"
-            + (f" under {accountant}" if accounting != "gaussian" else "")
+            + (
+                f" under {accountant}"
+                if accounting != "gaussian"
+                else f" under {_EXACT_NOTE.format(accountant)}"
+            )
             + f" (delta = {delta:g})"
         )
     account_sigma = sigma * variant.sigma_factor
@@ -324,6 +371,10 @@ def build_plan(cfg, n: int, variant: Variant, *, numel: int, sampler_seed: int) 
                         f"privacy.epsilon_budget={budget:g}: the whole run costs epsilon = {cost:.3f} (a "
                         "non-amplified release is paid in full up front); raise the budget or privacy.sigma"
                     )
+                notes.append(
+                    f"privacy.epsilon_budget = {budget:g} holds: the whole run costs epsilon = {cost:.4g} under "
+                    + _EXACT_NOTE.format(accountant)
+                )
         elif budget is not None:
             if accounting == "amplified_mf":
                 from dp_adam_bench.privacy.accounting.amplified_mf import amplified_steps_to_epsilon
@@ -371,6 +422,8 @@ def build_plan(cfg, n: int, variant: Variant, *, numel: int, sampler_seed: int) 
         calibrated=calibrated,
         accounting=accounting,
         column_norm=column_norm,
+        target=float(target) if target is not None else None,
+        warnings=warnings,
     )
 
 
@@ -383,6 +436,13 @@ def _not_implemented() -> str:
     from dp_adam_bench.privacy.accounting.amplified_mf import NOT_IMPLEMENTED
 
     return NOT_IMPLEMENTED
+
+
+#: how a non-amplified run's budget or target is met (formatted with privacy.accountant)
+_EXACT_NOTE = (
+    f"{EXACT_GAUSSIAN} (the whole run is one Gaussian mechanism, its epsilon computed exactly; the summary's "
+    "epsilon under {0} is a looser upper bound on the same release)"
+)
 
 
 def _how(accounting: str) -> str:

@@ -216,6 +216,13 @@ class PrivateTraining:
             log.warning("epsilon under %s not computed: %s", self.plan.accountant, err)
             return {}
 
+    def guarantee(self) -> dict:
+        """Which accountant each privacy number uses: ``{"accountant": "rdp", "epsilon": ...}`` (the epsilon spent
+        so far under ``accountant``), with ``epsilon_budget`` / ``budget_accountant`` and ``target_epsilon`` /
+        ``target_accountant`` where set; a non-amplified run's budget or target is met exactly
+        (``exact_gaussian``, its ``exact_gaussian_epsilon`` beside). {} for a non-private run."""
+        return self.plan.guarantee(self.ledger)
+
     # --- state --------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """Everything resuming needs (:data:`STATE_KEYS`). Data-parallel, a collective: every rank calls it."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -203,8 +204,13 @@ def _train(r: Run, folder: Path, log_metrics, t0: float) -> dict:
     # CPU model steps allocate their activations on the host heap (engine/memory.py); on a GPU they do not
     trim_heap = model_task and torch.device(backend.device).type == "cpu"
     # the untrained model (Ganesh Fig. 3 "no fine-tuning")
+    # the untrained model's metrics: the reference of the divergence note (toys evaluate in closed form, cheaply)
+    untrained: dict = {}
     if start == 0 and cfg.train.get("eval_at_start") and ddp.is_main:
-        log_metrics(0, backend.evaluate(final=False))
+        untrained = backend.evaluate(final=False)
+        log_metrics(0, untrained)
+    elif start == 0 and not model_task:
+        untrained = backend.evaluate(final=False)
     last_metrics: dict = {}
     step = start
     bar = Progress(
@@ -213,6 +219,7 @@ def _train(r: Run, folder: Path, log_metrics, t0: float) -> dict:
         enabled=ddp.is_main,
         what=folder.name,
         epsilon=session.epsilon_so_far if plan.noisy else None,
+        accountant=plan.accountant if plan.noisy else None,
     )
     # plan.steps < sampler.steps when the epsilon budget stops the run: the step that would exceed it is never drawn
     while not session.done:
@@ -264,6 +271,8 @@ def _train(r: Run, folder: Path, log_metrics, t0: float) -> dict:
         "sampler": sampler.kind,
         "epsilon": eps,
         "epsilon_errors": eps_errors,
+        # which accountant the reported epsilon, the budget and the target use
+        "guarantee": plan.guarantee(session.ledger) if ddp.is_main else {},
         "sigma": plan.sigma,
         "delta": plan.delta,
         "privacy_plan": plan.describe(),
@@ -284,7 +293,33 @@ def _train(r: Run, folder: Path, log_metrics, t0: float) -> dict:
         }
     else:
         summary |= backend.final_summary(r.variant, session.state)
+    diverged = divergence_note(summary["metrics"], untrained, backend.params) if ddp.is_main else None
+    if diverged:  # the CLI prints it (dp_adam_bench.train)
+        summary["diverged"] = diverged
     return summary
+
+
+#: a final loss this many times the untrained model's is a divergence
+DIVERGED_FACTOR = 10.0
+
+
+def divergence_note(final: dict, untrained: dict, params) -> str | None:
+    """A one-line note when training diverged: non-finite parameters, a non-finite final loss, or a final loss
+    more than :data:`DIVERGED_FACTOR` times the untrained model's (where it was evaluated); None otherwise."""
+    if not all(bool(torch.isfinite(p).all()) for p in params):
+        return "diverged: the final parameters hold NaN or inf (lower optimizer.lr)"
+    for key, value in final.items():
+        if "loss" not in key or key.endswith("_std") or not isinstance(value, (int, float)):
+            continue
+        if not math.isfinite(value):
+            return f"diverged: the final {key} is {value} (lower optimizer.lr)"
+        ref = untrained.get(key, untrained.get(f"{key}_mean"))
+        if isinstance(ref, (int, float)) and math.isfinite(ref) and ref > 0 and value > DIVERGED_FACTOR * ref:
+            return (
+                f"diverged: the final {key} = {value:.4g} is over {DIVERGED_FACTOR:g} times the untrained "
+                f"model's {ref:.4g} (lower optimizer.lr)"
+            )
+    return None
 
 
 def _params_digest(params) -> str:

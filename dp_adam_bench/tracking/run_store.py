@@ -151,6 +151,25 @@ class RunLock:
         fh.flush()
         return cls(folder, fh)
 
+    @staticmethod
+    def check(folder: Path) -> None:
+        """Raise :class:`RunLockedError` if a live process holds ``folder``'s lock; creates nothing. A fast look
+        before a run's set-up: :meth:`acquire` still decides, after it."""
+        try:
+            fh = open(Path(folder) / LOCK_FILE)  # noqa: SIM115 - closed below, which drops a lock taken here
+        except OSError:  # no lock file: never locked
+            return
+        with fh:
+            try:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                text = fh.read()
+                try:
+                    holder = json.loads(text) if text.strip() else None
+                except json.JSONDecodeError:
+                    holder = None
+                raise RunLockedError(folder, holder) from None
+
     @property
     def held(self) -> bool:
         return self._fh is not None
