@@ -166,8 +166,10 @@ def instrument(step: be.Step, label, patches: Patches) -> list[str]:
         patches.setattr(grads, "_sum_materialised", _labelled(fn, label, P + "norms_and_clipped_sum"))
         done.append("grads._sum_materialised -> norms_and_clipped_sum")
     if name == "bk":
-        for rule in ("_dense", "_embedding", "_layernorm", "_opacus"):
-            fn = getattr(engine, rule)
+        import dataclasses
+
+        for layer in engine.layers:
+            fn = layer.rule.compute
 
             def wrapped(*args, _fn=fn, **kwargs):
                 with label(P + "norms"):
@@ -179,7 +181,8 @@ def instrument(step: be.Step, label, patches: Patches) -> list[str]:
 
                 return sq, fin
 
-            patches.setattr(engine, rule, wrapped)  # bk looks its rules up on the instance at every call
+            # bk calls layer.rule.compute at every step (engine/bk_rules/)
+            patches.setattr(layer, "rule", dataclasses.replace(layer.rule, compute=wrapped))
         done.append("bk per-layer rules -> norms, their finishers -> clipped_sum")
     return done
 

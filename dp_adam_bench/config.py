@@ -19,6 +19,7 @@ SAMPLERS = ("single_pass", "poisson", "shuffle", "cyclic_poisson", "balls_in_bin
 #: samplers that fit correlated noise (DP-MF): their participations are accounted with the strategy
 MF_SAMPLERS = ("single_pass", "cyclic_poisson", "balls_in_bins")
 PROFILES = ("cpu", "paper")
+PRECISIONS = ("fp32", "bf16")  # train.precision (model tasks): bf16 = autocast of the forward and backward
 DISTRIBUTED = ("auto", "off")
 WANDB_MODES = (None, "offline", "online", "disabled")
 #: the top-level keys of a run's config (configs/config.yaml and its groups); any other, e.g. ``+foo=1``, is refused
@@ -180,6 +181,15 @@ def validate(cfg: Mapping, *, custom_task: bool = False) -> None:
     sampler = choice(cfg, "train.sampler", SAMPLERS)
     choice(cfg, "train.lr_schedule", SCHEDULES, default="constant")
     integer(cfg, "train.lr_warmup_steps", low=0, default=0)
+    precision = choice(cfg, "train.precision", PRECISIONS, default="fp32")
+    if precision != "fp32" and _get(cfg, "train.clipping", "bk") != "bk":
+        raise ConfigError(
+            f"train.precision={precision} is implemented for train.clipping=bk (norms, clip factors and sums in "
+            f"fp32 from bf16 activations); got train.clipping={_get(cfg, 'train.clipping')}; use bk or fp32"
+        )
+    boolean(cfg, "train.self_check.enabled", default=True)
+    integer(cfg, "train.self_check.examples", low=1, default=4)
+    number(cfg, "train.self_check.tolerance", low=0, low_open=True, default=0.01)
     ACCOUNTANTS.check(_get(cfg, "privacy.accountant", "rdp"))
     boolean(cfg, "privacy.secure_rng")
     if noise.private:
@@ -221,9 +231,6 @@ def validate(cfg: Mapping, *, custom_task: bool = False) -> None:
         integer(cfg, f"train.{field}", low=0, default=0)
     integer(cfg, "train.stop_after", null=True, default=None)
     integer(cfg, "train.threads", null=True, default=None)
-    boolean(cfg, "train.self_check.enabled", default=True)
-    integer(cfg, "train.self_check.examples", low=1, default=4)
-    number(cfg, "train.self_check.tolerance", low=0, low_open=True, default=0.01)
     integer(cfg, "diagnostics.every", low=0, default=0)
     number(cfg, "diagnostics.reference_sigma", low=0, null=True, default=None)
     number(cfg, "diagnostics.reference_clip", low=0, low_open=True, null=True, default=None)

@@ -77,8 +77,11 @@ class ModelBackend:
 
     kind = "model"
 
-    def __init__(self, task, model, engine_name: str, physical_batch_size: int, ddp, device):
+    def __init__(
+        self, task, model, engine_name: str, physical_batch_size: int, ddp, device, precision="fp32"
+    ):
         self.task, self.model, self.ddp, self.device = task, model, ddp, device
+        self.precision = precision
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.engine_name = engine_name
         self.engine = build_engine(engine_name, model, task.loss_per_example)
@@ -109,7 +112,8 @@ class ModelBackend:
             if not len(chunk):  # an empty Poisson batch, or fewer examples than ranks: noise only
                 continue
             batch = {k: v.to(self.device) for k, v in self.task.get_batch(chunk).items()}
-            cs = self.engine.clipped_sum(batch, clip, scale)
+            with self._autocast():
+                cs = self.engine.clipped_sum(batch, clip, scale)
             for acc, s in zip(summed, cs.summed, strict=True):
                 acc.add_(s)
             self._counts[0] += cs.norms.numel()
@@ -117,6 +121,14 @@ class ModelBackend:
                 self._counts[1] += (cs.norms > clip).sum()
         ddp.all_reduce_(summed)  # the global sum of clipped gradients, before any noise
         return privatizer.release_sum(summed, scale)
+
+    def _autocast(self):
+        """``train.precision=bf16``: the model's forward and backward under bf16 autocast; the engine computes the
+        per-example norms, clip factors and clipped sums in the parameters' precision (fp32), and the noise and
+        the optimizer state stay fp32 (engine/bk.py)."""
+        return torch.autocast(
+            torch.device(self.device).type, dtype=torch.bfloat16, enabled=self.precision == "bf16"
+        )
 
     def self_check(self, population: torch.Tensor, clip: float | None, settings) -> dict:
         """The engine against the size-one loop on the first ``train.self_check.examples`` examples of the private

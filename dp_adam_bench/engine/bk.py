@@ -127,6 +127,20 @@ def _refuse_in_place(err: RuntimeError) -> None:
         ) from err
 
 
+def _in_precision(call: _Call, dtype: torch.dtype) -> _Call:
+    """``call`` with its floating inputs and output gradient at least in ``dtype`` (the parameters' precision)."""
+
+    def up(t):
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != dtype:
+            return t.to(torch.promote_types(t.dtype, dtype))
+        return t
+
+    call.args = tuple(up(t) for t in call.args)
+    call.kwargs = {k: up(v) for k, v in call.kwargs.items()}
+    call.grad = up(call.grad)
+    return call
+
+
 def _detach(t):
     return t.detach() if isinstance(t, torch.Tensor) else t
 
@@ -258,22 +272,25 @@ class BKEngine(GradEngine):
             except RuntimeError as err:
                 _refuse_in_place(err)
                 raise
-            sq = torch.zeros(b, dtype=losses.dtype, device=losses.device)
+            sq = torch.zeros(b, dtype=ref.dtype, device=ref.device)
             finishers = []
-            for layer in self.layers:
-                calls = [call for call in layer.calls if call.grad is not None]
-                if not calls:
-                    continue
-                layer_sq, finish = layer.rule.compute(self, layer, calls, b)
-                layer.calls = []  # what the clipped sum needs is now held by ``finish``
-                sq = sq + layer_sq.to(sq.dtype)
-                finishers.append(finish)
-            norms = sq.sqrt()
-            f = clip_factors(norms, clip)
-            found: dict[int, torch.Tensor] = {}
-            for finish in finishers:
-                for p, s in finish(f.to(ref.dtype)).items():
-                    found[id(p)] = s
+            # under mixed precision (autocast) the captures are bf16 / fp16: norms, clip factors and sums are
+            # computed in the parameters' precision, outside autocast (which would cast the matmuls down again)
+            with torch.autocast(ref.device.type, enabled=False):
+                for layer in self.layers:
+                    calls = [_in_precision(call, ref.dtype) for call in layer.calls if call.grad is not None]
+                    if not calls:
+                        continue
+                    layer_sq, finish = layer.rule.compute(self, layer, calls, b)
+                    layer.calls = []  # what the clipped sum needs is now held by ``finish``
+                    sq = sq + layer_sq.to(sq.dtype)
+                    finishers.append(finish)
+                norms = sq.sqrt()
+                f = clip_factors(norms, clip)
+                found: dict[int, torch.Tensor] = {}
+                for finish in finishers:
+                    for p, s in finish(f).items():
+                        found[id(p)] = s
         finally:
             self._scale = None
             for layer in self.layers:

@@ -42,7 +42,7 @@ def self_check(engine, batch: dict, clip: float | None, tolerance: float = DEFAU
     t0 = time.perf_counter()
     with torch.random.fork_rng(devices=devices):
         for m in modes:
-            m.training = keep and any(p.requires_grad for p in m.parameters(recurse=False)) and modes[m]
+            m.training = keep and any(p.requires_grad for p in m.parameters(recurse=False))
         try:
             got = engine.clipped_sum(batch, clip)
             engine._hooks(False)

@@ -120,7 +120,15 @@ def prepare(cfg, task) -> Run:
     else:
         device = ddp.device or resolve_device(cfg.train.get("device", "auto"))
         model = task.build_model().to(device)
-        backend = ModelBackend(task, model, cfg.train.clipping, cfg.train.physical_batch_size, ddp, device)
+        backend = ModelBackend(
+            task,
+            model,
+            cfg.train.clipping,
+            cfg.train.physical_batch_size,
+            ddp,
+            device,
+            precision=cfg.train.get("precision", "fp32"),
+        )
     try:
         if variant.scale(variant.init(backend.params)) is not None and not backend.supports_scale:
             raise ConfigError(

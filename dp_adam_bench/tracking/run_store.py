@@ -56,7 +56,7 @@ OPERATIONAL_TRAIN_KEYS = (
 )
 # train.* keys added after runs existed, at the value that computes what those runs computed: left out of the
 # identity at that value, so that existing run folders keep their names (and resume, or are skipped as complete)
-LATER_TRAIN_DEFAULTS = {"lr_schedule": "constant", "lr_warmup_steps": 0}
+LATER_TRAIN_DEFAULTS = {"lr_schedule": "constant", "lr_warmup_steps": 0, "precision": "fp32"}
 
 
 def run_identity(cfg: dict) -> dict:

@@ -24,82 +24,14 @@ Adding a layer: write ``compute(engine, layer, calls, b) -> (sq, finish)`` in a 
 :func:`register`, import the module below, and add the layer's configurations to the conformance suite.
 """
 
-from __future__ import annotations
+from dp_adam_bench.engine.bk_rules import attention, conv, embedding, linear, norms  # noqa: F401  (register)
+from dp_adam_bench.engine.bk_rules.registry import (
+    Rule,
+    adapter_for,
+    register,
+    register_adapter,
+    rule_for,
+    supported_types,
+)
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
-from torch import nn
-
-
-@dataclass(frozen=True)
-class Rule:
-    """How bk handles one module type: ``compute`` (see the module docstring); ``refuse(module)`` returns why a
-    configuration of that type cannot be computed exactly (or None); ``install(engine, layer)`` replaces the
-    generic output capture for modules whose parameters act inside their forward (attention) and returns a
-    function that undoes it."""
-
-    kind: str
-    compute: Callable
-    refuse: Callable[[nn.Module], str | None] | None = None
-    install: Callable | None = None
-
-
-_RULES: dict[type, Rule] = {}
-_BY_NAME: dict[tuple[str, str], Rule] = {}  # (module prefix, class name): types from optional packages
-
-
-def register(*types: type | tuple[str, str], kind: str, refuse=None, install=None):
-    """Register the decorated ``compute`` for ``types`` (exact classes; ``(module prefix, class name)`` for
-    classes of packages that need not be installed, such as transformers' ``Conv1D``)."""
-
-    def wrap(compute):
-        rule = Rule(kind, compute, refuse, install)
-        for t in types:
-            if isinstance(t, tuple):
-                _BY_NAME[t] = rule
-            else:
-                _RULES[t] = rule
-        return compute
-
-    return wrap
-
-
-def rule_for(module: nn.Module) -> Rule | None:
-    """The rule of ``module``'s exact type (subclasses may change the forward, so they need their own), or None."""
-    t = type(module)
-    rule = _RULES.get(t)
-    if rule is None:
-        rule = next(
-            (r for (mod, name), r in _BY_NAME.items() if t.__name__ == name and t.__module__.startswith(mod)),
-            None,
-        )
-    return rule
-
-
-_ADAPTERS: dict[type, Callable] = {}
-
-
-def register_adapter(*types: type):
-    """Register the decorated ``install(engine, name, module) -> undo or None`` for modules of ``types`` (with or
-    without parameters of their own) that bk must call differently while it records a batch, e.g. sequence-first
-    transformer layers, whose inner Linear layers would otherwise see the sequence along dim 0."""
-
-    def wrap(install):
-        for t in types:
-            _ADAPTERS[t] = install
-        return install
-
-    return wrap
-
-
-def adapter_for(module: nn.Module) -> Callable | None:
-    return _ADAPTERS.get(type(module))
-
-
-def supported_types() -> list[str]:
-    """The class names that have a rule, for messages."""
-    return sorted({t.__name__ for t in _RULES} | {name for _, name in _BY_NAME})
-
-
-from dp_adam_bench.engine.bk_rules import attention, conv, embedding, linear, norms  # noqa: E402,F401
+__all__ = ["Rule", "adapter_for", "register", "register_adapter", "rule_for", "supported_types"]

@@ -29,9 +29,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from dp_adam_bench.engine.bk_rules import register, register_adapter
 from dp_adam_bench.engine.bk_rules.dense import dense, sq_norms, weighted
 from dp_adam_bench.engine.bk_rules.linear import stack_calls
+from dp_adam_bench.engine.bk_rules.registry import register, register_adapter
 
 _SIGNATURE = inspect.signature(nn.MultiheadAttention.forward)
 

@@ -18,8 +18,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from dp_adam_bench.engine.bk_rules import register
 from dp_adam_bench.engine.bk_rules.dense import dense
+from dp_adam_bench.engine.bk_rules.registry import register
 
 
 def patches(conv: nn.modules.conv._ConvNd, x: torch.Tensor) -> torch.Tensor:

@@ -20,8 +20,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dp_adam_bench.engine.bk_rules import register
 from dp_adam_bench.engine.bk_rules.dense import gram_sq
+from dp_adam_bench.engine.bk_rules.registry import register
 
 
 def token_rule(engine, name: str, m: nn.Module, ids: torch.Tensor, G: torch.Tensor, b: int):

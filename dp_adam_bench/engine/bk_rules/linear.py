@@ -7,8 +7,8 @@ import torch
 from torch import nn
 from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
-from dp_adam_bench.engine.bk_rules import register
 from dp_adam_bench.engine.bk_rules.dense import dense
+from dp_adam_bench.engine.bk_rules.registry import register
 
 
 def stack_calls(calls, b: int):

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from dp_adam_bench.engine.bk_rules import register
 from dp_adam_bench.engine.bk_rules.dense import from_per_example
+from dp_adam_bench.engine.bk_rules.registry import register
 
 
 def _affine_rule(engine, layer, calls, b, normalise, shared_dims):
