@@ -210,6 +210,7 @@ def test_report_writes_its_table(tmp_path, monkeypatch):
     monkeypatch.setattr(privacy_audit, "CANARIES", 100)
     monkeypatch.setattr(privacy_audit, "BACKGROUND", 20)
     monkeypatch.setattr(privacy_audit, "BLACKBOX", None)  # CIFAR-10 training: tested on a tiny task below
+    monkeypatch.setattr(privacy_audit, "MODEL_ROWS", (("hooks", "adam", "independent", "poisson"),))
     monkeypatch.setattr(
         privacy_audit,
         "candidates",
@@ -226,8 +227,20 @@ def test_report_writes_its_table(tmp_path, monkeypatch):
     df = pd.read_csv(paths[0])
     need = {"variant", "noise", "sampler", "sigma", "steps", "canaries", "claimed_epsilon", "accountant"}
     assert need | {"audit_epsilon_lower", "control", "verdict"} <= set(df.columns)
-    assert (df.control.isna()).sum() == 2  # ime x poisson and ime x balls_in_bins are refused by the engine
-    assert set(df.sampler[df.control.isna()]) == {"single_pass", "cyclic_poisson"}
+    both = {"gdp_mu_lower", "gdp_epsilon_lower", "claimed_mu", "meter", "meter_power", "caught_by"}
+    assert both <= set(df.columns)
+    white = df[df.auditor == "white-box"]
+    assert (
+        white.control.isna()
+    ).sum() == 2  # ime x poisson and ime x balls_in_bins are refused by the engine
+    assert white.meter.notna().all() and white.gdp_mu_lower.notna().all()
+    model = df[df.auditor.str.startswith("meter (model task")]
+    assert set(model.control.fillna("")) == {"", "bias_unclipped"}
+    caught = df[df.control.notna()]
+    assert (caught.verdict == "caught").all() and caught.caught_by.notna().all(), caught[
+        ["control", "caught_by"]
+    ]
+    assert set(white.sampler[white.control.isna()]) == {"single_pass", "cyclic_poisson"}
     md = paths[1].read_text()
     assert "Regenerate: `make reproduce-table TABLE=privacy_audit`" in md
     assert "ime x independent x poisson" in md

@@ -198,3 +198,52 @@ def test_audit_command_meters_the_mechanism_too(capsys):
     assert main([*args, "--control", "half_noise"]) == 0
     out = capsys.readouterr().out
     assert "caught by meter: multiplier" in out and "FAIL: multiplier [joint]" in out
+
+
+# --- the real path: a model task through the clipping engines -----------------------------------------------------
+def _meter_model(engine, variant, noise, sampler, control=None, n=240):
+    from dp_adam_bench.audit.controls import CONTROLS
+    from dp_adam_bench.audit.whitebox import compose_config
+    from dp_adam_bench.report import privacy_audit
+
+    cfg = compose_config(privacy_audit.overrides(variant, noise, sampler, n))
+    c = CONTROLS.get(control) if control else None
+    return meter.meter_model(cfg, engine, n=n, control=c, control_name=control)
+
+
+def test_model_task_gradients_are_the_engines_per_example_gradients():
+    import torch
+
+    from dp_adam_bench.audit.meter import ModelMeterTask
+    from dp_adam_bench.engine.engines import build_engine
+
+    task = ModelMeterTask(6, clip=1.0)
+    model = task.build_model()
+    idx = torch.tensor([0, 3, 5])
+    engine = build_engine("loop", model, task.loss_per_example)
+    got = engine.per_example_grads(task.get_batch(idx))
+    for g, want in zip(got, task.closed_form_grads(idx), strict=True):
+        torch.testing.assert_close(g.double(), want, rtol=1e-6, atol=1e-3)
+    norms = torch.cat([w.flatten(1) for w in task.closed_form_grads(idx)], 1).norm(dim=1)
+    torch.testing.assert_close(norms, torch.full((3,), meter.MODEL_NORM, dtype=torch.float64))
+
+
+@pytest.mark.parametrize(
+    "engine, row",
+    [
+        ("bk", ("adam", "independent", "poisson")),
+        ("ghost", ("sgd", "bandmf", "single_pass")),
+        ("hooks", ("stp", "independent", "poisson")),
+        ("functorch", ("stp", "blt", "cyclic_poisson")),
+    ],
+)
+def test_model_path_meter_passes_through_the_real_engines(engine, row):
+    r = _meter_model(engine, *row)
+    assert r.passed, r.describe()
+    assert r.engine == engine and r.check("post_processing").estimate == 0.0
+
+
+def test_bias_gradients_escaping_clipping_fail_the_model_path_meter():
+    r = _meter_model("bk", "adam", "independent", "poisson", "bias_unclipped")
+    assert not r.check("noise_std", "g").passed, r.describe()
+    assert "bias" in r.check("noise_std", "g").detail

@@ -201,6 +201,7 @@ class MeterResult:
     alpha: float
     checks: list[MeterCheck] = field(default_factory=list)
     control: str | None = None
+    engine: str | None = None  # the clipping engine (model path); None: the vector task
 
     @property
     def failed(self) -> list[MeterCheck]:
@@ -227,6 +228,7 @@ class MeterResult:
     def describe(self) -> str:
         head = (
             f"meter: {self.variant} x {self.noise} x {self.sampler}"
+            + (f" (model task, {self.engine} engine)" if self.engine else "")
             + (f" [control {self.control}]" if self.control else "")
             + f": sigma = {self.sigma:g} (accounted {self.account_sigma:.4g}), {self.steps} steps, N = "
             f"{self.dataset_size}, B = {self.batch_size:g}, {self.trials} trials; each check at level "
@@ -411,6 +413,27 @@ def rate_check(drawn: int, eligible: int, q: float, crit: float) -> MeterCheck:
 
 
 # --- the run ---------------------------------------------------------------------------------------------------
+def _sampling_check(
+    recs, population: np.ndarray, eligible: np.ndarray, sampler, n: int, crit: float
+) -> MeterCheck:
+    """The support (exact) and the rate (Poisson kinds) or the fixed schedule of the batches drawn."""
+    T = len(recs)
+    pos_of = np.full(n, -1, dtype=np.int64)
+    pos_of[population] = np.arange(len(population))
+    drawn = np.zeros((T, len(population)), dtype=bool)
+    for t, rec in enumerate(recs):
+        drawn[t, pos_of[rec.idx.numpy()]] = True
+    outside = int((drawn & ~eligible[:T]).sum())
+    if outside:
+        what = f"{outside} (step, example) pairs drawn outside the sampler's public structure"
+        return MeterCheck("sampling", "", float(outside), 0.0, None, False, None, what)
+    if sampler.kind in ("poisson", "cyclic_poisson"):
+        return rate_check(int(drawn.sum()), int(eligible[:T].sum()), float(sampler.q), crit)
+    same = bool((drawn == eligible[:T]).all())
+    what = "every example at exactly the steps of its fixed schedule"
+    return MeterCheck("sampling", "", float(drawn.sum()), float(eligible[:T].sum()), None, same, 1.0, what)
+
+
 def _predicted(task: MeterTask, records: list[StepRecord], clip: float, batch: float):
     """Per step: the predicted scaled mean (trials, dim) and the unscaled mean, with the meter's own clipping."""
     xs, means = [], []
@@ -519,43 +542,8 @@ def meter_config(
     crit1 = critical(alpha, checks_count, two_sided=False)
     checks: list[MeterCheck] = []
 
-    # sampling: the support (exact) and the rate
-    pos_of = np.full(task.n, -1, dtype=np.int64)
-    pos_of[population] = np.arange(len(population))
-    drawn = np.zeros((T, len(population)), dtype=bool)
-    for t, rec in enumerate(recs):
-        drawn[t, pos_of[rec.idx.numpy()]] = True
-    outside = int((drawn & ~eligible[:T]).sum())
+    checks.append(_sampling_check(recs, population, eligible, honest_sampler, task.n, crit))
     kind = honest_sampler.kind
-    if outside:
-        checks.append(
-            MeterCheck(
-                "sampling",
-                "",
-                float(outside),
-                0.0,
-                None,
-                False,
-                None,
-                f"{outside} (step, example) pairs drawn outside the sampler's public structure",
-            )
-        )
-    elif kind in ("poisson", "cyclic_poisson"):
-        checks.append(rate_check(int(drawn.sum()), int(eligible[:T].sum()), float(honest_sampler.q), crit))
-    else:
-        same = bool((drawn == eligible[:T]).all())
-        checks.append(
-            MeterCheck(
-                "sampling",
-                "",
-                float(drawn.sum()),
-                float(eligible[:T].sum()),
-                None,
-                same,
-                1.0,
-                "every example at exactly the steps of its fixed schedule",
-            )
-        )
 
     # the releases
     xs, means = _predicted(task, recs, clip, B)
@@ -596,4 +584,229 @@ def meter_config(
         alpha=alpha,
         checks=checks,
         control=control_name,
+    )
+
+
+# --- the real path: a model task through the clipping engines ----------------------------------------------------
+#: the model-path canaries' gradient norm, in units of C (float32 parameters: far above C, far from overflow)
+MODEL_NORM = 1e3
+
+
+class _Bilinear(torch.nn.Module):
+    """y = W x + b with W of shape (2, features): a model whose per-example loss <u, W x + b> has the gradients
+    (u x^T, u), known in closed form whatever the parameters."""
+
+    def __init__(self, features: int):
+        super().__init__()
+        self.lin = torch.nn.Linear(features, 2)
+
+    def forward(self, x):
+        return self.lin(x)
+
+
+class ModelMeterTask:
+    """A model task for the real clipping engines: example i has input x_i = a (SHARED e_0 + sqrt(1 - SHARED^2)
+    e_{1+i}) and loss <e_0, W x_i + b>, so its gradient is x_i on W's first row and 1 on the first bias: every example
+    shares W[0, 0] and the bias b[0] and owns W[0, 1 + i]; W's second row and b[1] are never touched. ``a`` makes
+    the gradient norm MODEL_NORM C, so every example is clipped."""
+
+    name = "meter_model"
+
+    def __init__(self, n: int, clip: float):
+        self.n = int(n)
+        self.features = 1 + self.n
+        # ||(x_i, 1)|| = MODEL_NORM C: a^2 + 1 = (MODEL_NORM C)^2
+        self.a = math.sqrt((MODEL_NORM * float(clip)) ** 2 - 1.0)
+
+    @property
+    def dataset_size(self) -> int:
+        return self.n
+
+    def inputs(self, idx: torch.Tensor) -> torch.Tensor:
+        idx = torch.as_tensor(idx, dtype=torch.long)
+        x = torch.zeros(len(idx), self.features, dtype=torch.float64)
+        x[:, 0] = self.a * SHARED
+        x[torch.arange(len(idx)), 1 + idx] = self.a * math.sqrt(1.0 - SHARED**2)
+        return x
+
+    def build_model(self) -> torch.nn.Module:
+        return _Bilinear(self.features)
+
+    def get_batch(self, indices) -> dict:
+        return {"x": self.inputs(indices).float()}
+
+    def loss_per_example(self, forward, batch):
+        return forward(batch["x"])[:, 0]
+
+    def evaluate(self, model) -> dict:
+        return {"meter_weight_norm": float(model.lin.weight.norm())}
+
+    def closed_form_grads(self, idx: torch.Tensor) -> list[torch.Tensor]:
+        """The closed-form per-example gradients (weight, bias), float64, in the model's parameter order (not
+        named per_example_grads: that would make the trainer take it for a vector task)."""
+        x = self.inputs(idx)
+        w = torch.zeros(len(x), 2, self.features, dtype=torch.float64)
+        w[:, 0] = x
+        b = torch.zeros(len(x), 2, dtype=torch.float64)
+        b[:, 0] = 1.0
+        return [w, b]
+
+    def groups(self) -> dict[str, np.ndarray]:
+        """Coordinate groups over the flattened (weight, bias)."""
+        f = self.features
+        size = 2 * f + 2
+        out = {}
+        for name, idx in (
+            ("shared", [0]),
+            ("own", list(range(1, f))),
+            ("null", list(range(f, 2 * f)) + [2 * f + 1]),
+            ("bias", [2 * f]),
+        ):
+            mask = np.zeros(size, dtype=bool)
+            mask[idx] = True
+            out[name] = mask
+        return out
+
+
+class ModelRecorder:
+    """Wraps the trainer's :class:`~dp_adam_bench.engine.backends.ModelBackend`: records every release (through its
+    public ``release``) and the parameters before it; a control's broken engine (at the engine interface,
+    ``clipped_sum``) or privatizer replaces the real one."""
+
+    def __init__(self, inner, control=None):
+        self.inner = inner
+        self.control = control
+        self._broken = None
+        self.privatizer = None
+        self.records: list[StepRecord] = []
+        self.params_before: list[list[torch.Tensor]] = []
+        if control is not None:
+            inner.engine = control.wrap_engine(inner.engine, inner.model)
+
+    def release(self, idx, privatizer, scale):
+        if self.control is not None:
+            if self._broken is None:
+                self._broken = self.control.wrap(privatizer)
+            privatizer = self._broken
+        self.privatizer = privatizer
+        self.params_before.append([p.detach().clone() for p in self.inner.params])
+        out = self.inner.release(idx, privatizer, scale)
+        ctx = out.ctx
+        flat = torch.cat([g.detach().double().reshape(-1) for g in ctx.noisy])
+        s = None if scale is None else torch.cat([v.detach().double().reshape(-1) for v in scale])
+        self.records.append(
+            StepRecord(torch.as_tensor(idx).clone(), s, flat.clone(), None, ctx.noise_std, ctx)
+        )
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def _replay_lists(cfg, schedule, records, before: list[list[torch.Tensor]], final: list[torch.Tensor]):
+    """:func:`_replay` for parameter lists (model tasks)."""
+    from dp_adam_bench.optim.registry import build_variant
+
+    variant = build_variant(cfg.optimizer.name, **{k: v for k, v in cfg.optimizer.items() if k != "name"})
+    params = [p.clone() for p in before[0]]
+    after = [*before[1:], final]
+    worst, failed_at = 0.0, None
+    try:
+        state = variant.init(params)
+        base = variant.lr
+        for t, (rec, target) in enumerate(zip(records, after, strict=True), start=1):
+            ctx = dataclasses.replace(rec.ctx, noisy=[g.detach().clone() for g in rec.ctx.noisy], clean=None)
+            variant.lr = base * schedule.factor(t)
+            with torch.no_grad():
+                variant.update(params, state, ctx)
+            scale = max(float(p.abs().max()) for p in target) or 1.0
+            err = max(float((p - q).abs().max()) for p, q in zip(params, target, strict=True)) / scale
+            worst = max(worst, err)
+            if err > REPLAY_TOL and failed_at is None:
+                failed_at = t
+    except Exception as exc:
+        why = f"the registered variant cannot run on the releases alone: {type(exc).__name__}: {exc}"
+        return MeterCheck("post_processing", "", math.inf, REPLAY_TOL, None, False, None, why)
+    detail = (
+        "replayed from the releases"
+        if failed_at is None
+        else f"differs from the replay from step {failed_at}"
+    )
+    return MeterCheck("post_processing", "", worst, REPLAY_TOL, None, failed_at is None, None, detail)
+
+
+def meter_model(
+    cfg,
+    engine: str,
+    *,
+    n: int = 1200,
+    control=None,
+    control_name: str | None = None,
+    alpha: float = ALPHA,
+    self_check: bool = False,
+) -> MeterResult:
+    """Meter config ``cfg`` on :class:`ModelMeterTask` through the clipping engine ``engine`` (bk, ghost, hooks,
+    functorch, loop), on the CPU: the sensitivity, noise and post-processing checks of :func:`meter_config` over
+    the model's flattened parameters (its bias among them), and the sampling checks. One trial (a model), so the
+    stated power is the run's own. ``self_check``: keep the trainer's start-up comparison of the engine with the
+    size-one loop (``train.self_check``; off by default, so that the meter measures the engine on its own)."""
+    from dp_adam_bench.audit.whitebox import AUDIT_OVERRIDES, eligible_steps
+    from dp_adam_bench.engine import trainer
+
+    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    fixed = {"train.clipping": engine, "train.device": "cpu", "train.self_check.enabled": bool(self_check)}
+    for key, value in {**AUDIT_OVERRIDES, **fixed}.items():
+        OmegaConf.update(cfg, key, value, force_add=True)
+    clip = float(cfg.privacy.clip)
+    task = ModelMeterTask(n, clip)
+    run = trainer.prepare(cfg, task)
+    if control is not None:
+        run = control.apply_to_run(run, cfg)
+    backend = ModelRecorder(run.backend, control)
+    plan = run.plan
+    population = run.population.numpy()
+    eligible = eligible_steps(plan.sampler, np.arange(len(population)), plan.steps)
+    honest_sampler = plan.sampler
+    if control is not None:
+        plan = dataclasses.replace(plan, sampler=control.wrap_sampler(plan.sampler))
+    run = dataclasses.replace(run, backend=backend, plan=plan)
+    with tempfile.TemporaryDirectory(prefix="dp-adam-bench-meter-") as folder:
+        trainer.run(cfg, Path(folder), lambda step, metrics: None, prepared=run)
+    recs = backend.records
+    B = float(honest_sampler.expected_batch_size)
+    checks_count = 6
+    crit = critical(alpha, checks_count)
+    crit1 = critical(alpha, checks_count, two_sided=False)
+    checks = [_sampling_check(recs, population, eligible, honest_sampler, task.n, crit)]
+    ys, xs = [], []
+    for rec in recs:
+        grads = [g.reshape(len(rec.idx), -1) for g in task.closed_form_grads(rec.idx)]
+        g = torch.cat(grads, dim=1)
+        s = rec.scale if rec.scale is not None else torch.ones(g.shape[1], dtype=torch.float64)
+        sg = g * s
+        norms = sg.pow(2).sum(1).sqrt()
+        f = torch.where(norms > clip, clip / norms, torch.ones_like(norms))
+        xs.append(((sg * f[:, None]).sum(0) / B).numpy())
+        ys.append((rec.noisy * s).numpy())
+    strategy = plan.strategy.matrix() if plan.strategy is not None else None
+    sg_stats = release_stats(np.stack(ys), np.stack(xs), strategy, task.groups())
+    checks += release_checks("g", sg_stats, recs[0].noise_std, crit)
+    parts = [(clip / B, sg_stats.slope, sg_stats.slope_se, sg_stats.std, sg_stats.std_se)]
+    checks.insert(1, multiplier_check(parts, float(plan.account_sigma), crit1))
+    final = [p.detach().clone() for p in backend.inner.params]
+    checks.append(_replay_lists(cfg, run.schedule, recs, backend.params_before, final))
+    return MeterResult(
+        variant=run.variant.name,
+        noise=str(cfg.noise.kind),
+        sampler=honest_sampler.kind,
+        sigma=float(plan.sigma),
+        account_sigma=float(plan.account_sigma),
+        steps=len(recs),
+        trials=1,
+        dataset_size=n,
+        batch_size=B,
+        alpha=alpha,
+        checks=checks,
+        control=control_name,
+        engine=engine,
     )

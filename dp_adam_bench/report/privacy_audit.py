@@ -1,13 +1,17 @@
 """Empirical privacy audit of every private variant x noise mechanism x sampler the engine accepts, and of controls
 that must be caught (Steinke, Nasr & Jagielski, "Privacy Auditing with One (1) Training Run", NeurIPS 2023, arXiv
-2305.08846).
+2305.08846), with a Gaussian (mu-GDP) bound and the mechanism meter beside it.
 
 One white-box run per row (:mod:`dp_adam_bench.audit.whitebox`): 1,000 gradient canaries, each in with probability
 1/2, through the real trainer, privatizer, variant and mechanism; the epsilon lower bound of Theorem 3.1 at 95 %
-confidence against the epsilon the run's own ledger claims (PLD accountant, delta = 1e-5). A private row is
-*consistent* when the lower bound is at most the claim, a *VIOLATION* otherwise (a bug to fix, never a number to
-print); a control (:mod:`dp_adam_bench.audit.controls`) is *caught* when its lower bound exceeds its claim.
-Computed directly (no run store), the same at every profile.
+confidence against the epsilon the run's own ledger claims (PLD accountant, delta = 1e-5), and the mu-GDP bound of
+the same guesses against the claim's mu. Then the mechanism meter (:mod:`dp_adam_bench.audit.meter`) on the same
+config: noise std, sensitivity, sampling rate, noise correlation, the joint noise multiplier against the accountant's,
+and post-processing, each with its power against a 10 % error. A private row is *consistent* when neither bound
+exceeds the claim and the meter passes, a *VIOLATION* otherwise (a bug to fix, never a number to print); a control
+(:mod:`dp_adam_bench.audit.controls`, including issue 25's planted bugs) is *caught* when any of them shows it, and
+the table says which. The meter also runs through a model task and each real clipping engine (bk, ghost, hooks,
+functorch, loop). Computed directly (no run store), the same at every profile.
 """
 
 from __future__ import annotations
@@ -148,6 +152,79 @@ def blackbox_rows(spec: dict | None, controls=BLACKBOX_CONTROLS, seed: int = SEE
     return out
 
 
+#: the model-path meter rows: (engine, variant, noise, sampler) through a model task and the real clipping engines
+MODEL_ROWS = (
+    ("bk", "adam", "independent", "poisson"),
+    ("ghost", "adam", "independent", "poisson"),
+    ("hooks", "adam", "independent", "poisson"),
+    ("functorch", "adam", "independent", "poisson"),
+    ("loop", "adam", "independent", "poisson"),
+    ("bk", "stp", "independent", "poisson"),
+    ("hooks", "stp", "independent", "poisson"),
+    ("functorch", "stp", "independent", "poisson"),
+    ("bk", "sgd", "dpmf_sqrt", "single_pass"),
+    ("ghost", "bc", "bandmf", "cyclic_poisson"),
+)
+#: controls that only a clipping engine can carry: metered through this engine
+MODEL_CONTROL_ENGINE = "bk"
+
+
+def model_rows(rows=MODEL_ROWS, controls=(), n: int = CANARIES + BACKGROUND) -> list[dict]:
+    """The model-path meter's table rows: each (engine, variant, noise, sampler), and each named engine control
+    through :data:`MODEL_CONTROL_ENGINE`."""
+    from dp_adam_bench.audit.controls import CONTROLS
+    from dp_adam_bench.audit.meter import meter_model
+    from dp_adam_bench.audit.whitebox import compose_config
+    from dp_adam_bench.errors import ConfigError
+
+    out = []
+    for engine, variant, noise, sampler in [
+        *rows,
+        *((MODEL_CONTROL_ENGINE, None, None, c) for c in controls),
+    ]:
+        control = None
+        if variant is None:
+            control, name = CONTROLS.get(sampler), sampler
+            variant, noise, sampler = control.variant, control.noise, control.sampler
+        t0 = time.time()
+        cfg = compose_config(overrides(variant, noise, sampler, n))
+        caught = []
+        if control is not None:  # does the trainer's start-up self-check of the engine refuse it already?
+            try:
+                meter_model(cfg, engine, n=n, control=control, control_name=name, self_check=True)
+            except ConfigError as err:
+                if "self-check" in str(err):
+                    caught.append("engine self-check (train.self_check)")
+                else:
+                    raise
+        m = meter_model(cfg, engine, n=n, control=control, control_name=name if control else None)
+        log.info("%s (%.1f s)", m.describe().splitlines()[-1], time.time() - t0)
+        mult, sens, samp = m.check("multiplier", "joint"), m.check("sensitivity", "g"), m.check("sampling")
+        if not m.passed:
+            caught.append("meter (model, " + engine + "): " + ", ".join(c.name for c in m.failed))
+        out.append(
+            {
+                "auditor": f"meter (model task, {engine})",
+                "variant": variant,
+                "noise": noise,
+                "sampler": sampler,
+                "sigma": m.sigma,
+                "steps": m.steps,
+                "meter": m.summary(),
+                "meter_sigma_ratio": mult.estimate,
+                "meter_sensitivity": sens.estimate,
+                "meter_rate": samp.estimate / samp.claimed if samp.claimed else float("nan"),
+                "meter_power": m.power,
+                "control": m.control or "",
+                "caught_by": "; ".join(caught),
+                "verdict": ("caught" if caught else "missed")
+                if control
+                else ("VIOLATION" if caught else "consistent"),
+            }
+        )
+    return out
+
+
 def audit_rows(rows, controls, canaries: int = CANARIES, background: int = BACKGROUND, seed: int = SEED):
     """The :class:`~dp_adam_bench.audit.whitebox.AuditResult` of each honest row the engine accepts and of each
     named control; and, for the rows it refuses, its reason."""
@@ -160,7 +237,7 @@ def audit_rows(rows, controls, canaries: int = CANARIES, background: int = BACKG
         t0 = time.time()
         try:
             cfg = compose_config(overrides(variant, noise, sampler, canaries + background))
-            results.append(audit_config(cfg, canaries=canaries, background=background, seed=seed))
+            results.append(audit_config(cfg, canaries=canaries, background=background, seed=seed, meter=True))
         except ConfigError as err:
             why = re.sub(r"'[^']*'", "...", str(err)).split(";")[0]  # names out: one reason, many rows
             why = re.split(r"(?<!\.)\. (?=[A-Z])", re.sub(rf"\b{re.escape(noise)}\b", "<noise>", why))[0]
@@ -169,10 +246,18 @@ def audit_rows(rows, controls, canaries: int = CANARIES, background: int = BACKG
         log.info("%s (%.1f s)", results[-1].describe().splitlines()[-1], time.time() - t0)
     for name in controls:
         c = CONTROLS.get(name)
+        if c.model_only:  # its bug lives in a clipping engine, which vector canaries never reach
+            continue
         cfg = compose_config(overrides(c.variant, c.noise, c.sampler, canaries + background))
         results.append(
             audit_config(
-                cfg, canaries=canaries, background=background, seed=seed, control=c, control_name=name
+                cfg,
+                canaries=canaries,
+                background=background,
+                seed=seed,
+                control=c,
+                control_name=name,
+                meter=True,
             )
         )
     return results, refused
@@ -202,43 +287,78 @@ def _blackbox_notes(black) -> list[str]:
     ]
 
 
-def build(ctx: ReportContext | None = None) -> list[Path]:
-    """Write ``<ctx.out>/privacy_audit.{csv,md}``."""
+def _claims(results, model: list[dict]) -> list[Claim]:
     from dp_adam_bench.audit.controls import CONTROLS
-    from dp_adam_bench.audit.whitebox import FRACTIONS, SCORES
 
-    ctx = ctx or ReportContext()
-    t0 = time.time()
-    controls = list(CONTROLS.names())
-    results, refused = audit_rows(candidates(), controls, CANARIES, BACKGROUND, SEED)
-    t_white = time.time() - t0
-    black = blackbox_rows(BLACKBOX)
-    t_black = time.time() - t0 - t_white
-    results += black
-    df = pd.DataFrame([r.row() for r in results])
     honest = [r for r in results if r.control is None]
     ctrl = [r for r in results if r.control is not None]
     violations = [r for r in honest if r.verdict != "consistent"]
-    missed = [r for r in ctrl if r.verdict != "caught"]
+    missed = [r.control for r in ctrl if r.verdict != "caught"]
+    missed += [row["control"] for row in model if row["control"] and row["verdict"] != "caught"]
+    model_bad = [row for row in model if not row["control"] and row["verdict"] != "consistent"]
+    white = [r for r in honest if r.auditor == "white-box"]
+    weak = [r for r in white if r.meter is not None and not r.meter.power >= 0.99]
     no_noise = next((r for r in ctrl if r.control == "no_noise" and r.auditor == "white-box"), None)
+    planted = [n for n in CONTROLS.names() if CONTROLS.get(n).planted and CONTROLS.get(n).leaks]
+    by_tool = {r.control: r.caught_by for r in ctrl if r.auditor == "white-box"}
+    for row in model:
+        if row["control"] and row["caught_by"]:
+            by_tool.setdefault(row["control"], [])
+            by_tool[row["control"]] = [*by_tool[row["control"]], row["caught_by"]]
+    tool_missed = [n for n in planted if not any(("meter" in c or "audit" in c) for c in by_tool.get(n, []))]
     claims = [
         Claim(
-            "every private variant x mechanism x sampler is consistent (audit lower bound <= claimed epsilon)",
+            "every private variant x mechanism x sampler is consistent (both audit bounds <= the claim, the meter "
+            "passes)",
             not violations,
             f"{len(honest) - len(violations)} of {len(honest)} consistent"
             + (
                 "; VIOLATION: "
-                + ", ".join(f"{r.auditor} {r.variant} x {r.noise} x {r.sampler}" for r in violations)
+                + ", ".join(
+                    f"{r.auditor} {r.variant} x {r.noise} x {r.sampler} ({'; '.join(r.caught_by)})"
+                    for r in violations
+                )
                 if violations
                 else ""
             ),
             from_runs=False,
         ),
         Claim(
-            "every control is caught (audit lower bound > claimed epsilon)",
+            "the meter has power >= 0.99 against a 10 % error (sigma, sensitivity or q) on every honest white-box row",
+            not weak,
+            f"least stated power {min((r.meter.power for r in white if r.meter), default=float('nan')):.4f}"
+            + (
+                f"; below 0.99: {', '.join(f'{r.variant} x {r.noise} x {r.sampler}' for r in weak)}"
+                if weak
+                else ""
+            ),
+            from_runs=False,
+        ),
+        Claim(
+            "the meter passes through a model task and every real clipping engine",
+            not model_bad,
+            f"{sum(1 for row in model if not row['control']) - len(model_bad)} of "
+            f"{sum(1 for row in model if not row['control'])} engine rows pass"
+            + (
+                "; FAIL: " + ", ".join(f"{r['auditor']} {r['variant']}" for r in model_bad)
+                if model_bad
+                else ""
+            ),
+            from_runs=False,
+        ),
+        Claim(
+            "every control is caught (by the one-run bound, the Gaussian bound or the meter)",
             not missed,
-            f"{len(ctrl) - len(missed)} of {len(ctrl)} caught"
-            + ("; missed: " + ", ".join(r.control for r in missed) if missed else ""),
+            f"{len(ctrl) + sum(1 for row in model if row['control']) - len(missed)} of "
+            f"{len(ctrl) + sum(1 for row in model if row['control'])} caught"
+            + ("; missed: " + ", ".join(missed) if missed else ""),
+            from_runs=False,
+        ),
+        Claim(
+            "the meter or the audit (not only a unit test) catches each leaking planted bug of issue 25",
+            not tool_missed,
+            f"{len(planted) - len(tool_missed)} of {len(planted)}"
+            + ("; not caught: " + ", ".join(tool_missed) if tool_missed else ""),
             from_runs=False,
         ),
     ]
@@ -251,7 +371,30 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
                 from_runs=False,
             )
         )
+    return claims
+
+
+def build(ctx: ReportContext | None = None) -> list[Path]:
+    """Write ``<ctx.out>/privacy_audit.{csv,md}``."""
+    from dp_adam_bench.audit.controls import CONTROLS
+    from dp_adam_bench.audit.meter import ALPHA, EFFECT, TRIALS
+    from dp_adam_bench.audit.whitebox import FRACTIONS, SCORES
+
+    ctx = ctx or ReportContext()
+    t0 = time.time()
+    controls = list(CONTROLS.names())
+    results, refused = audit_rows(candidates(), controls, CANARIES, BACKGROUND, SEED)
+    t_white = time.time() - t0
+    engine_controls = [n for n in controls if CONTROLS.get(n).model_only]
+    model = model_rows(MODEL_ROWS, engine_controls, CANARIES + BACKGROUND) if MODEL_ROWS is not None else []
+    t_model = time.time() - t0 - t_white
+    black = blackbox_rows(BLACKBOX)
+    t_black = time.time() - t0 - t_white - t_model
+    results += black
+    df = pd.DataFrame([*(r.row() for r in results), *model])
+    claims = _claims(results, model)
     family = len(SCORES) * len(FRACTIONS)
+    planted = [n for n in controls if CONTROLS.get(n).planted]
     notes = [
         "Canaries: per-example gradients of extra examples of the dataset (Dirac vectors of norm 1e6 C, each on a "
         "coordinate of its own where every other gradient is zero), entering before clipping; included each "
@@ -259,26 +402,66 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
         "single-pass order, one participation per epoch; cyclic Poisson: q = b B / N at the steps of their group; "
         "balls-in-bins: the steps of their bin); an excluded canary is a zero row (zero-out; with "
         "division by the expected batch size, the same as removal).",
-        f"Auditor: sees every coordinate after every step. Scores fixed in advance: {', '.join(SCORES)} "
-        "(dp_adam_bench.audit.whitebox); guesses on the k highest and k lowest scores for k = "
+        f"Auditor: sees every coordinate after every step and every release. Scores fixed in advance: "
+        f"{', '.join(SCORES)} (dp_adam_bench.audit.whitebox); guesses on the k highest and k lowest scores for k = "
         + ", ".join(f"{f:g} m" for f in FRACTIONS)
-        + f"; the {family} tests are each judged at significance 0.05 / {family}, so the largest bound holds at "
-        "95 % confidence (union bound).",
+        + f"; the {family} tests are each judged at significance 0.05 / {family}, so each bound's largest value "
+        "holds at 95 % confidence (union bound). release = the matched filter on the released noisy gradient; "
+        "precond = sum of log |g~| / |update|, the preconditioner's magnitude (it sees a clean second moment).",
         "eligible: a matched filter over the steps at which the canary can be sampled (the sampler's seed-"
         "determined groups, bins or slots, never its random draws), whitened by the noise strategy C (C^T C "
         "applied to the updates): it is what gives the cyclic Poisson rows their power, since a canary has "
         f"only {-(-100 // CYCLE)} chances among 100 steps there.",
-        "max_possible: the bound if every guess of the largest k were right, the most the row's canaries (1,000 "
-        "white-box, 500 black-box) can show at this confidence; a one-run audit cannot exceed it whatever the true "
-        "epsilon.",
-        "Controls: " + "; ".join(f"{n} = {CONTROLS.get(n).what}" for n in controls) + ".",
+        "audit_epsilon_lower: Steinke, Nasr & Jagielski 2023, Thm 3.1, at delta = 1e-5. gdp_mu_lower: the same "
+        "guesses tested against the whole privacy curve of mu-GDP (Thm 3.1 at every (eps, delta_mu(eps)), Dong, "
+        "Roth & Su 2022 Cor. 2.13; the point-wise form of Mahloujifar, Melis & Chaudhuri 2025's f-DP one-run audit): "
+        "with 95 % confidence the run is not mu-GDP for any mu below it. claimed_mu: for the non-amplified rows "
+        "(single pass, balls-in-bins, cyclic Poisson with the strategies accounted without amplification) the "
+        "ledger's own mu = sensitivity / sigma, exactly, so gdp_mu_lower > claimed_mu is a proven violation; for "
+        "Poisson and amplified cyclic Poisson the mu-GDP curve through (claimed epsilon, 1e-5), a Gaussian reading "
+        "of a subsampled curve (Nasr et al. 2023's assumption). gdp_epsilon_lower: the epsilon at 1e-5 of "
+        "gdp_mu_lower-GDP, a lower bound on epsilon only if the run's curve is Gaussian. On these guesses the "
+        "Gaussian bound is at least the one-point bound (tests/test_audit_gdp.py) but barely above it: counting "
+        "guesses on the k most extreme scores, not the curve, is what limits both.",
+        "max_possible: the one-point bound if every guess of the largest k were right, the most the row's canaries "
+        "(1,000 white-box, 500 black-box) can show at this confidence; a one-run audit cannot exceed it whatever the "
+        "true epsilon.",
+        f"Meter (dp_adam_bench.audit.meter): the same config on a task of N = {CANARIES + BACKGROUND} examples whose "
+        f"gradients it knows (norm 1e6 C, weight 0.95 on a coordinate every example shares, the rest on one of "
+        f"its own, so the square of the mean has IME's (2B - 1) cross term), {TRIALS} independent trials, the "
+        "table's steps; every release recorded and compared with the meter's own clipped mean, whitened by the "
+        "strategy C. Checks: sampling (support exact; rate z-test against the ledger's q), sensitivity (slope of "
+        "each release on its predicted mean), noise_std (against the stated std; pooled and per coordinate "
+        "group), correlation (whitened residual, lags 1-10), multiplier (the joint noise multiplier, measured "
+        "stds and slopes with the meter's own sensitivities C / B and (2 B_max - 1) C^2 / B^2, against the "
+        "accountant's sigma, one-sided), post_processing (the registered variant replayed on the releases alone "
+        f"reproduces the parameters to 1e-12). Each check at level {ALPHA:g} / (checks in the row). meter_power: "
+        f"the least stated power against a {EFFECT:.0%} error in sigma, sensitivity or q, from the run's own "
+        "standard errors (tests/test_meter.py plants 10 % errors hundreds of times and checks >= 99 % detection). "
+        "meter_sigma_ratio = measured / accounted multiplier; meter_sensitivity = slope of g~; meter_rate = "
+        "(step, example) pairs drawn / expected.",
+        "Model-path rows (auditor = meter (model task, engine)): the meter through a model task (a linear layer "
+        "with bias whose per-example gradients are known in closed form: every example shares one weight and the "
+        "bias, owns another weight; float32) and the real clipping engine, built by the trainer through "
+        "build_engine and driven through ModelBackend.release (the engines' public interface only); no epsilon "
+        "audit runs there. The bias_unclipped control wraps the bk engine's clipped_sum, so it has a model-path "
+        "row only: the white-box canaries are a vector task and never reach a clipping engine. The meter runs "
+        "with the trainer's start-up engine self-check (train.self_check) off, so that it measures the engine on "
+        "its own; for an engine control the self-check is also tried, and caught_by names it when it refuses the "
+        "run before any noise is released.",
+        "Controls: "
+        + "; ".join(f"{n} = {CONTROLS.get(n).what}" for n in controls)
+        + ". Planted bugs (issue 25): "
+        + ", ".join(planted)
+        + " (realized_batch is the one whose true epsilon is about the claim). caught_by names each tool that "
+        "shows the run is not what it claims.",
         f"Refused by the engine, so not audited ({sum(len(v) for v in refused.values())}): "
         + ("; ".join(f"{', '.join(rows)} ({why})" for why, rows in refused.items()) if refused else "none")
         + ". The shuffle "
         "sampler is accounted as Poisson without being Poisson (not DP-faithful) and is left out.",
         *_blackbox_notes(black),
-        f"Whole table: {time.time() - t0:.0f} s on CPU (white-box rows {t_white:.0f} s, black-box rows "
-        f"{t_black:.0f} s).",
+        f"Whole table: {time.time() - t0:.0f} s on CPU (white-box audits and meters {t_white:.0f} s, model-path "
+        f"meters {t_model:.0f} s, black-box rows {t_black:.0f} s).",
     ]
     n = CANARIES + BACKGROUND
     setting = (
@@ -296,7 +479,8 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
         TABLE_ID,
         df,
         out=ctx.out,
-        title="Empirical privacy audit (one run: white-box gradient canaries, and black-box input canaries)",
+        title="Empirical privacy audit (one run: white-box gradient canaries, a Gaussian bound, the mechanism "
+        "meter, and black-box input canaries)",
         command=COMMAND,
         setting=setting,
         claims=claims,
