@@ -319,6 +319,23 @@ def test_in_place_op_on_a_hooked_output_is_refused_clearly():
         eng.clipped_sum({"x": torch.randn(2, 3)}, 1.0)
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Output 0 of _Capture is a view and is being modified inplace. This view was created inside a custom Function",
+        "Output 0 of _CaptureBackward is a view and is being modified inplace.",  # torch 2.11's wording
+        "one of the variables needed for gradient computation has been modified by an inplace operation: "
+        "[torch.cuda.FloatTensor [2, 4]], which is output 0 of _CaptureBackward, is at version 1",
+    ],
+)
+def test_every_wording_of_the_in_place_error_gets_the_clear_refusal(text):
+    from dp_adam_bench.engine.bk import _refuse_in_place
+
+    with pytest.raises(ValueError, match="modified in place"):
+        _refuse_in_place(RuntimeError(text))
+    _refuse_in_place(RuntimeError("some other error"))  # anything else is left to the caller to re-raise
+
+
 def scales_for(model, seed=5):
     g = torch.Generator().manual_seed(seed)
     return [torch.rand(p.shape, generator=g) * 2 + 0.1 for p in model.parameters() if p.requires_grad]
