@@ -16,7 +16,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dp_adam_bench.audit.bound import Guesses, count_correct, epsilon_lower_bound, max_epsilon
+from dp_adam_bench.audit.bound import (
+    Guesses,
+    count_correct,
+    epsilon_lower_bound,
+    gdp_mu_lower_bound,
+    max_epsilon,
+)
 
 FRACTIONS = (0.01, 0.05, 0.45)
 
@@ -103,7 +109,16 @@ def audit_model_task(
     for frac in FRACTIONS:
         k = max(1, int(frac * canaries))
         r, v = count_correct(Guesses(k, k).guess(score, tiebreak), included)
-        tests.append(AuditTest("-loss", k, r, v, epsilon_lower_bound(canaries, r, v, delta, level)))
+        tests.append(
+            AuditTest(
+                "-loss",
+                k,
+                r,
+                v,
+                epsilon_lower_bound(canaries, r, v, delta, level),
+                gdp_mu_lower_bound(canaries, r, v, level),
+            )
+        )
     return AuditResult.of_run(
         run,
         summary,

@@ -210,6 +210,7 @@ def model_rows(rows=MODEL_ROWS, controls=(), n: int = CANARIES + BACKGROUND) -> 
                 "sampler": sampler,
                 "sigma": m.sigma,
                 "steps": m.steps,
+                "canaries": n,
                 "meter": m.summary(),
                 "meter_sigma_ratio": mult.estimate,
                 "meter_sensitivity": sens.estimate,
@@ -442,13 +443,15 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
         "(step, example) pairs drawn / expected.",
         "Model-path rows (auditor = meter (model task, engine)): the meter through a model task (a linear layer "
         "with bias whose per-example gradients are known in closed form: every example shares one weight and the "
-        "bias, owns another weight; float32) and the real clipping engine, built by the trainer through "
+        "bias, owns another weight; float32; canaries = its N examples, every one a canary) and the real clipping "
+        "engine, built by the trainer through "
         "build_engine and driven through ModelBackend.release (the engines' public interface only); no epsilon "
         "audit runs there. The bias_unclipped control wraps the bk engine's clipped_sum, so it has a model-path "
         "row only: the white-box canaries are a vector task and never reach a clipping engine. The meter runs "
         "with the trainer's start-up engine self-check (train.self_check) off, so that it measures the engine on "
         "its own; for an engine control the self-check is also tried, and caught_by names it when it refuses the "
-        "run before any noise is released.",
+        "run before any noise is released. The engine rows of one config share the noise seed, so equal numbers "
+        "across engines mean equal clipped sums.",
         "Controls: "
         + "; ".join(f"{n} = {CONTROLS.get(n).what}" for n in controls)
         + ". Planted bugs (issue 25): "
