@@ -229,12 +229,13 @@ def test_report_writes_its_table(tmp_path, monkeypatch):
     assert need | {"audit_epsilon_lower", "control", "verdict"} <= set(df.columns)
     both = {"gdp_mu_lower", "gdp_epsilon_lower", "claimed_mu", "meter", "meter_power", "caught_by"}
     assert both <= set(df.columns)
-    white = df[df.auditor == "white-box"]
+    white = df[df.auditor == "white-box"]  # the vector canaries
     assert (
         white.control.isna()
     ).sum() == 2  # ime x poisson and ime x balls_in_bins are refused by the engine
     assert white.meter.notna().all() and white.gdp_mu_lower.notna().all()
-    model = df[df.auditor.str.startswith("meter (model task")]
+    model = df[df.auditor.str.startswith("white-box (model task")]
+    assert model.gdp_mu_lower.notna().all() and model.meter.notna().all()
     assert set(model.control.fillna("")) == {"", "bias_unclipped"}
     caught = df[df.control.notna()]
     assert (caught.verdict == "caught").all() and caught.caught_by.notna().all(), caught[

@@ -247,3 +247,24 @@ def test_bias_gradients_escaping_clipping_fail_the_model_path_meter():
     r = _meter_model("bk", "adam", "independent", "poisson", "bias_unclipped")
     assert not r.check("noise_std", "g").passed, r.describe()
     assert "bias" in r.check("noise_std", "g").detail
+
+
+def test_white_box_audit_through_a_model_task_and_a_real_engine():
+    from dp_adam_bench.audit.whitebox import compose_config
+    from dp_adam_bench.report import privacy_audit
+
+    honest = meter.audit_model(
+        compose_config(privacy_audit.overrides("adam", "independent", "poisson", 200)), "hooks", canaries=200
+    )
+    assert honest.verdict == "consistent", honest.describe()
+    assert (
+        honest.auditor == "white-box (model task, hooks)" and len(honest.tests) == 18 and honest.meter.passed
+    )
+    from dp_adam_bench.audit.controls import CONTROLS
+
+    c = CONTROLS.get("reused_mf_draw")
+    cfg = compose_config(privacy_audit.overrides(c.variant, c.noise, c.sampler, 200))
+    bad = meter.audit_model(
+        cfg, "functorch", canaries=200, control=c, control_name="reused_mf_draw", meter=False
+    )
+    assert bad.audit_epsilon_lower > bad.claimed_epsilon and "audit (GDP)" in bad.caught_by, bad.describe()

@@ -612,11 +612,14 @@ class ModelMeterTask:
 
     name = "meter_model"
 
-    def __init__(self, n: int, clip: float):
+    def __init__(self, n: int, clip: float, shared: float = SHARED, included: np.ndarray | None = None):
         self.n = int(n)
         self.features = 1 + self.n
+        self.shared = float(shared)
         # ||(x_i, 1)|| = MODEL_NORM C: a^2 + 1 = (MODEL_NORM C)^2
         self.a = math.sqrt((MODEL_NORM * float(clip)) ** 2 - 1.0)
+        # the white-box audit's inclusion flags: an excluded example's loss is 0 (a zero gradient: zero-out)
+        self.included = None if included is None else torch.as_tensor(np.asarray(included, dtype=bool))
 
     @property
     def dataset_size(self) -> int:
@@ -625,18 +628,20 @@ class ModelMeterTask:
     def inputs(self, idx: torch.Tensor) -> torch.Tensor:
         idx = torch.as_tensor(idx, dtype=torch.long)
         x = torch.zeros(len(idx), self.features, dtype=torch.float64)
-        x[:, 0] = self.a * SHARED
-        x[torch.arange(len(idx)), 1 + idx] = self.a * math.sqrt(1.0 - SHARED**2)
+        x[:, 0] = self.a * self.shared
+        x[torch.arange(len(idx)), 1 + idx] = self.a * math.sqrt(1.0 - self.shared**2)
         return x
 
     def build_model(self) -> torch.nn.Module:
         return _Bilinear(self.features)
 
     def get_batch(self, indices) -> dict:
-        return {"x": self.inputs(indices).float()}
+        idx = torch.as_tensor(indices, dtype=torch.long)
+        keep = torch.ones(len(idx)) if self.included is None else self.included[idx].float()
+        return {"x": self.inputs(idx).float(), "keep": keep}
 
     def loss_per_example(self, forward, batch):
-        return forward(batch["x"])[:, 0]
+        return forward(batch["x"])[:, 0] * batch["keep"]
 
     def evaluate(self, model) -> dict:
         return {"meter_weight_norm": float(model.lin.weight.norm())}
@@ -645,10 +650,13 @@ class ModelMeterTask:
         """The closed-form per-example gradients (weight, bias), float64, in the model's parameter order (not
         named per_example_grads: that would make the trainer take it for a vector task)."""
         x = self.inputs(idx)
+        keep = torch.ones(len(x), dtype=torch.float64)
+        if self.included is not None:
+            keep = self.included[torch.as_tensor(idx, dtype=torch.long)].double()
         w = torch.zeros(len(x), 2, self.features, dtype=torch.float64)
-        w[:, 0] = x
+        w[:, 0] = x * keep[:, None]
         b = torch.zeros(len(x), 2, dtype=torch.float64)
-        b[:, 0] = 1.0
+        b[:, 0] = keep
         return [w, b]
 
     def groups(self) -> dict[str, np.ndarray]:
@@ -809,4 +817,75 @@ def meter_model(
         checks=checks,
         control=control_name,
         engine=engine,
+    )
+
+
+def audit_model(
+    cfg,
+    engine: str,
+    *,
+    canaries: int = 1000,
+    seed: int = 0,
+    control=None,
+    control_name: str | None = None,
+    confidence: float = 0.95,
+    meter: bool = True,
+):
+    """The white-box one-run audit (:mod:`~dp_adam_bench.audit.whitebox`'s scores, both bounds) through a model
+    task and the real clipping engine ``engine``: :class:`ModelMeterTask` with every example a canary that owns its
+    weight W[0, 1 + i] outright (no shared weight; the bias b[0] is shared), in with probability 1/2 (excluded: a
+    zero loss, so a zero gradient), trajectories and releases read from the recorded steps. ``meter``: attach
+    :func:`meter_model` of the same config (its own task, with the shared coordinate) to the result."""
+    from dp_adam_bench.audit.whitebox import AUDIT_OVERRIDES, AuditResult, eligible_steps, judge
+    from dp_adam_bench.engine import trainer
+
+    raw = cfg
+    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    fixed = {"train.clipping": engine, "train.device": "cpu", "train.self_check.enabled": False}
+    for key, value in {**AUDIT_OVERRIDES, **fixed}.items():
+        OmegaConf.update(cfg, key, value, force_add=True)
+    n = int(canaries)
+    included = np.random.default_rng([int(seed), 12]).random(n) < 0.5
+    task = ModelMeterTask(n, float(cfg.privacy.clip), shared=0.0, included=included)
+    run = trainer.prepare(cfg, task)
+    if control is not None:
+        run = control.apply_to_run(run, cfg)
+    backend = ModelRecorder(run.backend, control)
+    plan = run.plan
+    population = run.population.numpy()
+    if len(population) != n:
+        raise ConfigError("the model-path audit holds no public examples out (side-information variants)")
+    positions = np.empty(n, dtype=np.int64)
+    positions[population] = np.arange(n)  # canary i (dataset index i) at this position of the sampler
+    eligible = eligible_steps(plan.sampler, positions, plan.steps)
+    if control is not None:
+        plan = dataclasses.replace(plan, sampler=control.wrap_sampler(plan.sampler))
+    run = dataclasses.replace(run, backend=backend, plan=plan)
+    with tempfile.TemporaryDirectory(prefix="dp-adam-bench-audit-") as folder:
+        summary = trainer.run(cfg, Path(folder), lambda step, metrics: None, prepared=run)
+    weights = [b[0][0, 1:].double() for b in backend.params_before]
+    weights.append(backend.inner.params[0][0, 1:].detach().double())
+    theta = torch.stack(weights).numpy()
+    released = torch.stack([r.ctx.noisy[0][0, 1:].detach().double() for r in backend.records]).numpy()
+    f = task.features
+    scaled = np.stack(
+        [(r.noisy[1:f] * (r.scale[1:f] if r.scale is not None else 1.0)).numpy() for r in backend.records]
+    )
+    strategy = plan.strategy.matrix() if plan.strategy is not None else None
+    tests, most = judge(
+        theta, included, float(plan.delta), confidence, seed, eligible, strategy, released, scaled
+    )
+    metered = meter_model(raw, engine, n=n, control=control, control_name=control_name) if meter else None
+    return AuditResult.of_run(
+        run,
+        summary,
+        meter=metered,
+        canaries=n,
+        included=int(included.sum()),
+        dataset_size=n,
+        confidence=confidence,
+        tests=tests,
+        control=control_name,
+        max_possible=most,
+        auditor=f"white-box (model task, {engine})",
     )
