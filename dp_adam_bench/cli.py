@@ -64,6 +64,11 @@ def _sweep(args) -> int:
 
     if args.plan or args.smoke:
         if args.plan:
+            print(  # the imports and the plans of every run take seconds (12 s for ganesh_fig3 on 2 cores)
+                f"planning {args.experiment} ({args.profile} profile): every run's config and privacy plan ...",
+                file=sys.stderr,
+                flush=True,
+            )
             from dp_adam_bench.paper_plan import format_plan, table_plan
 
             print(format_plan(table_plan(args.experiment, args.profile, args.overrides), args.experiment))

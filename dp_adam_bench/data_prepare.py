@@ -684,7 +684,9 @@ def run_command(args) -> int:
                 f"{a.name}: {a.what}\n    {where}\n    tasks {', '.join(a.tasks)}; profiles {', '.join(a.profiles)}"
             )
         return 0
-    problems = verify(args.task, args.profile, args.data_dir)
+    data_dir = Path(args.data_dir) if args.data_dir else shared_data_dir()
+    print(f"data folder: {data_dir.resolve()} (--data-dir, else $DP_ADAM_BENCH_DATA, else ../shared/data)")
+    problems = verify(args.task, args.profile, data_dir)
     for name, probs in problems.items():
         print(f"{name}: {'ok' if not probs else 'FAILED'}")
         for p in probs:

@@ -262,3 +262,4 @@ def test_verify_of_an_empty_folder_fails_listing_the_missing_files(tmp_path, cap
     assert main(["data", "verify", "e2e_gpt2", "--data-dir", str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert f"{tmp_path / 'e2e_nlg' / 'trainset.csv.gz'} is missing" in out and "gpt2_tokenizer: FAILED" in out
+    assert out.startswith(f"data folder: {tmp_path.resolve()} ")  # which folder was checked

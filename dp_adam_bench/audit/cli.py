@@ -32,9 +32,10 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--control",
         default=None,
-        help="audit a control instead (its variant, noise and sampler replace the config's): "
-        "see dp_adam_bench.audit.controls",
+        help="audit a control instead (its variant, noise and sampler replace the config's; the schedule of the "
+        "privacy_audit table's row for its sampler unless given): names in --list-controls",
     )
+    p.add_argument("--list-controls", action="store_true", help="list the controls and what each breaks")
     p.add_argument(
         "--meter",
         action="store_true",
@@ -47,11 +48,24 @@ def run(args) -> int:
     from dp_adam_bench.audit.controls import CONTROLS
     from dp_adam_bench.audit.whitebox import audit_config, compose_config
 
+    if args.list_controls:
+        for name in CONTROLS.names():
+            c = CONTROLS.get(name)
+            where = " (model tasks only)" if c.model_only else ""
+            print(f"{name}: {c.what} [{c.variant}, noise={c.noise}, sampler={c.sampler}]{where}")
+        return 0
     overrides = list(args.overrides)
     control = None
     if args.control is not None:
+        from dp_adam_bench.report.privacy_audit import overrides as table_row
+
         control = CONTROLS.get(args.control)
-        overrides += [
+        # the control chose its sampler, so it brings that sampler's schedule (the privacy_audit table's row);
+        # the user's overrides come after it, and the control's variant, noise and sampler last
+        row = table_row(control.variant, control.noise, control.sampler, args.canaries + args.background)
+        overrides = [
+            *row,
+            *overrides,
             f"optimizer={control.variant}",
             f"noise={control.noise}",
             f"train.sampler={control.sampler}",
