@@ -80,6 +80,21 @@ def _per_group(t: torch.Tensor) -> torch.Tensor:
     return t[:, :, 0] if k == 1 else t.permute(0, 2, 1, 3).reshape(b * k, T, n)
 
 
+def _per_example(G: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
+    """``G_i^T A_i`` per example and group: (B, k, p, d). One group: a plain ``bmm``, which reads transposed
+    operands in place (``einsum`` copied them into its preferred layout: most of bk's CPU time on CNN5)."""
+    if G.shape[2] == 1:
+        return torch.bmm(G[:, :, 0].transpose(1, 2), A[:, :, 0]).unsqueeze(1)
+    return torch.einsum("btkp,btkd->bkpd", G, A)
+
+
+def _weighted_sum(G: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
+    """``sum_i G_i^T A_i`` over examples and positions, per group: (k, p, d)."""
+    if G.shape[2] == 1:
+        return torch.mm(G.reshape(-1, G.shape[3]).t(), A.reshape(-1, A.shape[3])).unsqueeze(0)
+    return torch.einsum("btkp,btkd->kpd", G, A)
+
+
 def dense(engine, name: str, A, G, *, weight: bool, bias: bool, sw=None, sb=None):
     """Squared per-example norms (B,) of the gradients of a grouped dense map and ``finish(c)`` ->
     ``(weight sum (k, p, d) or None, bias sum (k * p,) or None)``.
@@ -103,15 +118,12 @@ def dense(engine, name: str, A, G, *, weight: bool, bias: bool, sw=None, sb=None
             engine.record(name, "instantiate")
             step = max(1, _GRAM_CHUNK // (k * p * d))
             sq = sq + torch.cat(
-                [
-                    sq_norms(torch.einsum("btkp,btkd->bkpd", G[i : i + step], A[i : i + step]) * sw)
-                    for i in range(0, b, step)
-                ]
+                [sq_norms(_per_example(G[i : i + step], A[i : i + step]) * sw) for i in range(0, b, step)]
             )
         elif engine.path(name, T, d, p):
             sq = sq + gram_sq(_per_group(A), _per_group(G)).reshape(b, k).sum(1)
         else:
-            W = torch.einsum("btkp,btkd->bkpd", G, A)
+            W = _per_example(G, A)
             sq = sq + sq_norms(W)
             A = G = None  # the clipped sum needs only W: free the (unfolded) activations now
 
@@ -121,7 +133,7 @@ def dense(engine, name: str, A, G, *, weight: bool, bias: bool, sw=None, sb=None
             if W is not None:
                 ws = weighted(c, W)
             else:
-                ws = torch.einsum("btkp,btkd->kpd", G * c[:, None, None, None], A)
+                ws = _weighted_sum(G * c[:, None, None, None], A)
                 if sw is not None:
                     ws = ws * sw
         return ws, (c @ gb if gb is not None else None)
