@@ -235,7 +235,8 @@ _TABLES: tuple[tuple[str, ReportSpec], ...] = (
             "audit epsilon and mu-GDP lower bounds vs the claim, and the mechanism meter (sigma, sensitivity, q, "
             "noise correlation, post-processing): every private variant x mechanism x sampler, each clipping "
             "engine, and controls with what caught each",
-            "~5 min (127 one-run audits with their meters, 2 of them black-box CIFAR-10; 11 model-path meters)",
+            "~5 min (137 one-run audits, each white-box one with its meter: 11 through a model task and the real "
+            "clipping engines, 2 black-box CIFAR-10)",
         ),
     ),
     (
