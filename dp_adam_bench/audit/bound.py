@@ -229,7 +229,8 @@ def gdp_mu_lower_bound(m: int, r: int, v: int, significance: float = 0.05) -> fl
 def gdp_epsilon(mu: float, delta: float) -> float:
     """The epsilon at ``delta`` of mu-GDP (0 for mu = 0): how a mu lower bound reads as an epsilon. It is a lower
     bound on the run's epsilon at delta only if the run's privacy curve is a Gaussian one (exact for the
-    non-amplified Gaussian releases; the assumption of Nasr et al. 2023, arXiv:2302.07956, §5, for the others)."""
+    non-amplified Gaussian releases; for the others, the Gaussian-curve assumption under which Nasr et al. 2023,
+    arXiv:2302.07956, read their audits as epsilons)."""
     if mu <= 0:
         return 0.0
     from dp_adam_bench.privacy.accounting.gaussian import gaussian_epsilon
