@@ -85,7 +85,23 @@ def test_cli_runs_record_the_check_and_it_changes_no_result(isolated_dirs, tiny_
         train(compose_cfg([*base, "train.self_check.tolerance=nan"]))
 
 
-def test_cli_run_with_a_wrong_engine_stops_before_its_first_step(isolated_dirs, tiny_task, monkeypatch):
+def test_cli_run_with_a_wrong_engine_stops_before_its_run_folder(isolated_dirs, tiny_task, monkeypatch):
     _shrink_norms(monkeypatch)
     with pytest.raises(ConfigError, match="self-check"):
         train(compose_cfg(tiny_poisson("self_check_wrong", 3)))
+    runs = isolated_dirs / "runs" / "self_check_wrong"
+    assert not runs.exists() or not any(runs.iterdir())  # refused like a bad config: no run folder
+
+
+def test_an_engine_refusal_met_in_the_forward_is_one_config_error():
+    """ghost refuses a Linear on a 4-D input only when it sees one: during the self-check, as a ConfigError (one
+    line on the command line), before any run folder or noise."""
+    from torch import nn
+
+    from dp_adam_bench.engine.engines import build_engine
+
+    model = nn.Linear(3, 2)
+    eng = build_engine("ghost", model, lambda forward, batch: forward(batch["x"]).sum((1, 2, 3)))
+    with pytest.raises(ConfigError, match=r"train\.clipping=ghost: Linear '<root>' got a 4-D input"):
+        self_check(eng, {"x": torch.randn(2, 4, 5, 3)}, 1.0)
+    eng.close()

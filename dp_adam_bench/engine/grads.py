@@ -250,7 +250,7 @@ class GhostEngine(GradEngine):
         )
         self._calls: dict[str, int] | None = None  # calls per layer in the forward of _clipped_sum
         self._guards = [
-            m.register_forward_pre_hook(self._guard(name, m))
+            m.register_forward_pre_hook(self._guard(name or "<root>", m))
             for name, m in model.named_modules()
             if any(p.requires_grad for p in m.parameters(recurse=False))
         ]

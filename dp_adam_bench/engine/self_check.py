@@ -44,7 +44,12 @@ def self_check(engine, batch: dict, clip: float | None, tolerance: float = DEFAU
         for m in modes:
             m.training = keep and any(p.requires_grad for p in m.parameters(recurse=False))
         try:
-            got = engine.clipped_sum(batch, clip)
+            try:
+                got = engine.clipped_sum(batch, clip)
+            except ConfigError:
+                raise
+            except ValueError as err:  # an engine refusing what it met in the forward: one line, no traceback
+                raise ConfigError(str(err)) from err
             engine._hooks(False)
             try:
                 per_ex = loop_grads(model, engine.loss_per_example, engine.params, batch)

@@ -116,13 +116,7 @@ class PrivateTraining:
         self._batches = None
         if self._model_task:
             _seed_global_rng(ddp, seeds, None)
-        # the engine against the size-one loop on a few of the user's examples, before any noise is released
-        # (engine/self_check.py); {} for closed-form toy tasks, whose gradients come from the task itself
-        self.self_check = (
-            self.backend.self_check(run.population, self.clip, run.cfg.train.get("self_check"))
-            if self._model_task
-            else {}
-        )
+        self.self_check = run.self_check  # the engine's self-check, made by trainer.prepare before any noise
 
     # --- what the run is ------------------------------------------------------------------------------------------
     @property

@@ -24,7 +24,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -88,6 +88,7 @@ class Run:
     public: torch.Tensor | None
     ddp: distributed.DistContext
     schedule: LRSchedule  # the factor of optimizer.lr at each step (train.lr_schedule)
+    self_check: dict = field(default_factory=dict)  # the engine's self-check (model tasks)
 
 
 def build(cfg) -> Run:
@@ -141,10 +142,16 @@ def prepare(cfg, task) -> Run:
             cfg, len(population), variant, numel=backend.numel_per_trial, sampler_seed=seeds.sampler
         )
         schedule = build_schedule(cfg.train.get("lr_schedule"), cfg.train.get("lr_warmup_steps"), plan.steps)
+        # the engine against the size-one loop on a few of the user's examples (engine/self_check.py): before any
+        # run folder is written or noise released; {} for closed-form toy tasks, whose gradients are the task's
+        check = {}
+        if not vector:
+            clip = float(cfg.privacy.clip) if plan.noisy else None
+            check = backend.self_check(population, clip, cfg.train.get("self_check"))
     except Exception:
         backend.close()
         raise
-    return Run(cfg, task, backend, variant, plan, seeds, population, public, ddp, schedule)
+    return Run(cfg, task, backend, variant, plan, seeds, population, public, ddp, schedule, check)
 
 
 def _truncate_metrics(folder: Path, step: int) -> None:
