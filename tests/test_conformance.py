@@ -252,3 +252,19 @@ def test_bk_trains_a_transformer_encoder_through_make_private():
         finals[engine] = [p.detach() for p in model.parameters()]
     for a, b in zip(finals["bk"], finals["functorch"], strict=True):
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_bk_gives_back_a_plain_model_when_closed():
+    """bk swaps the forward of attention and of sequence-first transformer layers while it is attached; close()
+    restores them, and outside a recorded batch the model computes what it computed before."""
+    model = nn.TransformerEncoder(
+        nn.TransformerEncoderLayer(8, 2, 12, dropout=0.0, batch_first=False), 2, enable_nested_tensor=False
+    )
+    x = torch.randn(4, 3, 8)
+    before = model(x)
+    eng = BKEngine(model, lambda forward, batch: forward(batch["x"].transpose(0, 1)).sum((0, 2)))
+    assert all("forward" in m.__dict__ for m in model.modules() if isinstance(m, nn.MultiheadAttention))
+    assert torch.equal(model(x), before)  # not recording: the module's own forward
+    eng.close()
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    assert torch.equal(model(x), before)

@@ -141,24 +141,28 @@ def _forward(engine, layer, original, *args, **kwargs):
     return out, weights
 
 
-def install(engine, layer):
-    """Route ``layer.module``'s forward through :func:`_forward`; returns the function that restores it."""
-    m = layer.module
-    own = m.__dict__.get("forward")
-    original = m.forward
-
-    def forward(*args, **kwargs):
-        return _forward(engine, layer, original, *args, **kwargs)
-
-    m.forward = forward
+def _swap_forward(module: nn.Module, make):
+    """Give ``module`` the instance forward ``make(original)`` (``original``: its forward until now); returns the
+    function that restores it (the class's forward, or the instance forward it had)."""
+    own = module.__dict__.get("forward")
+    module.forward = make(module.forward)
 
     def restore():
         if own is None:
-            del m.forward
+            del module.forward
         else:
-            m.forward = own
+            module.forward = own
 
     return restore
+
+
+def install(engine, layer):
+    """Route ``layer.module``'s forward through :func:`_forward`; returns the function that restores it."""
+
+    def make(original):
+        return lambda *args, **kwargs: _forward(engine, layer, original, *args, **kwargs)
+
+    return _swap_forward(layer.module, make)
 
 
 @register(nn.MultiheadAttention, kind="attention", install=install)
@@ -232,32 +236,25 @@ def _batch_first_while_recording(engine, name, module):
         return None
     names = _LAYER_INPUTS[type(module)]
     signature = inspect.signature(type(module).forward)
-    own = module.__dict__.get("forward")
-    original = module.forward
 
-    def forward(*args, **kwargs):
-        if not engine.recording():
-            return original(*args, **kwargs)
-        bound = signature.bind(module, *args, **kwargs)
-        if bound.arguments[names[0]].dim() != 3:  # unbatched: no batch to find
-            return original(*args, **kwargs)
-        for n in names:
-            bound.arguments[n] = bound.arguments[n].transpose(0, 1)
-        for m in attns:
-            m.batch_first = True
-        try:
-            out = original(*bound.args[1:], **bound.kwargs)
-        finally:
+    def make(original):
+        def forward(*args, **kwargs):
+            if not engine.recording():
+                return original(*args, **kwargs)
+            bound = signature.bind(module, *args, **kwargs)
+            if bound.arguments[names[0]].dim() != 3:  # unbatched: no batch to find
+                return original(*args, **kwargs)
+            for n in names:
+                bound.arguments[n] = bound.arguments[n].transpose(0, 1)
             for m in attns:
-                m.batch_first = False
-        return out.transpose(0, 1)
+                m.batch_first = True
+            try:
+                out = original(*bound.args[1:], **bound.kwargs)
+            finally:
+                for m in attns:
+                    m.batch_first = False
+            return out.transpose(0, 1)
 
-    module.forward = forward
+        return forward
 
-    def restore():
-        if own is None:
-            del module.forward
-        else:
-            module.forward = own
-
-    return restore
+    return _swap_forward(module, make)
