@@ -158,7 +158,7 @@ def validate(cfg: Mapping, *, custom_task: bool = False) -> None:
         if key not in fields:
             raise ConfigError(
                 f"optimizer.{key}={value!r} is not a field of optimizer.name={opt['name']!r}; valid: "
-                f"{', '.join(sorted(fields))}"
+                f"{', '.join(sorted(fields))} (to switch variants, choose the group: optimizer=<name>)"
             )
         if value is None or (isinstance(value, str) and isinstance(fields[key], str)):
             continue  # null where the variant allows it (it says so); a string where its default is one

@@ -195,16 +195,24 @@ def test_an_override_hydra_cannot_compose_is_one_line_and_exit_2(
     assert sorted(p.name for p in isolated_dirs.iterdir()) == [], sorted(isolated_dirs.rglob("*"))
 
 
-def test_a_failed_run_leaves_no_hydra_folder(isolated_dirs, capsys, monkeypatch):
-    """Through Hydra's own main (the run folder check runs inside it): a refused run leaves no empty
+def test_a_failed_run_leaves_no_hydra_folder(isolated_dirs):
+    """Through the command line (Hydra's own main; a subprocess, as a user runs it): a refused run leaves no empty
     runs/_hydra/<time>/ folder, nor anything else."""
-    monkeypatch.chdir(isolated_dirs)
-    monkeypatch.setattr("sys.argv", ["dp_adam_bench.train", *TOY, "privacy.sigma=-1", "experiment_name=bad"])
-    with pytest.raises(SystemExit) as exc:
-        train_mod.cli()
-    assert exc.value.code == 2
-    assert "privacy.sigma=-1" in capsys.readouterr().err
+    out = _cli(isolated_dirs, [*TOY, "privacy.sigma=-1", "experiment_name=bad"])
+    assert out.returncode == 2 and "privacy.sigma=-1" in out.stderr, out.stderr
     assert sorted(p.name for p in isolated_dirs.iterdir()) == [], sorted(isolated_dirs.rglob("*"))
+
+
+def _cli(cwd, overrides: list[str]):
+    import os
+    import subprocess
+    import sys
+
+    from dp_adam_bench.paths import REPO_ROOT
+
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "DP_ADAM_BENCH_PROGRESS": "lines"}
+    cmd = [sys.executable, "-m", "dp_adam_bench.train", *overrides]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False)
 
 
 def test_cuda_device_without_cuda_is_refused(isolated_dirs, capsys, monkeypatch):
@@ -252,13 +260,10 @@ def test_divergence_note_rules():
     assert divergence_note({"test_accuracy": 1e9}, {"test_accuracy": 1.0}, ok) is None  # not a loss
 
 
-def test_privacy_fields_of_a_non_private_run_are_said_to_be_ignored(isolated_dirs, capsys, monkeypatch):
-    monkeypatch.chdir(isolated_dirs)
-    argv = [*TOY, "noise=none", "privacy.sigma=5", "logger.wandb.mode=disabled", "train.log_every=1000"]
-    monkeypatch.setattr("sys.argv", ["dp_adam_bench.train", *argv])
-    train_mod.cli()
-    err = capsys.readouterr().err
-    assert "note: privacy.sigma=5 is ignored: noise=none trains without noise or clipping" in err
+def test_privacy_fields_of_a_non_private_run_are_said_to_be_ignored(isolated_dirs):
+    out = _cli(isolated_dirs, [*TOY, "noise=none", "privacy.sigma=5", "logger.wandb.mode=disabled"])
+    assert out.returncode == 0, out.stderr
+    assert "note: privacy.sigma=5 is ignored: noise=none trains without noise or clipping" in out.stderr
     assert train_mod.ignored_overrides(compose_cfg([*TOY, "privacy.sigma=5"]), ["privacy.sigma=5"]) == []
 
 
