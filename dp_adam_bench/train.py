@@ -119,9 +119,30 @@ def train(cfg: DictConfig) -> dict | None:
         wb.finish()
         folder.close()
     log.info("run %s: %s", folder.path, summary["metrics"])
+    if summary.get("guarantee"):
+        print(guarantee_line(summary["guarantee"]), file=sys.stderr)
     if summary.get("diverged"):
         print(f"warning: {folder.path.name} {summary['diverged']}", file=sys.stderr)
     return summary
+
+
+def guarantee_line(g: dict) -> str:
+    """``epsilon (rdp) = 4.729 at delta = 1e-05; privacy.epsilon_budget = 4.5 held under exact_gaussian (4.377)``: the
+    run's epsilon named by its accountant, and the accountant of its budget or target (summary["guarantee"])."""
+    eps = g.get("epsilon")
+    text = (
+        f"epsilon ({g['accountant']}) = {eps:.4g}"
+        if eps is not None
+        else f"epsilon ({g['accountant']}) failed"
+    )
+    text += f" at delta = {g['delta']:g}"
+    exact = g.get("exact_gaussian_epsilon")
+    for field, key in (("epsilon_budget", "budget_accountant"), ("target_epsilon", "target_accountant")):
+        if g.get(field) is not None:
+            acc = g[key]
+            value = f" ({exact:.4g})" if acc == "exact_gaussian" and exact is not None else ""
+            text += f"; privacy.{field} = {g[field]:g} met under {acc}{value}"
+    return text
 
 
 def _skip(ddp, complete: bool, root, name: str, rid: str) -> bool:

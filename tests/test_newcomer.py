@@ -41,6 +41,22 @@ def test_a_budget_held_exactly_says_so_in_the_summary(isolated_dirs):
     assert any("epsilon_budget = 4.5 holds" in n and "exact_gaussian" in n for n in summary["privacy_notes"])
 
 
+def test_the_command_line_prints_the_guarantee_with_its_accountants():
+    g = {"accountant": "rdp", "epsilon": 4.7285, "delta": 1e-5, "exact_gaussian_epsilon": 4.3772}
+    budget = {**g, "epsilon_budget": 4.5, "budget_accountant": "exact_gaussian"}
+    assert train_mod.guarantee_line(budget) == (
+        "epsilon (rdp) = 4.729 at delta = 1e-05; privacy.epsilon_budget = 4.5 met under exact_gaussian (4.377)"
+    )
+    target = {
+        "accountant": "prv",
+        "epsilon": 3.0,
+        "delta": 1e-5,
+        "target_epsilon": 3,
+        "target_accountant": "prv",
+    }
+    assert train_mod.guarantee_line(target).endswith("privacy.target_epsilon = 3 met under prv")
+
+
 def test_a_poisson_budget_is_enforced_by_the_runs_accountant(isolated_dirs):
     over = ["noise=independent", "train.sampler=poisson", "train.batch_size=5", "train.steps=200"]
     summary = train_mod.train(compose_cfg([*TOY, *over, "privacy.sigma=2", "privacy.epsilon_budget=3"]))
