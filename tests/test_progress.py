@@ -53,14 +53,22 @@ def test_off_a_terminal_a_line_at_least_every_30_s_whatever_log_every_says(monke
     monkeypatch.setattr(progress.time, "time", lambda: clock[0])
     monkeypatch.setenv("DP_ADAM_BENCH_PROGRESS", "lines")
     asked = []
-    bar = progress.Progress(
-        1000, enabled=True, what="slow", epsilon=lambda: asked.append(1) or {"epsilon": 1.5}, accountant="prv"
-    )
-    with caplog.at_level(logging.INFO, logger="dp_adam_bench.progress"):
+    with caplog.at_level(
+        logging.INFO, logger="dp_adam_bench.progress"
+    ):  # the start line too, in any test order
+        bar = progress.Progress(
+            1000,
+            enabled=True,
+            what="slow",
+            epsilon=lambda: asked.append(1) or {"epsilon": 1.5},
+            accountant="prv",
+        )
         for step in range(1, 21):
             clock[0] = 7.0 * step  # 7 s a step
             bar.update(step, {}, logged=step % 100 == 0)
     lines = [r.getMessage() for r in caplog.records if r.name == "dp_adam_bench.progress"]
+    assert "training starts" in lines[0]  # the line at step 0, then one every 30 s
+    lines = lines[1:]
     assert [ln.split()[2] for ln in lines] == ["5/1000", "10/1000", "15/1000", "20/1000"]  # 35 s apart
     assert all("ETA" in ln and "epsilon (prv)=1.5" in ln for ln in lines)
     assert "ETA 6965 s" in lines[0]  # 35 s for 5 steps, 995 to go

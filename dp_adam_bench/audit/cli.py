@@ -46,6 +46,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from dp_adam_bench.audit.controls import CONTROLS
+    from dp_adam_bench.audit.meter import meter_config
     from dp_adam_bench.audit.whitebox import audit_config, compose_config
 
     if args.list_controls:
@@ -79,7 +80,7 @@ def run(args) -> int:
         control=control,
         control_name=args.control,
         confidence=args.confidence,
-        meter=args.meter,
+        meter=meter_config if args.meter else None,
     )
     print(result.describe())
     return 0 if result.verdict in ("consistent", "caught") else 1

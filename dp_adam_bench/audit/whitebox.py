@@ -473,11 +473,12 @@ def audit_config(
     control=None,
     control_name: str | None = None,
     confidence: float = 0.95,
-    meter: bool = False,
+    meter=None,
 ) -> AuditResult:
     """Audit the config ``cfg`` (validated) with ``canaries`` white-box canaries; ``control``: a
     :class:`~dp_adam_bench.audit.controls.Control` whose privatizer (sampler, variant) replaces the trainer's;
-    ``meter``: also run the mechanism meter (:mod:`dp_adam_bench.audit.meter`) on the same config and control."""
+    ``meter``: also run this mechanism meter on the same config and control
+    (:func:`dp_adam_bench.audit.meter.meter_config`, passed in: the meter imports this module, not the reverse)."""
     from dp_adam_bench.engine import trainer
     from dp_adam_bench.optim.registry import VARIANTS
 
@@ -531,11 +532,7 @@ def audit_config(
     tests, most = judge(
         theta, included, float(plan.delta), confidence, seed, eligible, strategy, released, scaled
     )
-    metered = None
-    if meter:
-        from dp_adam_bench.audit.meter import meter_config
-
-        metered = meter_config(cfg, n=n, control=control, control_name=control_name)
+    metered = meter(cfg, n=n, control=control, control_name=control_name) if meter is not None else None
     return AuditResult.of_run(
         run,
         summary,

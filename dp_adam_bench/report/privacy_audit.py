@@ -211,6 +211,7 @@ def audit_rows(rows, controls, canaries: int = CANARIES, background: int = BACKG
     """The :class:`~dp_adam_bench.audit.whitebox.AuditResult` of each honest row the engine accepts and of each
     named control; and, for the rows it refuses, its reason."""
     from dp_adam_bench.audit.controls import CONTROLS
+    from dp_adam_bench.audit.meter import meter_config
     from dp_adam_bench.audit.whitebox import audit_config, compose_config
     from dp_adam_bench.errors import ConfigError
 
@@ -219,7 +220,9 @@ def audit_rows(rows, controls, canaries: int = CANARIES, background: int = BACKG
         t0 = time.time()
         try:
             cfg = compose_config(overrides(variant, noise, sampler, canaries + background))
-            results.append(audit_config(cfg, canaries=canaries, background=background, seed=seed, meter=True))
+            results.append(
+                audit_config(cfg, canaries=canaries, background=background, seed=seed, meter=meter_config)
+            )
         except ConfigError as err:
             why = re.sub(r"'[^']*'", "...", str(err)).split(";")[0]  # names out: one reason, many rows
             why = re.split(r"(?<!\.)\. (?=[A-Z])", re.sub(rf"\b{re.escape(noise)}\b", "<noise>", why))[0]
@@ -239,7 +242,7 @@ def audit_rows(rows, controls, canaries: int = CANARIES, background: int = BACKG
                 seed=seed,
                 control=c,
                 control_name=name,
-                meter=True,
+                meter=meter_config,
             )
         )
     return results, refused
