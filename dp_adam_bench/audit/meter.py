@@ -46,9 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -500,7 +498,7 @@ def meter_config(
 ) -> MeterResult:
     """Meter the mechanism of config ``cfg`` (validated) on a :class:`MeterTask` of ``n`` examples; ``control``: a
     :class:`~dp_adam_bench.audit.controls.Control` (its broken privatizer, sampler or variant replace the run's)."""
-    from dp_adam_bench.audit.whitebox import AUDIT_OVERRIDES, eligible_steps
+    from dp_adam_bench.audit.whitebox import AUDIT_OVERRIDES, run_controlled
     from dp_adam_bench.engine import trainer
     from dp_adam_bench.optim.registry import VARIANTS
     from dp_adam_bench.privacy.noise_factory import NOISE
@@ -520,18 +518,12 @@ def meter_config(
     task = MeterTask(n, clip, trials)
     run = trainer.prepare(cfg, task)
     run.backend.close()
-    if control is not None:
-        run = control.apply_to_run(run, cfg)
     backend = MeterBackend(task, control)
-    plan = run.plan
     population = run.population.numpy()
-    eligible = eligible_steps(plan.sampler, np.arange(len(population)), plan.steps)  # (steps, positions)
-    honest_sampler = plan.sampler
-    if control is not None:
-        plan = dataclasses.replace(plan, sampler=control.wrap_sampler(plan.sampler))
-    run = dataclasses.replace(run, backend=backend, plan=plan)
-    with tempfile.TemporaryDirectory(prefix="dp-adam-bench-meter-") as folder:
-        trainer.run(cfg, Path(folder), lambda step, metrics: None, prepared=run)
+    run, _, honest_sampler, eligible = run_controlled(  # eligible: (steps, positions)
+        cfg, run, control, lambda run: backend, np.arange(len(population)), prefix="dp-adam-bench-meter-"
+    )
+    plan = run.plan
     recs = backend.records
     T = len(recs)
     B = float(honest_sampler.expected_batch_size)
@@ -758,7 +750,7 @@ def meter_model(
     the model's flattened parameters (its bias among them), and the sampling checks. One trial (a model), so the
     stated power is the run's own. ``self_check``: keep the trainer's start-up comparison of the engine with the
     size-one loop (``train.self_check``; off by default, so that the meter measures the engine on its own)."""
-    from dp_adam_bench.audit.whitebox import AUDIT_OVERRIDES, eligible_steps
+    from dp_adam_bench.audit.whitebox import AUDIT_OVERRIDES, run_controlled
     from dp_adam_bench.engine import trainer
 
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
@@ -768,18 +760,16 @@ def meter_model(
     clip = float(cfg.privacy.clip)
     task = ModelMeterTask(n, clip)
     run = trainer.prepare(cfg, task)
-    if control is not None:
-        run = control.apply_to_run(run, cfg)
-    backend = ModelRecorder(run.backend, control)
-    plan = run.plan
     population = run.population.numpy()
-    eligible = eligible_steps(plan.sampler, np.arange(len(population)), plan.steps)
-    honest_sampler = plan.sampler
-    if control is not None:
-        plan = dataclasses.replace(plan, sampler=control.wrap_sampler(plan.sampler))
-    run = dataclasses.replace(run, backend=backend, plan=plan)
-    with tempfile.TemporaryDirectory(prefix="dp-adam-bench-meter-") as folder:
-        trainer.run(cfg, Path(folder), lambda step, metrics: None, prepared=run)
+    run, _, honest_sampler, eligible = run_controlled(
+        cfg,
+        run,
+        control,
+        lambda run: ModelRecorder(run.backend, control),
+        np.arange(len(population)),
+        prefix="dp-adam-bench-meter-",
+    )
+    backend, plan = run.backend, run.plan
     recs = backend.records
     B = float(honest_sampler.expected_batch_size)
     checks_count = 6
@@ -836,7 +826,7 @@ def audit_model(
     weight W[0, 1 + i] outright (no shared weight; the bias b[0] is shared), in with probability 1/2 (excluded: a
     zero loss, so a zero gradient), trajectories and releases read from the recorded steps. ``meter``: attach
     :func:`meter_model` of the same config (its own task, with the shared coordinate) to the result."""
-    from dp_adam_bench.audit.whitebox import AUDIT_OVERRIDES, AuditResult, eligible_steps, judge
+    from dp_adam_bench.audit.whitebox import AUDIT_OVERRIDES, AuditResult, judge, run_controlled
     from dp_adam_bench.engine import trainer
 
     raw = cfg
@@ -848,21 +838,16 @@ def audit_model(
     included = np.random.default_rng([int(seed), 12]).random(n) < 0.5
     task = ModelMeterTask(n, float(cfg.privacy.clip), shared=0.0, included=included)
     run = trainer.prepare(cfg, task)
-    if control is not None:
-        run = control.apply_to_run(run, cfg)
-    backend = ModelRecorder(run.backend, control)
-    plan = run.plan
     population = run.population.numpy()
     if len(population) != n:
+        run.backend.close()
         raise ConfigError("the model-path audit holds no public examples out (side-information variants)")
     positions = np.empty(n, dtype=np.int64)
     positions[population] = np.arange(n)  # canary i (dataset index i) at this position of the sampler
-    eligible = eligible_steps(plan.sampler, positions, plan.steps)
-    if control is not None:
-        plan = dataclasses.replace(plan, sampler=control.wrap_sampler(plan.sampler))
-    run = dataclasses.replace(run, backend=backend, plan=plan)
-    with tempfile.TemporaryDirectory(prefix="dp-adam-bench-audit-") as folder:
-        summary = trainer.run(cfg, Path(folder), lambda step, metrics: None, prepared=run)
+    run, summary, _, eligible = run_controlled(
+        cfg, run, control, lambda run: ModelRecorder(run.backend, control), positions
+    )
+    backend, plan = run.backend, run.plan
     weights = [b[0][0, 1:].double() for b in backend.params_before]
     weights.append(backend.inner.params[0][0, 1:].detach().double())
     theta = torch.stack(weights).numpy()

@@ -454,6 +454,28 @@ def judge(
     return tests, max_epsilon(m, r_max, delta, level)
 
 
+def run_controlled(cfg, run, control, make_backend, positions, prefix: str = "dp-adam-bench-audit-"):
+    """Train ``run`` (made by ``trainer.prepare``) with a recording backend and, if given, a control applied: its
+    variant and plan (``control.apply_to_run``), then its sampler wrapped around the honest one. ``make_backend(run)``
+    gives the backend (after the control, so it may wrap ``run.backend``); the run folder is a temporary one.
+    Returns (the run as trained, its summary, the honest sampler, and for each of ``positions`` the steps the honest
+    sampler made it eligible in, as :func:`eligible_steps`)."""
+    from dp_adam_bench.engine import trainer
+
+    if control is not None:  # a broken variant, and the plan built for it
+        run = control.apply_to_run(run, cfg)
+    backend = make_backend(run)
+    plan = run.plan
+    honest = plan.sampler
+    eligible = eligible_steps(honest, positions, plan.steps)  # the honest sampler's, before any draw
+    if control is not None:
+        plan = dataclasses.replace(plan, sampler=control.wrap_sampler(honest))
+    run = dataclasses.replace(run, backend=backend, plan=plan)
+    with tempfile.TemporaryDirectory(prefix=prefix) as folder:
+        summary = trainer.run(cfg, Path(folder), lambda step, metrics: None, prepared=run)
+    return run, summary, honest, eligible
+
+
 AUDIT_OVERRIDES = {
     "train.log_every": 10**9,  # evaluate once, at the end
     "train.eval_every": 0,
@@ -512,16 +534,9 @@ def audit_config(
     task = CanaryTask(n, slots, included, float(cfg.privacy.clip), seed=int(seed))
     run = trainer.prepare(cfg, task)
     run.backend.close()
-    if control is not None:  # a broken variant, and the plan built for it
-        run = control.apply_to_run(run, cfg)
     backend = AuditBackend(task, control)
+    run, summary, _, eligible = run_controlled(cfg, run, control, lambda run: backend, positions)
     plan = run.plan
-    eligible = eligible_steps(plan.sampler, positions, plan.steps)  # the honest sampler's, before any draw
-    if control is not None:
-        plan = dataclasses.replace(plan, sampler=control.wrap_sampler(plan.sampler))
-    run = dataclasses.replace(run, backend=backend, plan=plan)
-    with tempfile.TemporaryDirectory(prefix="dp-adam-bench-audit-") as folder:
-        summary = trainer.run(cfg, Path(folder), lambda step, metrics: None, prepared=run)
     backend.observe()  # the final parameters
     theta = torch.stack(backend.trajectory).numpy()
     if theta.shape[0] - 1 != plan.steps:
