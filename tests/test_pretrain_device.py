@@ -11,36 +11,22 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from test_pretrain import ABSTRACTS, TOKENIZER
+from test_pretrain import TINY as TINY_PRETRAIN
 
 from dp_adam_bench import pretrain
 from dp_adam_bench.errors import ConfigError
-from dp_adam_bench.paths import REPO_ROOT, shared_data_dir
+from dp_adam_bench.paths import REPO_ROOT
 from dp_adam_bench.pretrain import gpt2_clm, mlm_head
 from dp_adam_bench.pretrain.common import resolve_device
 
 from helpers import first_abstracts
 
-ABSTRACTS = shared_data_dir() / "arxiv_abstracts" / "arxiv_abstracts.jsonl.gz"
-TOKENIZER = shared_data_dir() / "gpt2_tokenizer"
 needs_data = pytest.mark.skipif(
     not (ABSTRACTS.is_file() and TOKENIZER.is_dir()),
     reason="needs the offline arXiv abstracts and GPT-2 tokenizer",
 )
-TINY = {
-    "n_layer": 1,
-    "n_embd": 16,
-    "n_head": 2,
-    "n_positions": 256,
-    "block_size": 16,
-    "batch_size": 4,
-    "steps": 6,
-    "warmup_steps": 1,
-    "log_every": 2,
-    "eval_every": 0,
-    "checkpoint_every": 0,
-    "val_blocks": 4,
-    "wandb": {"mode": "disabled"},
-}
+TINY = TINY_PRETRAIN | {"log_every": 2, "eval_every": 0, "checkpoint_every": 0}
 AUTO = "cuda:0" if torch.cuda.is_available() else "cpu"
 
 
