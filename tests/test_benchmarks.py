@@ -1,4 +1,5 @@
-"""The benchmark scripts: bench_engines.py end to end on a tiny configuration, run_all.py's README writer."""
+"""The benchmark scripts: bench_engines.py end to end on a tiny configuration, run_all.py and the README writer
+(benchmarks/report/)."""
 
 import json
 import os
@@ -14,6 +15,9 @@ sys.path.insert(0, str(BENCH_DIR))
 
 import bench_engines  # noqa: E402
 import run_all  # noqa: E402
+from report import profiles, registry  # noqa: E402
+from report.provenance import record_provenance  # noqa: E402
+from report.readme import render_readme, write_readme  # noqa: E402
 
 REQUIRED = [
     "model",
@@ -133,11 +137,11 @@ def _target(readme: str, target: str, config: str) -> str:
 
 def test_readme_from_fake_csvs(tmp_path):
     _fake_csvs(tmp_path)
-    run_all.record_provenance(tmp_path, "results_engines.csv", "python benchmarks/bench_engines.py", 12.3)
-    path = run_all.write_readme(tmp_path, tmp_path / "README.md")
+    record_provenance(tmp_path, "results_engines.csv", "python benchmarks/bench_engines.py", 12.3)
+    path = write_readme(tmp_path, tmp_path / "README.md")
     readme = path.read_text()
 
-    for b in run_all.BENCHES.values():
+    for b in registry.BENCHES.values():
         assert f"## {b.title}: `{b.csv}`" in readme
     assert "make bench" in readme and "python benchmarks/run_all.py --quick" in readme
     assert "Fake CPU 9000" in readme
@@ -174,7 +178,7 @@ def test_readme_from_fake_csvs(tmp_path):
 def test_readme_says_what_is_not_measured(tmp_path):
     _fake_csvs(tmp_path)
     (tmp_path / "results_noise.csv").unlink()
-    readme = run_all.render_readme(tmp_path)
+    readme = render_readme(tmp_path)
     assert "Not measured yet: run `python benchmarks/bench_noise.py`" in readme
     assert _target(readme, "BandMF", "results_noise.csv") == "not measured yet"
     assert _target(readme, "BLT", "results_noise.csv") == "not measured yet"
@@ -183,16 +187,15 @@ def test_readme_says_what_is_not_measured(tmp_path):
     _fake_csvs(tmp_path)
     df = pd.read_csv(tmp_path / "results_engines.csv")
     df[df["model"] == "cnn5"].to_csv(tmp_path / "results_engines.csv", index=False)
-    readme = run_all.render_readme(tmp_path)
+    readme = render_readme(tmp_path)
     assert _target(readme, "BandMF", "results_noise.csv").startswith("not measured yet")
 
     for f in tmp_path.glob("results_*.csv"):
         f.unlink()
-    readme = run_all.render_readme(tmp_path)
-    assert readme.count("Not measured yet: run") == len(run_all.BENCHES)
-    verdicts = [
-        ln.rsplit("|", 2)[1].strip() for ln in readme.split("## Targets")[1].splitlines() if "| " in ln
-    ]
+    readme = render_readme(tmp_path)
+    assert readme.count("Not measured yet: run") == len(registry.default_benches())
+    targets = readme.split("## Targets")[1].split("\n## ")[0]
+    verdicts = [ln.rsplit("|", 2)[1].strip() for ln in targets.splitlines() if "| " in ln]
     assert verdicts[0] == "verdict" and len(verdicts) > 5
     assert all(v == "not measured yet" for v in verdicts[1:])
 
@@ -202,7 +205,7 @@ def test_quick_rows_are_flagged(tmp_path):
     df = pd.read_csv(tmp_path / "results_engines.csv")
     df["steps"] = 2
     df.to_csv(tmp_path / "results_engines.csv", index=False)
-    readme = run_all.render_readme(tmp_path)
+    readme = render_readme(tmp_path)
     assert "--quick` runs" in readme
     assert _target(readme, "DP step / non-private", "cnn5, B=256").startswith("QUICK RUN, not representative")
     # accounting rows are not engine rows
@@ -325,12 +328,12 @@ def test_profile_step_writes_its_file(tmp_path, one_thread):
     assert profile_step.profile_name("m", 8, "stp", "hooks") == "m_B8_stp-hooks"
     assert profile_step.profile_name("m", 8, "stp", "bk") == "m_B8_stp"
     # the README lists it with its summary
-    section = "\n".join(run_all.profiles_section(tmp_path.parent / "x"))
+    section = "\n".join(profiles.profiles_section(tmp_path.parent / "x"))
     assert "No profiles yet" in section
     (tmp_path / "profiles").mkdir()
     for f in tmp_path.glob("gpt2_small_B2_*"):
         f.rename(tmp_path / "profiles" / f.name)
-    section = "\n".join(run_all.profiles_section(tmp_path))
+    section = "\n".join(profiles.profiles_section(tmp_path))
     assert "[`profiles/gpt2_small_B2_bk.txt`](profiles/gpt2_small_B2_bk.txt) (QUICK" in section
     assert info["summary"] in section
 
@@ -361,7 +364,7 @@ def test_ratio_table_and_misses(tmp_path):
     _fake_csvs(tmp_path)
     df = pd.concat([pd.read_csv(tmp_path / "results_engines.csv"), pd.DataFrame(_lm_rows())])
     df.to_csv(tmp_path / "results_engines.csv", index=False)
-    readme = run_all.render_readme(tmp_path)
+    readme = render_readme(tmp_path)
     table = readme.split("## DP step against non-private")[1].split("## Profiles")[0]
     row = next(ln for ln in table.splitlines() if ln.startswith("| GPT-2-small-shaped (`gpt2_small`) | 8 |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
@@ -380,7 +383,7 @@ def test_ratio_table_and_misses(tmp_path):
     assert "| gpt2_small, B=32 (outside the issue's table) |" in readme
 
     eng = pd.read_csv(tmp_path / "results_engines.csv")
-    got = [(m["model"], m["batch_size"], m["mode"], m["engine"]) for m in run_all.misses(eng)]
+    got = [(m["model"], m["batch_size"], m["mode"], m["engine"]) for m in profiles.misses(eng)]
     assert all(mode in ("nonprivate", "bk", "stp") for _, _, mode, _ in got)
     assert ("cnn5", 256, "stp", "functorch") not in got  # stp off bk is a comparison, not profiled
     # only ours is profiled (bk, stp via bk); Opacus' modes are the comparison
@@ -402,7 +405,7 @@ def test_run_all_presets_merge_into_out_dir(tmp_path, monkeypatch):
 
     monkeypatch.setattr(run_all.subprocess, "run", fake_run)
     assert run_all.run_bench("engines", False, tmp_path)
-    names = [p.name for p in run_all.ENGINE_PRESETS]
+    names = [p.name for p in registry.ENGINE_PRESETS]
     assert len(calls) == len(names) and "--merge" not in calls[0]
     assert all("--merge" in c for c in calls[1:])
     assert all(c[c.index("--out") + 1] == str(tmp_path / "results_engines.csv") for c in calls)

@@ -1,0 +1,129 @@
+"""The benchmarks: one script and one CSV each, with the presets of a full run and the arguments of a quick one.
+
+``run_all.py`` runs them from here and the README lists them from here. A benchmark with ``default=False`` is
+left out of a plain ``run_all.py`` / ``make bench`` and only runs when named (``--only NAME``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parents[1]
+REPO_ROOT = BENCH_DIR.parent
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One named invocation of a benchmark script (arguments after the script name)."""
+
+    name: str
+    args: tuple[str, ...]
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Bench:
+    script: str
+    csv: str
+    title: str
+    what: str
+    quick_args: tuple[str, ...]
+    # the invocations of a full run, in order; the first replaces the CSV, the others are merged into it
+    presets: tuple[Preset, ...] = (Preset("default", ()),)
+    merges: bool = False  # whether the script takes --merge (needed by every preset after the first)
+    default: bool = True  # run by a plain run_all.py (False: only with --only NAME)
+
+
+_LM = ("bert_tiny", "bert_tiny_mlm", "gpt2_small")
+#: the engine benchmark of a full run (``--presets NAME ...`` runs some of them, merged into the existing CSV)
+ENGINE_PRESETS = (
+    Preset(
+        "cnn5", ("--stp-engines", "bk", "hooks"), "CNN5 at B = 256 and 2048, every mode, stp via bk and hooks"
+    ),
+    Preset(
+        "bert_tiny",
+        ("--models", "bert_tiny", "--batch-sizes", "32", "256", "--stp-engines", "bk", "hooks"),
+        "BERT-tiny classifier, T = 128, B = 32 and 256, every mode, stp via bk and hooks",
+    ),
+    Preset(
+        "bert_tiny_mlm",
+        ("--models", "bert_tiny_mlm", "--batch-sizes", "32", "256"),
+        "BERT-tiny MLM, T = 128, B = 32 and 256, every mode it runs (no functorch), stp via bk",
+    ),
+    Preset(
+        "bert_tiny_mlm_stp_hooks",
+        ("--models", "bert_tiny_mlm", "--batch-sizes", "32", "--modes", "stp", "--stp-engines", "hooks"),
+        "stp via Opacus hooks for comparison, B = 32 only (at B = 256 the per-example gradients and their scaled "
+        "copy take about 17 GB)",
+    ),
+    Preset(
+        "gpt2_small_B8",
+        ("--models", "gpt2_small", "--batch-sizes", "8"),
+        "GPT-2-small-shaped, T = 128, B = 8 (the issue's target), every mode it runs (no functorch), stp via bk",
+    ),
+    Preset(
+        "gpt2_small_B8_stp_hooks",
+        ("--models", "gpt2_small", "--batch-sizes", "8", "--modes", "stp", "--stp-engines", "hooks"),
+        "stp via Opacus hooks for comparison (about 17 GB peak: 8 x 163M per-example gradients and their scaled "
+        "copy)",
+    ),
+    Preset(
+        "gpt2_small_B32",
+        ("--models", "gpt2_small", "--batch-sizes", "32", "--modes", "nonprivate", "ghost", "stp"),
+        "GPT-2-small-shaped, B = 32 (issue A), whole batch: non-private, Opacus ghost, stp via bk",
+    ),
+    Preset(
+        "gpt2_small_B32_micro8",
+        (
+            *("--models", "gpt2_small", "--batch-sizes", "32", "--modes", "bk", "hooks"),
+            *("--physical-batch-size", "8"),
+        ),
+        "GPT-2-small-shaped, B = 32 in 4 micro-batches of 8 for bk and Opacus hooks: on the whole batch they would "
+        "hold per-example gradients of 32 x 124M (bk: every Linear layer, kept until the clip factors are known) "
+        "or 32 x 163M (hooks) floats, 16-21 GB, more than this machine's 23 GB with the rest of the step",
+    ),
+)
+
+BENCHES = {
+    "accounting": Bench(
+        "bench_accounting.py",
+        "results_accounting.csv",
+        "Sigma calibration (accounting)",
+        "wall time of calibrating sigma for eps = 8, delta = 1e-5 per accountant and setting, with cold caches "
+        "(median and min over repeats), and of one epsilon evaluation at the calibrated sigma",
+        ("--repeats", "1"),
+    ),
+    "noise": Bench(
+        "bench_noise.py",
+        "results_noise.csv",
+        "Noise generation per step",
+        "median wall time of one step of noise (independent, BandMF b = 128, BLT with 4 buffers) for d = 4.4M "
+        "(TinyBERT-sized) and d = 124M (GPT-2-sized), and the peak RSS of a process doing only that",
+        ("--warmup", "1", "--repeats", "5"),
+    ),
+    "fig2": Bench(
+        "bench_fig2.py",
+        "results_fig2.csv",
+        "Fig. 2 table end to end",
+        "wall time of the whole Ganesh et al. Fig. 2 table (the 91-run sweep and its report, 30 vectorised trials "
+        "per run) in a fresh run store, with W&B disabled and offline",
+        ("--quick",),
+    ),
+    "engines": Bench(
+        "bench_engines.py",
+        "results_engines.csv",
+        "Training step per clipping engine",
+        "median wall time and peak RSS of one full training step (forward, per-example clipping, sum, noise, "
+        "optimizer update) per clipping engine and for scale-then-privatize, against a non-private "
+        "forward/backward/torch.optim.Adam step, each configuration in its own process",
+        ("--quick", "--models", "cnn5", *_LM, "--stp-engines", "bk", "hooks"),
+        ENGINE_PRESETS,
+        merges=True,
+    ),
+}
+
+
+def default_benches() -> dict[str, Bench]:
+    """The benchmarks of a plain ``run_all.py`` / ``make bench`` (the CPU ones), in order."""
+    return {k: b for k, b in BENCHES.items() if b.default}
