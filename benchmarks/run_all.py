@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/run_all.py --quick --out-dir /tmp/bench   # smoke test, committed files untouched
     .venv/bin/python benchmarks/run_all.py --only engines
     .venv/bin/python benchmarks/run_all.py --only engines --presets gpt2_small_B8   # named engine presets, merged
+    .venv/bin/python benchmarks/run_all.py --only gpu    # the GPU benchmark (CUDA only; = make bench-gpu + README)
     .venv/bin/python benchmarks/run_all.py --profiles-only   # profile the misses of the current CSV
     .venv/bin/python benchmarks/run_all.py --readme-only
 
@@ -12,7 +13,8 @@ engine benchmark is a list of named presets (``ENGINE_PRESETS``: CNN5, BERT-tiny
 256, GPT-2-small-shaped at B = 8 and 32), merged into one CSV; after it, ``profile_step.py`` profiles every
 (model, B, mode) of the issue's target table that misses its target (``profiles/``, non-private first as the
 reference). A full run takes about an hour on 2 idle cores (estimated from single steps; GPT-2 at B = 32 is
-about half of it) and needs about 17 GB of free memory at its peak (stp via Opacus hooks on GPT-2, B = 8).
+about half of it) and needs about 17 GB of free memory at its peak (stp via Opacus hooks on GPT-2, B = 8). The
+GPU benchmark (``bench_gpu.py``) is not part of a full run: only ``--only gpu`` runs it.
 
 Each successful run is recorded in ``results_provenance.json`` (command, BENCH_THREADS, finish time, wall time,
 sha256 of the CSV); the README names the command and time of each table from it, or says that they were not
@@ -153,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
         "--only",
         nargs="+",
         choices=list(BENCHES),
-        help="run only these benchmarks (default: all but those marked default=False in report/registry.py)",
+        help="run only these benchmarks (default: all but gpu, which only runs when named here)",
     )
     parser.add_argument(
         "--presets",

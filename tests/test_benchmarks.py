@@ -437,3 +437,113 @@ def test_run_profiles_profiles_the_misses_and_drops_stale_files(tmp_path, monkey
     assert sorted(f.name for f in folder.iterdir()) == [
         "gpt2_small_B8_keep.txt"
     ]  # only pairs in scope dropped
+
+
+# ------------------------------------------------------------------------------------------------------ GPU
+
+
+def _gpu_rows(model, b, precision, ms, gib, physical=None):
+    """results_gpu.csv rows of one (model, B, precision): ``ms`` / ``gib`` per mode, ratios to nonprivate."""
+    return [
+        {
+            "model": model,
+            "batch_size": b,
+            "physical_batch_size": physical or b,
+            "mode": mode,
+            "precision": precision,
+            "median_step_ms": ms[mode],
+            "ratio_to_nonprivate": ms[mode] / ms["nonprivate"],
+            "peak_mem_gib": gib[mode],
+            "ratio_mem_to_nonprivate": gib[mode] / gib["nonprivate"],
+            "device": "cuda",
+            "device_name": "Fake GPU 80GB",
+            "torch_version": "2.13.0+cu128",
+            "cuda_version": "12.8",
+            "opacus_version": "1.6.0",
+            "date": "2026-11-23T00:00:00+00:00",
+            "warmup": 3,
+            "steps": 20,
+            "notes": "",
+        }
+        for mode in ms
+    ]
+
+
+def _gpu_section(readme: str) -> str:
+    return readme.split("## GPU training step per mode: `results_gpu.csv`")[1]
+
+
+def test_readme_gpu_section_without_a_gpu_run(tmp_path):
+    _fake_csvs(tmp_path)
+    readme = render_readme(tmp_path)
+    section = _gpu_section(readme)
+    assert section.strip().startswith("No GPU run is recorded yet.")
+    assert "`make bench-gpu`" in section and "python benchmarks/bench_gpu.py --device cuda" in section
+    assert "peak GPU memory" in section and "Opacus hooks" in section  # what it measures
+    assert "<= 1.3x" in section and "1.1x" in section  # the targets it will be checked against
+    assert "| " not in section  # a paragraph, no table
+    assert "Not measured yet: run `python benchmarks/bench_gpu.py`" not in readme
+
+
+def test_readme_gpu_section_from_results_gpu_csv(tmp_path):
+    _fake_csvs(tmp_path)
+    without = render_readme(tmp_path)
+    ms = {"nonprivate": 100.0, "bk": 110.0, "ghost": 140.0, "opacus_ghost": 150.0, "opacus_hooks": 200.0}
+    gib = {"nonprivate": 10.0, "bk": 10.5, "ghost": 12.0, "opacus_ghost": 13.0, "opacus_hooks": 20.0}
+    rows = _gpu_rows("gpt2_small", 8, "bf16", ms, gib)
+    ms = {"nonprivate": 10.0, "bk": 14.0, "ghost": 12.0, "opacus_ghost": 13.0, "opacus_hooks": 12.5}
+    gib = {"nonprivate": 2.0, "bk": 2.0, "ghost": 2.2, "opacus_ghost": 2.4, "opacus_hooks": 3.0}
+    rows += _gpu_rows("cnn5", 256, "fp32", ms, gib)
+    pd.DataFrame(rows).to_csv(tmp_path / "results_gpu.csv", index=False)
+    readme = render_readme(tmp_path)
+
+    # the CPU sections do not change
+    head = "## GPU training step per mode"
+    assert readme.split(head)[0] == without.split(head)[0]
+    section = _gpu_section(readme)
+    assert "No GPU run is recorded yet" not in section
+    assert "Command not recorded" in section and "Default command: `make bench-gpu`" in section
+    assert "device_name = Fake GPU 80GB" in section  # the CSV as a table, constant columns in the caption
+    assert "| gpt2_small | 8 | 8 | bk | bf16 | 110 | 1.1 | 10.5 | 1.05 |" in section
+
+    def cells(prefix):
+        row = next(ln for ln in section.splitlines() if ln.startswith(prefix))
+        return [c.strip() for c in row.strip("|").split("|")]
+
+    head_cells = cells("| model | B | precision |")
+    assert head_cells[4:8] == [f"{m} x time / x mem" for m in ("bk", "ghost", "opacus_ghost", "opacus_hooks")]
+    assert head_cells[8:] == ["time <= 1.3x", "memory <= 1.3x", "bk faster than Opacus", "goal <= 1.1x"]
+    gpt2 = cells("| gpt2_small | 8 | bf16 |")
+    assert gpt2[3] == "100.0 ms, 10.00 GiB"
+    assert gpt2[4:8] == ["1.10x / 1.05x", "1.40x / 1.20x", "1.50x / 1.30x", "2.00x / 2.00x"]
+    assert gpt2[8] == "bk: met (1.10x <= 1.30x); ghost: MISSED x1.08 (1.40x vs 1.30x)"
+    assert gpt2[9] == "bk: met (1.05x <= 1.30x); ghost: met (1.20x <= 1.30x)"
+    assert gpt2[10] == "met (bk 110.0 ms vs opacus_ghost 150.0 ms)"
+    assert gpt2[11] == "bk: met (1.10x <= 1.10x); ghost: MISSED x1.27 (1.40x vs 1.10x)"
+    cnn = cells("| cnn5 | 256 | fp32 |")
+    assert cnn[8] == "bk: MISSED x1.08 (1.40x vs 1.30x); ghost: met (1.20x <= 1.30x)"
+    assert cnn[10] == "MISSED x1.12 (bk 14.0 ms vs opacus_hooks 12.5 ms)"  # the faster Opacus mode
+    # the GPU rows are not CPU targets
+    assert "Fake GPU" not in readme.split("## Targets")[1].split(head)[0]
+
+
+def test_run_all_runs_the_gpu_benchmark_only_when_named(tmp_path, monkeypatch):
+    _fake_csvs(tmp_path)
+    scripts = []
+
+    class Done:
+        returncode = 0
+
+    def fake_run(cmd, **kw):
+        scripts.append(Path(cmd[1]).name)
+        if cmd[1].endswith("bench_gpu.py"):
+            assert cmd[2:4] == ["--device", "cuda"]
+        return Done()
+
+    monkeypatch.setattr(run_all.subprocess, "run", fake_run)
+    run_all.main(["--out-dir", str(tmp_path), "--no-profiles"])
+    assert "bench_gpu.py" not in scripts
+    assert set(scripts) == {b.script for b in registry.default_benches().values()}
+    scripts.clear()
+    run_all.main(["--out-dir", str(tmp_path), "--only", "gpu"])
+    assert scripts == ["bench_gpu.py"]

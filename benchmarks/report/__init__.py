@@ -3,7 +3,7 @@
 - ``registry``: the benchmarks (script, CSV, title, presets), the one list both the runner and the README read;
 - ``provenance``: which command wrote each CSV (``results_provenance.json``);
 - ``tables``: reading the CSVs, markdown tables and the 'met' / 'missed by' verdicts;
-- ``accounting``, ``noise``, ``fig2``, ``engines``: one module per benchmark, with its targets;
+- ``accounting``, ``noise``, ``fig2``, ``engines``, ``gpu``: one module per benchmark, with its targets;
 - ``profiles``: which engine rows miss their target (profiled by the runner) and the README's list of profiles;
 - ``readme``: the README itself, assembled from the sections above.
 

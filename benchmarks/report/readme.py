@@ -1,5 +1,5 @@
 """``benchmarks/README.md``: the intro and how to run, each CPU benchmark's CSV as a table, the engine ratio table,
-the profiles, the targets table; assembled from the other modules of this package."""
+the profiles, the targets table, and the GPU section; assembled from the other modules of this package."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import accounting, engines, fig2, noise
+from . import accounting, engines, fig2, gpu, noise
 from .profiles import profiles_section
 from .provenance import load_provenance, provenance_line
 from .registry import BENCH_DIR, BENCHES, ENGINE_PRESETS, default_benches
@@ -139,6 +139,7 @@ def render_readme(bench_dir: Path = BENCH_DIR) -> str:
     ]
     lines += ["| " + " | ".join(fmt(c) for c in row) + " |" for row in target_rows(dfs)]
     lines.append("")
+    lines += gpu.section(bench_dir, BENCHES["gpu"], prov, dfs["gpu"])
     return "\n".join(lines)
 
 

@@ -1,7 +1,7 @@
 """The benchmarks: one script and one CSV each, with the presets of a full run and the arguments of a quick one.
 
-``run_all.py`` runs them from here and the README lists them from here. A benchmark with ``default=False`` is
-left out of a plain ``run_all.py`` / ``make bench`` and only runs when named (``--only NAME``).
+``run_all.py`` runs them from here and the README lists them from here. A benchmark with ``default=False`` (the
+GPU one) is left out of a plain ``run_all.py`` / ``make bench`` and only runs when named (``--only gpu``).
 """
 
 from __future__ import annotations
@@ -120,6 +120,18 @@ BENCHES = {
         ("--quick", "--models", "cnn5", *_LM, "--stp-engines", "bk", "hooks"),
         ENGINE_PRESETS,
         merges=True,
+    ),
+    # written only by a real GPU run (`make bench-gpu` on a CUDA machine); bench_gpu.py refuses without CUDA
+    "gpu": Bench(
+        "bench_gpu.py",
+        "results_gpu.csv",
+        "GPU training step per mode",
+        "median time (ms) and peak GPU memory (GiB) of one full training step on one CUDA GPU per mode: "
+        "non-private, bk and ghost (ours), Opacus ghost and Opacus hooks, with their ratios to the non-private "
+        "step at the same model, batch size and precision",
+        ("--device", "cuda", "--quick"),
+        (Preset("default", ("--device", "cuda")),),
+        default=False,
     ),
 }
 
