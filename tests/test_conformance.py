@@ -15,6 +15,8 @@ holds what they are allowed, and this suite is what proves it.
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 import torch
 from conformance_cases import CASES, Case, _default_call
@@ -22,13 +24,35 @@ from torch import nn
 from torch.nn import functional as F
 
 from dp_adam_bench.engine.bk import BKEngine
+from dp_adam_bench.engine.bk_rules import conv, dense
 from dp_adam_bench.engine.engines import build_engine
 from dp_adam_bench.engine.grads import batch_len, clip_factors, loop_grads
 from dp_adam_bench.errors import ConfigError
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-ENGINES = ["loop", "functorch", "bk", "bk:gram", "bk:instantiate", "hooks", "ghost"]
-EXACT = {"loop", "functorch", "bk", "bk:gram", "bk:instantiate"}  # must match every defined configuration
+# bk:chunked is bk (auto) with one example per chunk of its norm computations (bk_rules.dense._GRAM_CHUNK);
+# bk:grouped instantiates convolutions' per-example gradients with the grouped kernel (bk_rules.conv), whatever
+# the channels and device
+ENGINES = [
+    "loop",
+    "functorch",
+    "bk",
+    "bk:gram",
+    "bk:instantiate",
+    "bk:chunked",
+    "bk:grouped",
+    "hooks",
+    "ghost",
+]
+EXACT = {
+    "loop",
+    "functorch",
+    "bk",
+    "bk:gram",
+    "bk:instantiate",
+    "bk:chunked",
+    "bk:grouped",
+}  # match every one
 SETTINGS = {  # name: (dtype, loss, rtol)
     "f64-mse": (torch.float64, "mse", 1e-8),
     "f64-ce": (torch.float64, "ce", 1e-8),
@@ -83,6 +107,10 @@ def make_batch(case, dtype):
 
 def build(engine, model, loss):
     name, _, mode = engine.partition(":")
+    if mode == "chunked":
+        return BKEngine(model, loss)
+    if mode == "grouped":
+        return BKEngine(model, loss, mode="instantiate")
     if mode:
         return BKEngine(model, loss, mode=mode)
     return build_engine(name, model, loss)
@@ -115,6 +143,16 @@ def assert_names_the_layer(err: Exception, case: Case, engine: str):
 
 def run_cell(case: Case, engine: str, setting: str) -> str:
     """'match' or 'refused' (with a message naming the layer); fails on a mismatch or any other exception."""
+    if engine == "bk:chunked":
+        with mock.patch.object(dense, "_GRAM_CHUNK", 1):
+            return _run_cell(case, engine, setting)
+    if engine == "bk:grouped":
+        with mock.patch.object(conv, "grouped_kernel", lambda *_: True):
+            return _run_cell(case, engine, setting)
+    return _run_cell(case, engine, setting)
+
+
+def _run_cell(case: Case, engine: str, setting: str) -> str:
     dtype, kind, rtol = SETTINGS[setting]
     loss = loss_fn(kind)
     try:

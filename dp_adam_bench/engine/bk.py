@@ -220,15 +220,16 @@ class BKEngine(GradEngine):
         return hook
 
     # --- what rules ask of the engine -----------------------------------------------------------------------------
-    def path(self, name: str, T: int, d: int, p: int, embedding: bool = False) -> bool:
+    def path(self, name: str, T: int, d: int, p: int, embedding: bool = False, fits: bool = True) -> bool:
         """Whether the layer ``name`` takes the Gram form (True) or instantiates per-example gradients; recorded
-        in ``choices``. An embedding's instantiated path only sums the T output gradients per distinct token."""
+        in ``choices``. An embedding's instantiated path only sums the T output gradients per distinct token;
+        ``fits``: see :func:`~dp_adam_bench.engine.bk_rules.dense.use_gram`."""
         if self._scale is not None:  # a per-coordinate scale: only instantiated per-example gradients see it
             gram = False
         elif self.mode != "auto":
             gram = self.mode == "gram"
         else:
-            gram = T == 1 if embedding else use_gram(T, d, p)
+            gram = T == 1 if embedding else use_gram(T, d, p, fits)
         self.record(name, "gram" if gram else "instantiate")
         return gram
 

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from dp_adam_bench.engine.bk_rules.dense import dense, sq_norms, weighted
+from dp_adam_bench.engine.bk_rules.dense import dense, held_operands, sq_norms, weighted
 from dp_adam_bench.engine.bk_rules.linear import stack_calls
 from dp_adam_bench.engine.bk_rules.registry import register, register_adapter
 
@@ -189,8 +189,7 @@ def attention(engine, layer, calls, b):
         s, fin = dense(
             engine,
             f"{layer.name}.{piece}_proj",
-            A,
-            G,
+            held_operands(A, G),
             weight=w.requires_grad,
             bias=train_bias,
             sw=None if sw is None else (sw if rows is None else sw[rows])[None],

@@ -14,6 +14,9 @@ book-keeping). The clipped sum is one matmul either way, ``(c * G)^T A`` over al
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
 #: the Gram form pays T^2 (d + p) multiply-adds in small batched matmuls; instantiating pays T p d in matmuls
@@ -23,27 +26,33 @@ GRAM_FACTOR = 30
 _GRAM_CHUNK = 1 << 24  # at most this many Gram-matrix (or per-example-gradient) entries at once
 
 
-def use_gram(T: int, d: int, p: int) -> bool:
+def use_gram(T: int, d: int, p: int, fits: bool = True) -> bool:
     """Whether the Gram ("ghost") form is cheaper than instantiating the per-example gradient of a layer
-    ``y_t = W a_t`` (W: p x d) seen at ``T`` positions per example.
+    ``y_t = W a_t`` (W: p x d) seen at ``T`` positions per example; ``fits``: whether a per-example gradient
+    (``p d`` numbers) is no larger than what the layer already holds for the clipped sum (its inputs and output
+    gradients).
 
     Per-example cost (as implemented here):
 
     * Gram: ``A A^T`` and ``G G^T`` cost ``T^2 (d + p)`` multiply-adds; the clipped sum is then one matmul
-      ``(c G)^T A`` over all B*T positions, ``T p d`` per example. Extra memory: two T x T matrices.
+      ``(c G)^T A`` over all B*T positions, ``T p d`` per example. Extra memory: two T x T matrices per example of
+      a chunk.
     * instantiate: ``G_i^T A_i`` costs ``T p d``; then its norm and the c-weighted sum read the (B, p, d) tensor
-      again. Extra memory: ``p d`` per example, kept until the clipped sum.
+      again. Extra memory: ``p d`` per example, kept until the clipped sum (instead of the inputs and output
+      gradients, which are freed).
 
-    The ``T p d`` matmul is common to both; what differs is ``T^2 (d + p)`` matmul work against ``p d`` elements
-    written and read a few times, which is memory-bound. Measured on one CPU thread (torch 2.13, B = 8-256),
-    the crossover is at ``T^2 (d + p) / (p d)`` of about 30 (:data:`GRAM_FACTOR`): CNN5 conv3 (ratio 23) 37 ms
-    Gram vs 63 ms instantiated, GPT-2's MLP in (27) 61 vs 92 ms, GPT-2's attention projections (43) 17 vs 15 ms,
-    BERT-tiny's FFN (160) 16 vs 8 ms, CNN5 conv2 (967) 211 vs 29 ms. A flop count alone (``T^2 (d + p) < 2 p d``)
-    instantiates every Linear of a T = 128 transformer and the LM heads, 1.5-1.75x slower end to end. Bu et al.'s
-    BK-MixOpt rule ``2 T^2 < p d`` compares the two paths' memory instead. For T = 1 (a Linear on (B, d)) the Gram
-    form is just ``||a||^2 ||g||^2`` and always wins.
+    A per-example gradient that does not ``fit`` always takes the Gram form: keeping it would raise the step's
+    peak memory, and not keeping it means a second ``T p d`` matmul for the clipped sum, more than the Gram
+    form's ``T^2 (d + p)`` whenever ``p d > T (d + p)`` (the memory rule of Bu et al.'s BK-MixOpt, "2 T^2 < p d",
+    compares the same two quantities). Otherwise the ``T p d`` matmul is common to both; what differs is
+    ``T^2 (d + p)`` matmul work against ``p d`` elements written and read a few times, which is memory-bound.
+    Measured on one CPU thread (torch 2.13, B = 8-256), the crossover is at ``T^2 (d + p) / (p d)`` of about 30
+    (:data:`GRAM_FACTOR`): CNN5 conv3 (ratio 23) 37 ms Gram vs 63 ms instantiated, GPT-2's MLP in (27) 61 vs
+    92 ms, BERT-tiny's FFN (160) 16 vs 8 ms, CNN5 conv2 (967) 211 vs 29 ms. A flop count alone
+    (``T^2 (d + p) < 2 p d``) instantiates every Linear of a T = 128 transformer and the LM heads, 1.5-1.75x
+    slower end to end. For T = 1 (a Linear on (B, d)) the Gram form is just ``||a||^2 ||g||^2`` and always wins.
     """
-    return T * T * (d + p) < GRAM_FACTOR * p * d
+    return not fits or T * T * (d + p) < GRAM_FACTOR * p * d
 
 
 def sq_norms(per_ex: torch.Tensor) -> torch.Tensor:
@@ -80,31 +89,75 @@ def _per_group(t: torch.Tensor) -> torch.Tensor:
     return t[:, :, 0] if k == 1 else t.permute(0, 2, 1, 3).reshape(b * k, T, n)
 
 
-def _per_example(G: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
-    """``G_i^T A_i`` per example and group: (B, k, p, d). One group: a plain ``bmm``, which reads transposed
-    operands in place (``einsum`` copied them into its preferred layout: most of bk's CPU time on CNN5)."""
+def _per_example(G: torch.Tensor, A: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``G_i^T A_i`` per example and group: (B, k, p, d), written into ``out`` if given. One group: a plain
+    ``bmm``, which reads transposed operands in place (``einsum`` copied them into its preferred layout: most of
+    bk's CPU time on CNN5)."""
     if G.shape[2] == 1:
-        return torch.bmm(G[:, :, 0].transpose(1, 2), A[:, :, 0]).unsqueeze(1)
-    return torch.einsum("btkp,btkd->bkpd", G, A)
+        if out is None:
+            return torch.bmm(G[:, :, 0].transpose(1, 2), A[:, :, 0]).unsqueeze(1)
+        torch.bmm(G[:, :, 0].transpose(1, 2), A[:, :, 0], out=out[:, 0])
+        return out
+    w = torch.einsum("btkp,btkd->bkpd", G, A)
+    return w if out is None else out.copy_(w)
 
 
-def _weighted_sum(G: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
-    """``sum_i G_i^T A_i`` over examples and positions, per group: (k, p, d)."""
+def weighted_sum(G: torch.Tensor, A: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """``sum_i c_i G_i^T A_i`` over examples and positions, per group: (k, p, d), for operands held as
+    (B, T, k, p) / (B, T, k, d) tensors (the clipped sum of a Linear)."""
+    Gc = G * c.to(G.dtype)[:, None, None, None]
     if G.shape[2] == 1:
-        return torch.mm(G.reshape(-1, G.shape[3]).t(), A.reshape(-1, A.shape[3])).unsqueeze(0)
-    return torch.einsum("btkp,btkd->kpd", G, A)
+        return torch.mm(Gc.reshape(-1, G.shape[3]).t(), A.reshape(-1, A.shape[3])).unsqueeze(0)
+    return torch.einsum("btkp,btkd->kpd", Gc, A)
 
 
-def dense(engine, name: str, A, G, *, weight: bool, bias: bool, sw=None, sb=None):
+@dataclass
+class Operands:
+    """What :func:`dense` needs of one layer, however the layer holds its inputs.
+
+    ``G`` (B, T, k, p): the output gradients of ``k`` groups at ``T`` positions; ``d``: the input size of a group;
+    ``inputs(i, j)``: the inputs of examples ``i:j``, (j - i, T, k, d) (a Linear's are a view; a convolution's
+    patches are unfolded one chunk of examples at a time, so the whole unfolded input never exists);
+    ``weight_sum(c)``: ``sum_i c_i G_i^T A_i`` as (k, p, d), from what the layer holds (a Linear: one matmul; a
+    convolution: the convolution's own weight-gradient kernel); ``held``: how many numbers the layer holds for
+    that sum (inputs and output gradients), against which a per-example gradient's size is weighed;
+    ``per_example(i, j)``: optionally, the per-example gradients of examples ``i:j`` as (j - i, k, p, d) by a
+    kernel of the layer's own (default: ``G_i^T A_i`` from ``inputs``)."""
+
+    G: torch.Tensor
+    d: int
+    inputs: Callable[[int, int], torch.Tensor]
+    weight_sum: Callable[[torch.Tensor], torch.Tensor]
+    held: int
+    per_example: Callable[[int, int], torch.Tensor] | None = None
+
+
+def held_operands(A: torch.Tensor, G: torch.Tensor) -> Operands:
+    """:class:`Operands` of inputs ``A`` (B, T, k, d) held as they are (a Linear)."""
+    return Operands(
+        G, A.shape[3], lambda i, j: A[i:j], lambda c: weighted_sum(G, A, c), A.numel() + G.numel()
+    )
+
+
+def _chunk(b: int, per_example: int) -> int:
+    """Examples per chunk so that a temporary of ``per_example`` numbers per example stays under _GRAM_CHUNK."""
+    return max(1, min(b, _GRAM_CHUNK // max(1, per_example)))
+
+
+def dense(engine, name: str, ops: Operands, *, weight: bool, bias: bool, sw=None, sb=None):
     """Squared per-example norms (B,) of the gradients of a grouped dense map and ``finish(c)`` ->
     ``(weight sum (k, p, d) or None, bias sum (k * p,) or None)``.
 
-    ``A`` (B, T, k, d) are the inputs and ``G`` (B, T, k, p) the output gradients of ``k`` groups at ``T``
-    positions; ``weight`` / ``bias``: whether those parameters are trained; ``sw`` (k, p, d) / ``sb`` (k * p,):
-    per-coordinate scales (scale-then-privatize), which force the instantiated path (the Gram form cannot see a
-    per-coordinate scale), a chunk of examples at a time."""
-    b, T, k, d = A.shape
-    p = G.shape[3]
+    ``ops``: the layer's :class:`Operands`; ``weight`` / ``bias``: whether those parameters are trained;
+    ``sw`` (k, p, d) / ``sb`` (k * p,): per-coordinate scales (scale-then-privatize), which force per-example
+    gradients for the norms (the Gram form cannot see a per-coordinate scale); they are not kept: the clipped
+    sum is ``S * weight_sum(c)``, the scale being the same for every example.
+
+    Everything is computed in the precision of the output gradients (the engine brings them to the parameters'
+    precision), a chunk of examples at a time: no temporary exceeds _GRAM_CHUNK numbers."""
+    G = ops.G
+    b, T, k, p = G.shape
+    d = ops.d
     sq = torch.zeros(b, dtype=G.dtype, device=G.device)
     gb = None
     if bias:
@@ -116,16 +169,30 @@ def dense(engine, name: str, A, G, *, weight: bool, bias: bool, sw=None, sb=None
     if weight:
         if sw is not None:
             engine.record(name, "instantiate")
-            step = max(1, _GRAM_CHUNK // (k * p * d))
-            sq = sq + torch.cat(
-                [sq_norms(_per_example(G[i : i + step], A[i : i + step]) * sw) for i in range(0, b, step)]
-            )
-        elif engine.path(name, T, d, p):
-            sq = sq + gram_sq(_per_group(A), _per_group(G)).reshape(b, k).sum(1)
+            gram = False
         else:
-            W = _per_example(G, A)
-            sq = sq + sq_norms(W)
-            A = G = None  # the clipped sum needs only W: free the (unfolded) activations now
+            gram = engine.path(name, T, d, p, fits=k * p * d * b <= ops.held)
+        if not gram and sw is None:
+            W = torch.empty(b, k, p, d, dtype=G.dtype, device=G.device)  # kept for the clipped sum
+        step = _chunk(b, k * max(T * d, T * T if gram else p * d))
+        parts = []
+        for i in range(0, b, step):
+            j = min(b, i + step)
+            if gram:
+                a, g = ops.inputs(i, j).to(G.dtype), G[i:j]
+                parts.append(gram_sq(_per_group(a), _per_group(g)).reshape(j - i, k).sum(1))
+                continue
+            if ops.per_example is not None:
+                w = ops.per_example(i, j).to(G.dtype)
+                if W is not None:
+                    W[i:j] = w
+            else:
+                w = _per_example(G[i:j], ops.inputs(i, j).to(G.dtype), None if W is None else W[i:j])
+            parts.append(sq_norms(w if sw is None else w * sw))
+        if parts:  # none for an empty batch
+            sq = sq + torch.cat(parts)
+        if W is not None:
+            ops = None  # the clipped sum needs only W: the layer's inputs and output gradients can go
 
     def finish(c):
         ws = None
@@ -133,7 +200,7 @@ def dense(engine, name: str, A, G, *, weight: bool, bias: bool, sw=None, sb=None
             if W is not None:
                 ws = weighted(c, W)
             else:
-                ws = _weighted_sum(G * c[:, None, None, None], A)
+                ws = ops.weight_sum(c)
                 if sw is not None:
                     ws = ws * sw
         return ws, (c @ gb if gb is not None else None)

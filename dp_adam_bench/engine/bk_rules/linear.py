@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
-from dp_adam_bench.engine.bk_rules.dense import dense
+from dp_adam_bench.engine.bk_rules.dense import dense, held_operands
 from dp_adam_bench.engine.bk_rules.registry import register
 
 
@@ -33,8 +33,7 @@ def linear(engine, layer, calls, b):
     sq, fin = dense(
         engine,
         layer.name,
-        A,
-        G,
+        held_operands(A, G),
         weight=w.requires_grad,
         bias=bias is not None and bias.requires_grad,
         sw=sw,
