@@ -14,7 +14,7 @@ JOBS_PER_GPU ?=
 export WANDB_MODE ?= offline
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: install reproduce-table pretrain test bench lint format clean-runs
+.PHONY: install reproduce-table pretrain test bench bench-gpu lint format clean-runs
 
 install: $(STAMP)
 
@@ -48,6 +48,10 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
+
+# on a CUDA machine: the GPU benchmark (benchmarks/bench_gpu.py --device cuda -> results_gpu.csv), then the README
+bench-gpu: $(STAMP)
+	$(PY) benchmarks/run_all.py --only gpu
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -13,7 +13,8 @@ One *step* is everything the trainer does for one logical batch:
   those had the lowest flat median step time at the same (model, B) in this run). One ``stp`` row per engine
   given; the ``engine`` column tells them apart.
 
-Models (``MODELS``): ``cnn5`` (Tang & Lecuyer's CIFAR-10 CNN), ``bert_tiny`` (BERT-tiny classifier, T = 128),
+Models (``MODELS``): ``cnn5`` (Tang & Lecuyer's CIFAR-10 CNN), ``bert_tiny`` (BERT-tiny classifier, T = 128;
+``bert_base``: the same at BERT-base's shape, for the GPU benchmark ``bench_gpu.py``),
 ``bert_tiny_mlm`` (BERT-tiny masked LM as the ``arxiv_mlm`` task builds it: untied decoder, predictions only at
 the ~15 % chosen positions, T = 128) and ``gpt2_small`` (GPT-2 124M shape as the ``e2e_gpt2`` task builds it:
 random init, untied lm_head, Conv1D -> Linear, output layer only at the target half of the sequence, T = 128).
@@ -173,8 +174,12 @@ def _without_padding_idx(model) -> None:
             m.padding_idx = None
 
 
-def build_bert_tiny(quick: bool = False) -> BenchModel:
-    """BERT-tiny classifier (L = 2, H = 128, A = 2, vocab 30522, random init), T = 128 random tokens, no mask.
+BERT_TINY = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512)
+BERT_BASE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
+
+
+def _bert_classifier(arch: dict, name: str, quick: bool) -> BenchModel:
+    """A BERT classifier of shape ``arch`` (vocab 30522, 2 labels, random init), T = 128 random tokens, no mask.
 
     position_ids and token_type_ids are passed with shape (B, T): with transformers' default (1, T) Opacus'
     per-example gradient of the position embedding is silently wrong (docs/pitfalls.md). No attention mask: torch.func
@@ -184,14 +189,7 @@ def build_bert_tiny(quick: bool = False) -> BenchModel:
     from torch.nn import functional as F
     from transformers import BertConfig, BertForSequenceClassification
 
-    cfg = BertConfig(
-        vocab_size=30522,
-        hidden_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=512,
-        num_labels=2,
-    )
+    cfg = BertConfig(vocab_size=30522, num_labels=2, **arch)
     model = BertForSequenceClassification(cfg)
     t = QUICK_SEQ_LEN if quick else BERT_SEQ_LEN
 
@@ -211,9 +209,19 @@ def build_bert_tiny(quick: bool = False) -> BenchModel:
         )
         return F.cross_entropy(out.logits, batch["y"], reduction="none")
 
-    return BenchModel(
-        model, loss_per_example, make_batch, f"BERT-tiny classifier (L=2, H=128, A=2), T={t}", seq_len=t
-    )
+    shape = f"L={arch['num_hidden_layers']}, H={arch['hidden_size']}, A={arch['num_attention_heads']}"
+    return BenchModel(model, loss_per_example, make_batch, f"{name} classifier ({shape}), T={t}", seq_len=t)
+
+
+def build_bert_tiny(quick: bool = False) -> BenchModel:
+    """BERT-tiny classifier (L = 2, H = 128, A = 2), T = 128: :func:`_bert_classifier`."""
+    return _bert_classifier(BERT_TINY, "BERT-tiny", quick)
+
+
+def build_bert_base(quick: bool = False) -> BenchModel:
+    """BERT-base classifier (L = 12, H = 768, A = 12, FFN 3072), T = 128 (the GPU benchmark's row); ``--quick``:
+    BERT-tiny's shape at T = 16."""
+    return _bert_classifier(BERT_TINY if quick else BERT_BASE, "BERT-tiny" if quick else "BERT-base", quick)
 
 
 def build_bert_tiny_mlm(quick: bool = False) -> BenchModel:
@@ -340,6 +348,7 @@ def build_gpt2_small(quick: bool = False) -> BenchModel:
 MODELS: dict[str, Callable[..., BenchModel]] = {
     "cnn5": build_cnn5,
     "bert_tiny": build_bert_tiny,
+    "bert_base": build_bert_base,
     "bert_tiny_mlm": build_bert_tiny_mlm,
     "gpt2_small": build_gpt2_small,
 }
@@ -420,35 +429,41 @@ def build_step(spec: dict, label: Callable = no_label) -> Step:
     import torch
 
     torch.manual_seed(0)
+    device = torch.device(spec.get("device") or "cpu")
     bm = MODELS[spec["model"]](quick=bool(spec.get("quick")))
-    model, raw_loss = bm.model, bm.loss_per_example
+    model, raw_loss = bm.model.to(device), bm.loss_per_example
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     b, mode = int(spec["batch_size"]), spec["mode"]
-    batch = bm.make_batch(b, torch.Generator().manual_seed(1))
+    batch = {k: v.to(device) for k, v in bm.make_batch(b, torch.Generator().manual_seed(1)).items()}
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=spec.get("precision") == "bf16")
     engine_name = spec.get("engine") or ""
 
     def L(name):  # noqa: N802  (short: used on every phase)
         return label(PHASE_PREFIX + name)
 
     def loss_fn(forward, batch):
-        with L("forward"):
+        with L("forward"), autocast:  # bf16: the model under autocast, as train.precision=bf16 runs it
             return raw_loss(forward, batch)
 
     common = {"params": sum(p.numel() for p in params), "seq_len": bm.seq_len, "description": bm.description}
     if mode == "nonprivate":
         opt = torch.optim.Adam(params, lr=LR)
+        # whole batch, unless the spec asks for gradient accumulation (the GPU benchmark's micro-batched rows)
+        phys = min(b, int(spec.get("nonprivate_physical_batch_size") or b))
+        parts = _split(batch, phys)
 
         def step():
             with L("zero_grad"):
                 opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model, batch).mean()
-            with L("backward"):
-                loss.backward()
+            for part in parts:
+                loss = loss_fn(model, part).sum() / b
+                with L("backward"):
+                    loss.backward()
             with L("optimizer"):
                 opt.step()
 
-        return Step(step, None, "torch.optim.Adam", b, **common)
+        return Step(step, None, "torch.optim.Adam", phys, **common)
 
     from dp_adam_bench.engine.engines import build_engine
     from dp_adam_bench.engine.privatizer import Privatizer
@@ -465,7 +480,9 @@ def build_step(spec: dict, label: Callable = no_label) -> Step:
     engine = build_engine(engine_name, model, loss_fn)
     variant = build_variant("stp" if mode == "stp" else "adam", lr=LR)
     state = variant.init(params)
-    mech = IndependentMechanism().reset([p.shape for p in params], seed=0, dtype=params[0].dtype)
+    mech = IndependentMechanism().reset(
+        [p.shape for p in params], seed=0, dtype=params[0].dtype, device=device
+    )
     privatizer = Privatizer(clip=CLIP, sigma=SIGMA, expected_batch_size=b, mechanisms=[mech])
 
     def step():

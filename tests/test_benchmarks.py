@@ -494,6 +494,9 @@ def test_readme_gpu_section_from_results_gpu_csv(tmp_path):
     ms = {"nonprivate": 10.0, "bk": 14.0, "ghost": 12.0, "opacus_ghost": 13.0, "opacus_hooks": 12.5}
     gib = {"nonprivate": 2.0, "bk": 2.0, "ghost": 2.2, "opacus_ghost": 2.4, "opacus_hooks": 3.0}
     rows += _gpu_rows("cnn5", 256, "fp32", ms, gib)
+    ms = {"nonprivate": 20.0, "bk": 22.0}  # the same (model, B) in micro-batches: a row of its own
+    gib = {"nonprivate": 1.0, "bk": 1.1}
+    rows += _gpu_rows("cnn5", 256, "fp32", ms, gib, physical=64)
     pd.DataFrame(rows).to_csv(tmp_path / "results_gpu.csv", index=False)
     readme = render_readme(tmp_path)
 
@@ -510,19 +513,22 @@ def test_readme_gpu_section_from_results_gpu_csv(tmp_path):
         row = next(ln for ln in section.splitlines() if ln.startswith(prefix))
         return [c.strip() for c in row.strip("|").split("|")]
 
-    head_cells = cells("| model | B | precision |")
-    assert head_cells[4:8] == [f"{m} x time / x mem" for m in ("bk", "ghost", "opacus_ghost", "opacus_hooks")]
-    assert head_cells[8:] == ["time <= 1.3x", "memory <= 1.3x", "bk faster than Opacus", "goal <= 1.1x"]
-    gpt2 = cells("| gpt2_small | 8 | bf16 |")
-    assert gpt2[3] == "100.0 ms, 10.00 GiB"
-    assert gpt2[4:8] == ["1.10x / 1.05x", "1.40x / 1.20x", "1.50x / 1.30x", "2.00x / 2.00x"]
-    assert gpt2[8] == "bk: met (1.10x <= 1.30x); ghost: MISSED x1.08 (1.40x vs 1.30x)"
-    assert gpt2[9] == "bk: met (1.05x <= 1.30x); ghost: met (1.20x <= 1.30x)"
-    assert gpt2[10] == "met (bk 110.0 ms vs opacus_ghost 150.0 ms)"
-    assert gpt2[11] == "bk: met (1.10x <= 1.10x); ghost: MISSED x1.27 (1.40x vs 1.10x)"
-    cnn = cells("| cnn5 | 256 | fp32 |")
-    assert cnn[8] == "bk: MISSED x1.08 (1.40x vs 1.30x); ghost: met (1.20x <= 1.30x)"
-    assert cnn[10] == "MISSED x1.12 (bk 14.0 ms vs opacus_hooks 12.5 ms)"  # the faster Opacus mode
+    head_cells = cells("| model | B | micro-batch | precision |")
+    assert head_cells[5:9] == [f"{m} x time / x mem" for m in ("bk", "ghost", "opacus_ghost", "opacus_hooks")]
+    assert head_cells[9:] == ["time <= 1.3x", "memory <= 1.3x", "bk faster than Opacus", "goal <= 1.1x"]
+    gpt2 = cells("| gpt2_small | 8 | whole | bf16 |")
+    assert gpt2[4] == "100.0 ms, 10.00 GiB"
+    assert gpt2[5:9] == ["1.10x / 1.05x", "1.40x / 1.20x", "1.50x / 1.30x", "2.00x / 2.00x"]
+    assert gpt2[9] == "bk: met (1.10x <= 1.30x); ghost: MISSED x1.08 (1.40x vs 1.30x)"
+    assert gpt2[10] == "bk: met (1.05x <= 1.30x); ghost: met (1.20x <= 1.30x)"
+    assert gpt2[11] == "met (bk 110.0 ms vs opacus_ghost 150.0 ms)"
+    assert gpt2[12] == "bk: met (1.10x <= 1.10x); ghost: MISSED x1.27 (1.40x vs 1.10x)"
+    cnn = cells("| cnn5 | 256 | whole | fp32 |")
+    assert cnn[9] == "bk: MISSED x1.08 (1.40x vs 1.30x); ghost: met (1.20x <= 1.30x)"
+    assert cnn[11] == "MISSED x1.12 (bk 14.0 ms vs opacus_hooks 12.5 ms)"  # the faster Opacus mode
+    micro = cells("| cnn5 | 256 | 64 | fp32 |")  # against its own non-private step, not the whole batch's
+    assert micro[4] == "20.0 ms, 1.00 GiB" and micro[5] == "1.10x / 1.10x (4 micro-batches)"
+    assert micro[9] == "bk: met (1.10x <= 1.30x); ghost: not measured"
     # the GPU rows are not CPU targets
     assert "Fake GPU" not in readme.split("## Targets")[1].split(head)[0]
 
@@ -547,3 +553,35 @@ def test_run_all_runs_the_gpu_benchmark_only_when_named(tmp_path, monkeypatch):
     scripts.clear()
     run_all.main(["--out-dir", str(tmp_path), "--only", "gpu"])
     assert scripts == ["bench_gpu.py"]
+
+
+def test_bench_gpu_runs_every_mode_on_cpu_and_never_writes_results_gpu_csv(tmp_path, one_thread):
+    """The GPU benchmark's code paths on a CPU (tiny shapes): every mode of a micro-batched row, ratios to its own
+    non-private step; without CUDA it refuses to write benchmarks/results_gpu.csv."""
+    import bench_gpu
+
+    out = tmp_path / "gpu.csv"
+    bench_gpu.main(
+        ["--device", "cpu", "--quick", "--rows", "cnn5_B2048_micro512", "--warmup", "0", "--steps", "1"]
+        + ["--precision", "fp32", "bf16", "--out", str(out)]
+    )
+    df = pd.read_csv(out)
+    assert list(df.columns) == bench_gpu.COLUMNS
+    fp32 = df[df["precision"] == "fp32"]
+    assert list(fp32["mode"]) == list(bench_gpu.MODES)
+    assert (
+        set(df[df["precision"] == "bf16"]["mode"]) == bench_gpu.BF16_MODES
+    )  # bf16 is bk's (and non-private's)
+    assert (df["batch_size"] == 16).all() and (df["physical_batch_size"] == 4).all()
+    assert (df["notes"] == "4 micro-batches").all()
+    assert (df[df["mode"] == "nonprivate"]["ratio_to_nonprivate"] == 1).all()
+    assert (df["median_step_ms"] > 0).all() and df["peak_mem_gib"].isna().all()  # no device memory on a CPU
+    assert (df["device"] == "cpu").all()
+
+    def stamp():
+        return bench_gpu.OUT.stat().st_mtime_ns if bench_gpu.OUT.exists() else None
+
+    before = stamp()
+    with pytest.raises(SystemExit):
+        bench_gpu.main(["--device", "cpu", "--quick"])  # the default --out is results_gpu.csv
+    assert stamp() == before

@@ -97,24 +97,29 @@ def _bk_vs_opacus(found: dict[str, pd.Series | None]) -> str:
 
 
 def ratio_table(df: pd.DataFrame) -> list[str]:
-    """One row per (model, B, precision): each mode's ratios to non-private, and the verdicts of issue 26."""
+    """One row per (model, B, micro-batch, precision): each mode's ratios to non-private, and the verdicts of
+    issue 26."""
     modes = [m for m in (*OURS, *OPACUS) if (df["mode"] == m).any()]
     modes += sorted(set(df["mode"].astype(str)) - {"nonprivate", *modes})
     head = (
-        ["model", "B", "precision", "non-private ms/step, GiB"]
+        ["model", "B", "micro-batch", "precision", "non-private ms/step, GiB"]
         + [f"{m} x time / x mem" for m in modes]
         + [f"time <= {GPU_MAX}x", f"memory <= {GPU_MAX}x", "bk faster than Opacus", f"goal <= {GPU_GOAL}x"]
     )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for (model, b, precision), g in df.groupby(
-        ["model", "batch_size", "precision"], sort=False, dropna=False
+    for (model, b, phys, precision), g in df.groupby(
+        ["model", "batch_size", "physical_batch_size", "precision"], sort=False, dropna=False
     ):
         found = {m: _last(g, m) for m in ("nonprivate", *modes, *OURS, *OPACUS)}
         base = found["nonprivate"]
         np_cell = "" if base is None else f"{base.median_step_ms:.1f} ms, {base.peak_mem_gib:.2f} GiB"
-        cells = [str(model), str(int(b)), str(precision), np_cell] + [
-            ratio_cell(found[m], "median_step_ms") for m in modes
-        ]
+        cells = [
+            str(model),
+            str(int(b)),
+            "whole" if phys == b else str(int(phys)),
+            str(precision),
+            np_cell,
+        ] + [ratio_cell(found[m], "median_step_ms") for m in modes]
         quick = quick_prefix(base) if base is not None else ""
         cells += [
             quick + _ours(found, lambda r: r.ratio_to_nonprivate, GPU_MAX),
