@@ -18,7 +18,9 @@ Timing: ``--warmup`` steps, then each of ``--steps`` steps timed between two ``t
 the median is reported. Memory: ``torch.cuda.max_memory_allocated`` over the warm-up and timed steps, after the
 model, optimizer and batch are on the card (so it includes them). Every configuration runs in this one process, in
 order, with the allocator's cache emptied and its peak reset in between; an out-of-memory error is a row with a
-note, not a failure. Each row carries the device name and the torch, CUDA and Opacus versions.
+note, not a failure. Each row carries the device name and the torch, CUDA and Opacus versions. Where bk's memory
+goes: its rows add the bytes of inputs and output gradients its layers hold after the backward
+(``bk_captured_gib``) and of the per-example gradients it keeps until the clipped sum (``bk_per_example_gib``).
 
 ``results_gpu.csv`` is written only by a run on CUDA (``make bench-gpu``). ``--device cpu`` proves the script on a
 machine without a GPU (no memory column; its numbers are not the GPU's) and writes only to an ``--out`` elsewhere.
@@ -69,6 +71,10 @@ COLUMNS = [
     "warmup",
     "steps",
     "notes",
+    # bk rows: where its extra memory goes (BKEngine.memory, last micro-batch): the inputs and output gradients
+    # its layers hold after the backward, and the per-example gradients it keeps until the clipped sum
+    "bk_captured_gib",
+    "bk_per_example_gib",
 ]
 
 
@@ -149,6 +155,7 @@ def run_config(spec: dict) -> dict:
 
     device = torch.device(spec["device"])
     phys = spec["physical_batch_size"]
+    engine = None
     if spec["mode"].startswith("opacus_"):
         run, close = opacus_step(spec), None
     else:
@@ -156,7 +163,7 @@ def run_config(spec: dict) -> dict:
         st = be.build_step(
             {**spec, "engine": None if mode == "nonprivate" else mode, "nonprivate_physical_batch_size": phys}
         )
-        run, close = st.run, st.close
+        run, close, engine = st.run, st.close, st.engine_obj
     times = []
     try:
         for i in range(spec["warmup"] + spec["steps"]):
@@ -170,11 +177,16 @@ def run_config(spec: dict) -> dict:
         if close is not None:
             close()
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
-    return {
+    out = {
         "median_step_ms": statistics.median(times) * 1e3,
         "peak_mem_gib": peak,
         "physical_batch_size": phys,
     }
+    memory = getattr(engine, "memory", None)  # bk's diagnostic
+    if memory is not None:
+        out["bk_captured_gib"] = memory["captured_bytes"] / 2**30
+        out["bk_per_example_gib"] = memory["per_example_bytes"] / 2**30
+    return out
 
 
 def device_info(device) -> dict:

@@ -577,6 +577,9 @@ def test_bench_gpu_runs_every_mode_on_cpu_and_never_writes_results_gpu_csv(tmp_p
     assert (df[df["mode"] == "nonprivate"]["ratio_to_nonprivate"] == 1).all()
     assert (df["median_step_ms"] > 0).all() and df["peak_mem_gib"].isna().all()  # no device memory on a CPU
     assert (df["device"] == "cpu").all()
+    bk = df[df["mode"] == "bk"]  # where bk's memory goes; other modes leave the columns empty
+    assert (bk["bk_captured_gib"] > 0).all() and (bk["bk_per_example_gib"] > 0).all()
+    assert df[df["mode"] != "bk"]["bk_captured_gib"].isna().all()
 
     def stamp():
         return bench_gpu.OUT.stat().st_mtime_ns if bench_gpu.OUT.exists() else None

@@ -434,3 +434,44 @@ def test_stp_with_bk_through_the_trainer_equals_hooks(isolated_dirs, tiny_task):
     bk = train(compose_cfg([*stp, "train.clipping=bk", "experiment_name=bk2"]))
     assert bk["clipping"] == "bk" and bk["steps"] == hooks["steps"] == 3
     assert bk["metrics"]["test_loss"] == pytest.approx(hooks["metrics"]["test_loss"], rel=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------ memory (issue 26)
+
+
+def test_per_example_gradients_are_kept_only_where_they_fit():
+    """CNN5: conv1 and conv2 instantiate (cheaper, and no larger than their captures), the rest take the Gram
+    form; only conv1's and conv2's per-example gradients are kept. A 1024 x 1024 Linear at T = 128, which the
+    cost rule alone would instantiate, takes the Gram form: its per-example gradient (4 MiB) is larger than its
+    captures (1 MiB per example)."""
+    torch.manual_seed(0)
+    batch = {"x": torch.randn(3, 3, 32, 32), "y": torch.tensor([0, 3, 9])}
+    eng = BKEngine(cnn5(), cnn5_loss)
+    eng.clipped_sum(batch, 1.0)
+    assert eng.choices == {
+        "conv1": "instantiate",
+        "conv2": "instantiate",
+        "conv3": "gram",
+        "conv4": "gram",
+        "conv5": "gram",
+    }
+    assert eng.memory["per_example_bytes"] == 3 * (32 * 3 * 9 + 64 * 32 * 9) * 4
+    assert eng.memory["captured_bytes"] > 0
+    eng.close()
+
+    assert not use_gram(128, 1024, 1024)  # by cost alone: instantiate
+    lin = nn.Linear(1024, 1024)
+
+    def loss(forward, b):
+        return forward(b["x"]).square().mean((1, 2))
+
+    x = {"x": torch.randn(2, 128, 1024)}
+    eng = BKEngine(lin, loss)
+    out = eng.clipped_sum(x, 1e-3)
+    assert eng.choices == {"<root>": "gram"} and eng.memory["per_example_bytes"] == 0
+    eng.close()
+    ref = build_engine("loop", lin, loss).clipped_sum(x, 1e-3)
+    assert torch.allclose(out.norms, ref.norms, rtol=1e-4)
+    assert all(
+        torch.allclose(a, b, rtol=1e-4, atol=1e-9) for a, b in zip(out.summed, ref.summed, strict=True)
+    )

@@ -29,7 +29,22 @@ class Encoder(nn.Module):
         return self.head(self.enc(self.emb(tok)).mean(1))
 
 
-@pytest.mark.parametrize("make", [fresh_model, Encoder], ids=["smallnet", "transformer"])
+class Convs(nn.Module):
+    """Two convolutions that instantiate per-example gradients under bf16: c1 from patches, c2 (8 input channels,
+    reflect padding) by the grouped kernel on a CPU (bk_rules.conv); then a head."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.c1 = nn.Conv2d(2, 8, 3, padding=1)
+        self.c2 = nn.Conv2d(8, 2, 3, padding=1, padding_mode="reflect")
+        self.head = nn.Linear(2, 5)
+
+    def forward(self, x, tok):
+        return self.head(torch.tanh(self.c2(torch.tanh(self.c1(x)))).mean((2, 3)))
+
+
+@pytest.mark.parametrize("make", [fresh_model, Encoder, Convs], ids=["smallnet", "transformer", "convs"])
 def test_bf16_autocast_matches_fp32_at_bf16_tolerance(make):
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     batch = {k: v.to(device) for k, v in make_batch(b=8).items()}

@@ -141,6 +141,22 @@ def _in_precision(call: _Call, dtype: torch.dtype) -> _Call:
     return call
 
 
+#: rule kinds that bring their captures to the parameters' precision a chunk at a time (bk_rules.dense)
+_CHUNKED_PRECISION = ("linear", "conv")
+
+
+def _captured_bytes(layers) -> int:
+    """Bytes of the distinct storages the layers' calls hold (inputs and output gradients)."""
+    seen: dict[int, int] = {}
+    for layer in layers:
+        for call in layer.calls:
+            for t in (*call.args, *call.kwargs.values(), call.grad):
+                if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                    st = t.untyped_storage()
+                    seen[st.data_ptr()] = st.nbytes()
+    return sum(seen.values())
+
+
 def _detach(t):
     return t.detach() if isinstance(t, torch.Tensor) else t
 
@@ -161,6 +177,10 @@ class BKEngine(GradEngine):
         super().__init__(model, loss_per_example)  # refuses every layer without an exact rule
         self.mode = mode
         self.choices: dict[str, str] = {}
+        #: diagnostic, of the last clipped_sum: ``captured_bytes`` (inputs and output gradients held after the
+        #: backward) and ``per_example_bytes`` (per-example gradients kept until the clipped sum)
+        self.memory: dict[str, int] = {"captured_bytes": 0, "per_example_bytes": 0}
+        self.dtype = self.params[0].dtype if self.params else torch.float32
         _check_untied(model)
         self.layers: list[_Layer] = []
         for mname, m in model.named_modules():
@@ -236,6 +256,10 @@ class BKEngine(GradEngine):
     def record(self, name: str, choice: str) -> None:
         self.choices[name] = choice
 
+    def kept(self, t: torch.Tensor) -> None:
+        """Note a per-example gradient tensor a rule keeps until the clipped sum (``memory``)."""
+        self.memory["per_example_bytes"] += t.numel() * t.element_size()
+
     def scale_of(self, param: nn.Parameter | None) -> torch.Tensor | None:
         """The per-coordinate scale of ``param`` (scale-then-privatize), or None."""
         return None if self._scale is None or param is None else self._scale[id(param)]
@@ -252,6 +276,7 @@ class BKEngine(GradEngine):
         if scale is not None:  # shapes checked by GradEngine.clipped_sum
             self._scale = {id(p): s.to(p.dtype) for p, s in zip(self.params, scale, strict=True)}
         ref = self.params[0]
+        self.dtype = ref.dtype  # the precision of norms, clip factors and sums (rules read it)
         anchor = torch.zeros((), dtype=ref.dtype, device=ref.device, requires_grad=True)
         for layer in self.layers:
             layer.calls = []
@@ -275,11 +300,16 @@ class BKEngine(GradEngine):
                 raise
             sq = torch.zeros(b, dtype=ref.dtype, device=ref.device)
             finishers = []
+            self.memory = {"captured_bytes": _captured_bytes(self.layers), "per_example_bytes": 0}
             # under mixed precision (autocast) the captures are bf16 / fp16: norms, clip factors and sums are
-            # computed in the parameters' precision, outside autocast (which would cast the matmuls down again)
+            # computed in the parameters' precision, outside autocast (which would cast the matmuls down again);
+            # the dense rules (Linear, convolutions: most of the captured memory) bring a chunk at a time to that
+            # precision, the others their whole (small) captures
             with torch.autocast(ref.device.type, enabled=False):
                 for layer in self.layers:
-                    calls = [_in_precision(call, ref.dtype) for call in layer.calls if call.grad is not None]
+                    calls = [call for call in layer.calls if call.grad is not None]
+                    if layer.kind not in _CHUNKED_PRECISION:
+                        calls = [_in_precision(call, ref.dtype) for call in calls]
                     if not calls:
                         continue
                     layer_sq, finish = layer.rule.compute(self, layer, calls, b)

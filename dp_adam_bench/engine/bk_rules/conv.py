@@ -147,7 +147,7 @@ def conv(engine, layer, calls, b):
         return ps[0] if len(ps) == 1 else torch.cat(ps, 1)
 
     def weight_sum(c):
-        cs = c.to(grads[0].dtype).reshape(b, *[1] * (grads[0].dim() - 1))
+        cs = c.reshape(b, *[1] * (grads[0].dim() - 1))
         return sum(weight_grad(m, x, grad * cs) for x, grad in zip(xs, grads, strict=True)).reshape(g, -1, d)
 
     def per_example(i, j):
@@ -155,7 +155,7 @@ def conv(engine, layer, calls, b):
         return ws.reshape(j - i, g, -1, d)
 
     grouped = grouped_kernel(m, xs[0].device)
-    held = sum(x.numel() for x in xs) + sum(grad.numel() for grad in grads)
+    held = sum(t.numel() * t.element_size() for t in (*xs, *grads))
     sw = engine.scale_of(w)
     sq, fin = dense(
         engine,

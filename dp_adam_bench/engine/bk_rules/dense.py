@@ -103,9 +103,10 @@ def _per_example(G: torch.Tensor, A: torch.Tensor, out: torch.Tensor | None = No
 
 
 def weighted_sum(G: torch.Tensor, A: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """``sum_i c_i G_i^T A_i`` over examples and positions, per group: (k, p, d), for operands held as
-    (B, T, k, p) / (B, T, k, d) tensors (the clipped sum of a Linear)."""
-    Gc = G * c.to(G.dtype)[:, None, None, None]
+    """``sum_i c_i G_i^T A_i`` over examples and positions, per group: (k, p, d), in ``c``'s precision, for
+    operands held as (B, T, k, p) / (B, T, k, d) tensors (the clipped sum of a Linear)."""
+    Gc = G.to(c.dtype) * c[:, None, None, None]
+    A = A.to(c.dtype)
     if G.shape[2] == 1:
         return torch.mm(Gc.reshape(-1, G.shape[3]).t(), A.reshape(-1, A.shape[3])).unsqueeze(0)
     return torch.einsum("btkp,btkd->kpd", Gc, A)
@@ -120,7 +121,7 @@ class Operands:
     patches are unfolded one chunk of examples at a time, so the whole unfolded input never exists);
     ``weight_sum(c)``: ``sum_i c_i G_i^T A_i`` as (k, p, d), from what the layer holds (a Linear: one matmul; a
     convolution: the convolution's own weight-gradient kernel); ``held``: how many numbers the layer holds for
-    that sum (inputs and output gradients), against which a per-example gradient's size is weighed;
+    that sum (inputs and output gradients), in bytes, against which a per-example gradient's size is weighed;
     ``per_example(i, j)``: optionally, the per-example gradients of examples ``i:j`` as (j - i, k, p, d) by a
     kernel of the layer's own (default: ``G_i^T A_i`` from ``inputs``)."""
 
@@ -134,9 +135,8 @@ class Operands:
 
 def held_operands(A: torch.Tensor, G: torch.Tensor) -> Operands:
     """:class:`Operands` of inputs ``A`` (B, T, k, d) held as they are (a Linear)."""
-    return Operands(
-        G, A.shape[3], lambda i, j: A[i:j], lambda c: weighted_sum(G, A, c), A.numel() + G.numel()
-    )
+    held = A.numel() * A.element_size() + G.numel() * G.element_size()
+    return Operands(G, A.shape[3], lambda i, j: A[i:j], lambda c: weighted_sum(G, A, c), held)
 
 
 def _chunk(b: int, per_example: int) -> int:
@@ -153,15 +153,17 @@ def dense(engine, name: str, ops: Operands, *, weight: bool, bias: bool, sw=None
     gradients for the norms (the Gram form cannot see a per-coordinate scale); they are not kept: the clipped
     sum is ``S * weight_sum(c)``, the scale being the same for every example.
 
-    Everything is computed in the precision of the output gradients (the engine brings them to the parameters'
-    precision), a chunk of examples at a time: no temporary exceeds _GRAM_CHUNK numbers."""
+    Everything is computed in the parameters' precision (``engine.dtype``: fp32 under bf16 autocast) from operands
+    held as the layer saw them, a chunk of examples at a time (no temporary exceeds _GRAM_CHUNK numbers, and no
+    whole-layer copy in another precision is made before the clipped sum)."""
     G = ops.G
     b, T, k, p = G.shape
     d = ops.d
-    sq = torch.zeros(b, dtype=G.dtype, device=G.device)
+    dt = engine.dtype
+    sq = torch.zeros(b, dtype=dt, device=G.device)
     gb = None
     if bias:
-        gb = G.sum(1).reshape(b, k * p)
+        gb = G.sum(1, dtype=dt).reshape(b, k * p)
         if sb is not None:
             gb = gb * sb
         sq = sq + gb.square().sum(1)
@@ -171,23 +173,24 @@ def dense(engine, name: str, ops: Operands, *, weight: bool, bias: bool, sw=None
             engine.record(name, "instantiate")
             gram = False
         else:
-            gram = engine.path(name, T, d, p, fits=k * p * d * b <= ops.held)
+            gram = engine.path(name, T, d, p, fits=b * k * p * d * dt.itemsize <= ops.held)
         if not gram and sw is None:
-            W = torch.empty(b, k, p, d, dtype=G.dtype, device=G.device)  # kept for the clipped sum
+            W = torch.empty(b, k, p, d, dtype=dt, device=G.device)  # kept for the clipped sum
+            engine.kept(W)
         step = _chunk(b, k * max(T * d, T * T if gram else p * d))
         parts = []
         for i in range(0, b, step):
             j = min(b, i + step)
             if gram:
-                a, g = ops.inputs(i, j).to(G.dtype), G[i:j]
+                a, g = ops.inputs(i, j).to(dt), G[i:j].to(dt)
                 parts.append(gram_sq(_per_group(a), _per_group(g)).reshape(j - i, k).sum(1))
                 continue
             if ops.per_example is not None:
-                w = ops.per_example(i, j).to(G.dtype)
+                w = ops.per_example(i, j).to(dt)
                 if W is not None:
                     W[i:j] = w
             else:
-                w = _per_example(G[i:j], ops.inputs(i, j).to(G.dtype), None if W is None else W[i:j])
+                w = _per_example(G[i:j].to(dt), ops.inputs(i, j).to(dt), None if W is None else W[i:j])
             parts.append(sq_norms(w if sw is None else w * sw))
         if parts:  # none for an empty batch
             sq = sq + torch.cat(parts)

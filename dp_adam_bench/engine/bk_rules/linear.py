@@ -13,8 +13,8 @@ from dp_adam_bench.engine.bk_rules.registry import register
 
 def stack_calls(calls, b: int):
     """(A, G) of shape (B, T, 1, d) / (B, T, 1, p): every call's positions side by side (module reuse: the
-    per-example gradient sums over all positions of all calls)."""
-    As = [c.args[0].reshape(b, -1, c.args[0].shape[-1]).to(c.grad.dtype) for c in calls]
+    per-example gradient sums over all positions of all calls), each in the precision the layer saw."""
+    As = [c.args[0].reshape(b, -1, c.args[0].shape[-1]) for c in calls]
     Gs = [c.grad.reshape(b, -1, c.grad.shape[-1]) for c in calls]
     A = As[0] if len(As) == 1 else torch.cat(As, 1)
     G = Gs[0] if len(Gs) == 1 else torch.cat(Gs, 1)
