@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from dp_adam_bench.engine.bk import BKEngine
+from dp_adam_bench.engine.bk_rules import conv
 from dp_adam_bench.errors import ConfigError
 from dp_adam_bench.tasks import registry
 from dp_adam_bench.train import train
@@ -31,7 +32,8 @@ class Encoder(nn.Module):
 
 class Convs(nn.Module):
     """Two convolutions that instantiate per-example gradients under bf16: c1 from patches, c2 (8 input channels,
-    reflect padding) by the grouped kernel on a CPU (bk_rules.conv); then a head."""
+    reflect padding) by the grouped kernel on a CPU (bk_rules.conv, with its minimum of output positions lowered
+    to these 6 x 6 images by the test); then a head."""
 
     def __init__(self):
         super().__init__()
@@ -45,7 +47,8 @@ class Convs(nn.Module):
 
 
 @pytest.mark.parametrize("make", [fresh_model, Encoder, Convs], ids=["smallnet", "transformer", "convs"])
-def test_bf16_autocast_matches_fp32_at_bf16_tolerance(make):
+def test_bf16_autocast_matches_fp32_at_bf16_tolerance(make, monkeypatch):
+    monkeypatch.setattr(conv, "GROUPED_MIN_POSITIONS", 1)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     batch = {k: v.to(device) for k, v in make_batch(b=8).items()}
     ref = BKEngine(make().to(device), loss_per_example).clipped_sum(batch, 0.5)

@@ -89,17 +89,25 @@ def weight_grad(conv: nn.modules.conv._ConvNd, x: torch.Tensor, grad: torch.Tens
     )[1]
 
 
-#: on a CPU, per-example gradients of a convolution with at least this many input channels per group come from
-#: one grouped weight-gradient convolution (:func:`per_example_grads`), fewer from unfolded patches and ``bmm``.
-#: Measured (torch 2.13, oneDNN, 2 threads, B = 128-256, 3x3 kernels): 32 -> 64 channels on 15 x 15, 56.6 vs
-#: 17.5 ms; 16 -> 16 on 32 x 32, 45.6 vs 5.7 ms; 3 -> 32 on 32 x 32 without padding, 9.7 vs 13.9 ms (patches
-#: win). On CUDA the patches and ``bmm`` are used (cuDNN is slow on convolutions with thousands of groups).
+#: on a CPU, per-example gradients of a convolution with at least GROUPED_MIN_CHANNELS input channels per group
+#: and GROUPED_MIN_POSITIONS output positions come from one grouped weight-gradient convolution
+#: (:func:`per_example_grads`), others from unfolded patches and ``bmm``. Measured (torch 2.13, oneDNN, 2 threads,
+#: B = 128-256, 3x3 kernels; patches vs grouped): 32 -> 64 channels at 15 x 15 outputs, 46.6 vs 19.1 ms; 16 -> 16
+#: at 32 x 32, 45.6 vs 5.7 ms; 32 -> 64 at 8 x 8, 4.5 vs 3.8 ms; but 3 -> 32 at 30 x 30, 9.5 vs 14.6 ms; 64 -> 128
+#: at 7 x 7, 52.8 vs 98.4 ms; 128 -> 256 at 3 x 3, 102.8 vs 327.9 ms. On CUDA the patches and ``bmm`` are used
+#: (cuDNN is slow on convolutions with thousands of groups; not measured here).
 GROUPED_MIN_CHANNELS = 8
+GROUPED_MIN_POSITIONS = 64
 
 
-def grouped_kernel(conv: nn.modules.conv._ConvNd, device: torch.device) -> bool:
-    """Whether ``conv``'s per-example gradients come from :func:`per_example_grads` on ``device``."""
-    return device.type == "cpu" and conv.in_channels // conv.groups >= GROUPED_MIN_CHANNELS
+def grouped_kernel(conv: nn.modules.conv._ConvNd, device: torch.device, positions: int) -> bool:
+    """Whether ``conv``'s per-example gradients at ``positions`` output positions come from
+    :func:`per_example_grads` on ``device``."""
+    return (
+        device.type == "cpu"
+        and conv.in_channels // conv.groups >= GROUPED_MIN_CHANNELS
+        and positions >= GROUPED_MIN_POSITIONS
+    )
 
 
 def per_example_grads(conv: nn.modules.conv._ConvNd, x: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
@@ -135,9 +143,8 @@ def conv(engine, layer, calls, b):
     g = m.groups
     xs = [call.args[0] for call in calls]
     grads = [call.grad for call in calls]
-    Gs = [
-        grad.reshape(b, g, grad.shape[1] // g, -1).permute(0, 3, 1, 2) for grad in grads
-    ]  # (B, L, g, out / g)
+    # (B, L, g, out / g): the output gradients at every output position, per group (a view)
+    Gs = [grad.reshape(b, g, grad.shape[1] // g, -1).permute(0, 3, 1, 2) for grad in grads]
     G = Gs[0] if len(Gs) == 1 else torch.cat(Gs, 1)
     d = m.in_channels // g * math.prod(m.kernel_size)
     w, bias = m.weight, m.bias
@@ -154,7 +161,7 @@ def conv(engine, layer, calls, b):
         ws = sum(per_example_grads(m, x[i:j], grad[i:j]) for x, grad in zip(xs, grads, strict=True))
         return ws.reshape(j - i, g, -1, d)
 
-    grouped = grouped_kernel(m, xs[0].device)
+    grouped = grouped_kernel(m, xs[0].device, G.shape[1])
     held = sum(t.numel() * t.element_size() for t in (*xs, *grads))
     sw = engine.scale_of(w)
     sq, fin = dense(

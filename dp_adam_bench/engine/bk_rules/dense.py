@@ -120,8 +120,8 @@ class Operands:
     ``inputs(i, j)``: the inputs of examples ``i:j``, (j - i, T, k, d) (a Linear's are a view; a convolution's
     patches are unfolded one chunk of examples at a time, so the whole unfolded input never exists);
     ``weight_sum(c)``: ``sum_i c_i G_i^T A_i`` as (k, p, d), from what the layer holds (a Linear: one matmul; a
-    convolution: the convolution's own weight-gradient kernel); ``held``: how many numbers the layer holds for
-    that sum (inputs and output gradients), in bytes, against which a per-example gradient's size is weighed;
+    convolution: the convolution's own weight-gradient kernel); ``held``: the bytes the layer holds for that sum
+    (inputs and output gradients), against which the size of its per-example gradients is weighed;
     ``per_example(i, j)``: optionally, the per-example gradients of examples ``i:j`` as (j - i, k, p, d) by a
     kernel of the layer's own (default: ``G_i^T A_i`` from ``inputs``)."""
 
