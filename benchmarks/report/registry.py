@@ -70,18 +70,19 @@ ENGINE_PRESETS = (
     ),
     Preset(
         "gpt2_small_B32",
-        ("--models", "gpt2_small", "--batch-sizes", "32", "--modes", "nonprivate", "ghost", "stp"),
-        "GPT-2-small-shaped, B = 32 (issue A), whole batch: non-private, Opacus ghost, stp via bk",
+        ("--models", "gpt2_small", "--batch-sizes", "32", "--modes", "nonprivate", "ghost", "bk", "stp"),
+        "GPT-2-small-shaped, B = 32 (issue A), whole batch: non-private, Opacus ghost, bk, stp via bk",
     ),
     Preset(
         "gpt2_small_B32_micro8",
         (
-            *("--models", "gpt2_small", "--batch-sizes", "32", "--modes", "bk", "hooks"),
+            *("--models", "gpt2_small", "--batch-sizes", "32", "--modes", "hooks"),
             *("--physical-batch-size", "8"),
         ),
-        "GPT-2-small-shaped, B = 32 in 4 micro-batches of 8 for bk and Opacus hooks: on the whole batch they would "
-        "hold per-example gradients of 32 x 124M (bk: every Linear layer, kept until the clip factors are known) "
-        "or 32 x 163M (hooks) floats, 16-21 GB, more than this machine's 23 GB with the rest of the step",
+        "GPT-2-small-shaped, B = 32 in 4 micro-batches of 8 for Opacus hooks: on the whole batch it would hold "
+        "per-example gradients of 32 x 163M floats, about 21 GB, more than this machine's 23 GB with the rest of "
+        "the step (bk keeps a per-example gradient only where it is no larger than the layer's inputs and output "
+        "gradients, none of GPT-2's at T = 128, so it runs the whole batch)",
     ),
 )
 
