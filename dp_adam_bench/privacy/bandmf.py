@@ -24,7 +24,7 @@ import torch
 from scipy.optimize import minimize
 from scipy.signal import fftconvolve
 
-from dp_adam_bench.privacy.mechanisms import NoiseMechanism
+from dp_adam_bench.privacy.mechanisms import NoiseMechanism, load_buffers_into, zeroed_buffers
 from dp_adam_bench.privacy.strategies import ToeplitzStrategy, check_n
 from dp_adam_bench.privacy.toeplitz import inverse_series, sqrt_prefix_coefficients
 
@@ -162,7 +162,7 @@ class BandedMechanism(NoiseMechanism):
 
     def _reset_buffers(self) -> None:
         m = self.bands - 1
-        self._ring = [torch.zeros((m, *s), dtype=self._dtype, device=self._device) for s in self._shapes]
+        self._ring = zeroed_buffers(self._ring, [(m, *s) for s in self._shapes], self._dtype, self._device)
 
     def buffers(self) -> list[torch.Tensor]:
         """The ring buffers (one per parameter shape, each (b - 1, *shape))."""
@@ -205,4 +205,4 @@ class BandedMechanism(NoiseMechanism):
     def _load_buffers(self, buffers: dict[str, object]) -> None:
         if not np.array_equal(np.asarray(buffers["coefs"]), self.coefs):
             raise ValueError("checkpoint was written by a banded mechanism with different coefficients")
-        self._ring = [r.clone().to(dtype=self._dtype, device=self._device) for r in buffers["ring"]]
+        load_buffers_into(self._ring, buffers["ring"], "banded ring")

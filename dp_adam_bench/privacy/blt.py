@@ -28,7 +28,7 @@ import torch
 from scipy.optimize import minimize
 from scipy.signal import fftconvolve
 
-from dp_adam_bench.privacy.mechanisms import NoiseMechanism
+from dp_adam_bench.privacy.mechanisms import NoiseMechanism, load_buffers_into, zeroed_buffers
 from dp_adam_bench.privacy.strategies import ToeplitzStrategy, check_n
 
 
@@ -335,7 +335,7 @@ class BLTMechanism(NoiseMechanism):
 
     def _reset_buffers(self) -> None:
         m = len(self.theta)
-        self._state = [torch.zeros((m, *s), dtype=self._dtype, device=self._device) for s in self._shapes]
+        self._state = zeroed_buffers(self._state, [(m, *s) for s in self._shapes], self._dtype, self._device)
 
     def buffers(self) -> list[torch.Tensor]:
         """The BLT state buffers (one per parameter shape, each (m, *shape))."""
@@ -380,4 +380,4 @@ class BLTMechanism(NoiseMechanism):
         )
         if not same:
             raise ValueError("checkpoint was written by a BLT mechanism with different parameters")
-        self._state = [s.clone().to(dtype=self._dtype, device=self._device) for s in buffers["state"]]
+        load_buffers_into(self._state, buffers["state"], "BLT state")

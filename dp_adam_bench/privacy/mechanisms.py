@@ -22,6 +22,35 @@ import numpy as np
 import torch
 
 
+def zeroed_buffers(
+    old: list[torch.Tensor], shapes: Sequence[Sequence[int]], dtype: torch.dtype, device: torch.device
+) -> list[torch.Tensor]:
+    """Zero streaming buffers of ``shapes``: ``old`` zeroed in place when it already has exactly these shapes, dtype
+    and device, else new tensors. A resumed run resets its mechanism twice (when its session is built, then in
+    ``load_state_dict``); BandMF's buffers are ``b - 1`` copies of the model (a GB for BERT-tiny at b = 128), and a
+    second allocation would hold two of them at once."""
+    shapes = [torch.Size(s) for s in shapes]
+    if len(old) == len(shapes) and all(
+        t.shape == s and t.dtype == dtype and t.device == device for t, s in zip(old, shapes, strict=True)
+    ):
+        for t in old:
+            t.zero_()
+        return old
+    return [torch.zeros(s, dtype=dtype, device=device) for s in shapes]
+
+
+def load_buffers_into(buffers: list[torch.Tensor], saved: Sequence[torch.Tensor], what: str) -> None:
+    """Copy a checkpoint's ``saved`` buffers into the mechanism's own ``buffers`` (converting dtype and device):
+    no second copy of them is allocated, and the mechanism never shares storage with the state it was given."""
+    if len(saved) != len(buffers) or any(s.shape != b.shape for s, b in zip(saved, buffers, strict=False)):
+        raise ValueError(
+            f"checkpoint {what} buffers have shapes {[tuple(s.shape) for s in saved]}, this mechanism's "
+            f"{[tuple(b.shape) for b in buffers]}"
+        )
+    for b, s in zip(buffers, saved, strict=True):
+        b.copy_(s)
+
+
 class NoiseMechanism(ABC):
     """Base class: owns a torch.Generator and a step counter; subclasses add their buffers."""
 
