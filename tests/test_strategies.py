@@ -251,3 +251,29 @@ def test_sqrt_prefix_strategy_is_toeplitz_and_equals_the_dense_construction():
     mech = strat.mechanism()
     assert isinstance(mech, DenseMechanism) and mech.name == "dpmf_sqrt"
     np.testing.assert_allclose(mech.c_inverse, dense.inverse_matrix(), atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["bandmf", "blt"])
+def test_a_loaded_state_is_copied_into_the_buffers_the_mechanism_holds(kind):
+    """load_state_dict neither allocates a second set of buffers nor shares storage with the state it was given;
+    a state whose buffers have other shapes is refused."""
+    strat = BandedToeplitzStrategy(20, 4) if kind == "bandmf" else BLTStrategy(20, buffers=2)
+    mech = strat.mechanism()
+    mech.reset(SHAPES, seed=5, dtype=torch.float32)
+    for _ in range(3):
+        mech.next()
+    state = mech.state_dict()
+    resumed = strat.mechanism()
+    resumed.reset(SHAPES, seed=0, dtype=torch.float32)  # as a resumed run's session builds it
+    held = [b.data_ptr() for b in resumed.buffers()]
+    resumed.load_state_dict(state)
+    assert [b.data_ptr() for b in resumed.buffers()] == held
+    saved = state["buffers"]["ring" if kind == "bandmf" else "state"]
+    assert all(torch.equal(b, s) for b, s in zip(resumed.buffers(), saved, strict=True))
+    for s in saved:
+        s.add_(1.0)  # the state's tensors are not the mechanism's
+    assert not any(torch.equal(b, s) for b, s in zip(resumed.buffers(), saved, strict=True))
+    wrong = copy.deepcopy(mech.state_dict())
+    wrong["buffers"]["ring" if kind == "bandmf" else "state"][0] = torch.zeros(1)
+    with pytest.raises(ValueError, match="buffers have shapes"):
+        strat.mechanism().load_state_dict(wrong)
