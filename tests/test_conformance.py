@@ -33,26 +33,9 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 # bk:chunked is bk (auto) with one example per chunk of its norm computations (bk_rules.dense._GRAM_CHUNK);
 # bk:grouped instantiates convolutions' per-example gradients with the grouped kernel (bk_rules.conv), whatever
 # the channels and device
-ENGINES = [
-    "loop",
-    "functorch",
-    "bk",
-    "bk:gram",
-    "bk:instantiate",
-    "bk:chunked",
-    "bk:grouped",
-    "hooks",
-    "ghost",
-]
-EXACT = {
-    "loop",
-    "functorch",
-    "bk",
-    "bk:gram",
-    "bk:instantiate",
-    "bk:chunked",
-    "bk:grouped",
-}  # match every one
+BK_PATHS = ["bk", "bk:gram", "bk:instantiate", "bk:chunked", "bk:grouped"]
+ENGINES = ["loop", "functorch", *BK_PATHS, "hooks", "ghost"]
+EXACT = {"loop", "functorch", *BK_PATHS}  # must match every defined configuration
 SETTINGS = {  # name: (dtype, loss, rtol)
     "f64-mse": (torch.float64, "mse", 1e-8),
     "f64-ce": (torch.float64, "ce", 1e-8),

@@ -66,27 +66,34 @@ def _symmetric_zero_padding(conv: nn.modules.conv._ConvNd) -> list[int] | None:
     return list(reversed(left)) if left == right else None
 
 
-def weight_grad(conv: nn.modules.conv._ConvNd, x: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-    """The gradient of ``conv.weight`` summed over the batch, for input ``x`` (not padded) and output gradient
-    ``grad``: the kernel a non-private backward runs."""
+def _weight_grad(conv: nn.modules.conv._ConvNd, x, grad, weight, groups: int) -> torch.Tensor:
+    """``aten.convolution_backward``'s weight gradient (only) for ``conv``'s geometry with ``weight`` (its shape is
+    what is read) and ``groups``, for input ``x`` (not padded: symmetric zero padding is left to the kernel, any
+    other padding is applied first) and output gradient ``grad``, in the parameters' precision."""
     n = len(conv.kernel_size)
     pad = _symmetric_zero_padding(conv)
     if pad is None:
         x, pad = padded(conv, x), [0] * n
-    w = conv.weight
+    dt = conv.weight.dtype
     return torch.ops.aten.convolution_backward(
-        grad.to(w.dtype),
-        x.to(w.dtype),
-        w,
+        grad.to(dt),
+        x.to(dt),
+        weight,
         None,
         conv.stride,
         pad,
         conv.dilation,
         False,
         [0] * n,
-        conv.groups,
+        groups,
         [False, True, False],
     )[1]
+
+
+def weight_grad(conv: nn.modules.conv._ConvNd, x: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """The gradient of ``conv.weight`` summed over the batch, for input ``x`` (not padded) and output gradient
+    ``grad``: the kernel a non-private backward runs."""
+    return _weight_grad(conv, x, grad, conv.weight, conv.groups)
 
 
 #: on a CPU, per-example gradients of a convolution with at least GROUPED_MIN_CHANNELS input channels per group
@@ -114,27 +121,10 @@ def per_example_grads(conv: nn.modules.conv._ConvNd, x: torch.Tensor, grad: torc
     """Per-example weight gradients (B, out, in / groups, *kernel) of ``conv`` for input ``x`` (not padded) and
     output gradient ``grad``, as one weight-gradient convolution with the examples as groups (Rochette, Manoel &
     Tramel, "Efficient per-example gradient computations in convolutional neural networks", arXiv:1912.06015)."""
-    b = x.shape[0]
-    n = len(conv.kernel_size)
-    pad = _symmetric_zero_padding(conv)
-    if pad is None:
-        x, pad = padded(conv, x), [0] * n
-    w = conv.weight
-    shape = (b * w.shape[0], *w.shape[1:])
-    gw = torch.ops.aten.convolution_backward(
-        grad.reshape(1, -1, *grad.shape[2:]).to(w.dtype),
-        x.reshape(1, -1, *x.shape[2:]).to(w.dtype),
-        w.new_empty((1,) * w.dim()).expand(shape),  # only its shape is read
-        None,
-        conv.stride,
-        pad,
-        conv.dilation,
-        False,
-        [0] * n,
-        b * conv.groups,
-        [False, True, False],
-    )[1]
-    return gw.reshape(b, *w.shape)
+    b, w = x.shape[0], conv.weight
+    one = w.new_empty((1,) * w.dim()).expand(b * w.shape[0], *w.shape[1:])  # only its shape is read
+    flat = (x.reshape(1, -1, *x.shape[2:]), grad.reshape(1, -1, *grad.shape[2:]))  # (1, B * channels, *S)
+    return _weight_grad(conv, *flat, one, b * conv.groups).reshape(b, *w.shape)
 
 
 @register(nn.Conv1d, nn.Conv2d, nn.Conv3d, kind="conv")
