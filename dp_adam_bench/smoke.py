@@ -6,8 +6,9 @@ What a smoke run keeps from the run it stands for: the task with its real model 
 steps to the target epsilon found) over the *full* schedule, the clipping engine, the noise mechanism, the
 optimizer variant and the diagnostics. What it changes: it trains the first ``SMOKE_STEPS`` steps only (the
 privacy plan is built for the whole run; only its ``steps`` is cut), killed after step 1 and resumed from that
-checkpoint for step 2; it evaluates on ``SMOKE_TEST_EXAMPLES`` test examples and decodes ``SMOKE_GENERATE`` of them
-(with the run's beam search); diagnostics are taken at every step.
+checkpoint for step 2 (as any resume, it carries over the engine self-check that passed before step 1, which the
+checkpoint records: :mod:`dp_adam_bench.engine.self_check`); it evaluates on ``SMOKE_TEST_EXAMPLES`` test
+examples and decodes ``SMOKE_GENERATE`` of them (with the run's beam search); diagnostics are taken at every step.
 
 When the data present are smaller than the paper's (a test cache of a few hundred rows), the batch is scaled with
 them so that the privacy accounting is the paper's: Poisson sampling keeps q = B / N (B = paper B x N_here /
@@ -157,7 +158,7 @@ def smoke_run(data: dict, root: Path, steps: int = SMOKE_STEPS, done: set | None
     def prepared(stop_after):
         cfg = OmegaConf.create({**data, "train": {**data["train"], "stop_after": stop_after}})
         torch.manual_seed(int(cfg.seed))
-        run = trainer.prepare(cfg, task)
+        run = trainer.prepare(cfg, task, folder.path)
         return cfg, dataclasses.replace(
             run, plan=dataclasses.replace(run.plan, steps=min(steps, run.plan.steps))
         )

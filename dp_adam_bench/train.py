@@ -62,7 +62,7 @@ def train(cfg: DictConfig) -> dict | None:
         RunLock.check(RunFolder.folder(root, name, rid))
     run_cfg = OmegaConf.create(data)
     try:
-        prepared = trainer.build(run_cfg)
+        prepared = trainer.build(run_cfg, RunFolder.folder(root, name, rid))
     except ConfigError:
         raise
     except ValueError as err:  # a task or variant refusing one of its fields

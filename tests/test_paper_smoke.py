@@ -88,6 +88,11 @@ def test_paper_smoke(experiment, smoke_results):
         assert s["smoke"]["checkpoint_bytes"] > 0
         assert s["planned_steps"] > 2  # the whole paper schedule was planned (sigma, steps to epsilon)
         assert s["metrics"], s
+        # model tasks: the engine self-check passed before step 1 and was carried over to the resume
+        if experiment in HUB_TABLES:
+            check = s["self_check"]
+            assert check["examples"] > 0 and check["max_rel_error"] <= check["tolerance"]
+            assert check["carried_over"]["checkpoint_step"] == 1
     assert not list(root.glob("*/*/checkpoint.pt"))
     # every report of the preset was built from the smoke runs, marked, and nothing went to results/
     tables = [t for t in registry.GROUPS["all"] if registry.spec(t).experiment == experiment]

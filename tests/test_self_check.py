@@ -105,3 +105,57 @@ def test_an_engine_refusal_met_in_the_forward_is_one_config_error():
     with pytest.raises(ConfigError, match=r"train\.clipping=ghost: Linear '<root>' got a 4-D input"):
         self_check(eng, {"x": torch.randn(2, 4, 5, 3)}, 1.0)
     eng.close()
+
+
+def _count_checks(monkeypatch) -> list:
+    """Every run of the check (the comparison itself, not its record) appends to the returned list."""
+    from dp_adam_bench.engine import backends
+
+    calls, real = [], backends.self_check
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(backends, "self_check", counted)
+    return calls
+
+
+def test_a_resumed_run_carries_over_the_check_its_first_attempt_passed(isolated_dirs, tiny_task, monkeypatch):
+    """The check compares the engine with the loop on the model as built, before any step: a resume would compute
+    the same numbers. The checkpoint records the passed check; the resume takes that record, marked as carried
+    over, and does not run the check again."""
+    calls = _count_checks(monkeypatch)
+    base = tiny_poisson("self_check_resume", 4, "train.checkpoint_every=1")
+    with pytest.raises(KeyboardInterrupt):
+        train(compose_cfg([*base, "train.stop_after=2"]))
+    assert len(calls) == 1
+    resumed = train(compose_cfg(base))
+    assert len(calls) == 1  # not run again on resume
+    check = resumed["self_check"]
+    assert check["carried_over"]["checkpoint_step"] == 2
+    assert "not run again" in check["carried_over"]["note"]
+    # the record is the one the check computes on this run: a fresh run of the same config gets the same numbers
+    fresh = train(compose_cfg([*base, "experiment_name=self_check_fresh"]))
+    assert len(calls) == 2 and "carried_over" not in fresh["self_check"]
+    same = ("enabled", "examples", "max_rel_error", "norm_rel_error", "sum_rel_error", "tolerance")
+    assert {k: check[k] for k in same} == {k: fresh["self_check"][k] for k in same}
+    assert resumed["final_params_sha1"] == fresh["final_params_sha1"]
+
+
+def test_a_resume_under_other_check_settings_runs_the_check(isolated_dirs, tiny_task, monkeypatch):
+    calls = _count_checks(monkeypatch)
+    base = tiny_poisson("self_check_other", 4, "train.checkpoint_every=1")
+    with pytest.raises(KeyboardInterrupt):
+        train(compose_cfg([*base, "train.stop_after=2"]))
+    resumed = train(compose_cfg([*base, "train.self_check.tolerance=0.02"]))
+    assert len(calls) == 2
+    assert "carried_over" not in resumed["self_check"] and resumed["self_check"]["tolerance"] == 0.02
+    # a checkpoint whose key differs in the code (an edit between the kill and the resume) is not trusted either
+    with pytest.raises(KeyboardInterrupt):
+        train(compose_cfg([*base, "experiment_name=self_check_code", "train.stop_after=2"]))
+    from dp_adam_bench.engine import self_check as module
+
+    monkeypatch.setattr(module, "source_digest", lambda: "edited")
+    resumed = train(compose_cfg([*base, "experiment_name=self_check_code"]))
+    assert len(calls) == 4 and "carried_over" not in resumed["self_check"]

@@ -91,6 +91,27 @@ def save(folder: Path, payload: dict) -> Path:
     return path
 
 
+def peek(folder: Path, expected_fingerprint: str, key: str) -> tuple[int, object] | None:
+    """``(step, payload[key])`` of the checkpoint in ``folder`` without reading its tensors (memory-mapped, with the
+    same ``weights_only`` loader as :func:`load`); None when there is none, when it cannot be read or lacks ``key``,
+    or when another configuration wrote it (:func:`load` says why when the run tries to resume from it)."""
+    path = Path(folder) / FILENAME
+    if not path.is_file():
+        return None
+    try:
+        with safe_globals(SAFE_GLOBALS):
+            payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - unusable: load() refuses it with the reason
+        return None
+    if (
+        not isinstance(payload, dict)
+        or payload.get("fingerprint") != expected_fingerprint
+        or key not in payload
+    ):
+        return None
+    return int(payload["step"]), payload[key]
+
+
 def load(folder: Path, expected_fingerprint: str, device: str | torch.device = "cpu") -> dict | None:
     """The checkpoint in ``folder`` (tensors on ``device``), None if there is none; CheckpointError if unusable
     or if it holds anything but tensors, plain data and :data:`SAFE_GLOBALS`."""

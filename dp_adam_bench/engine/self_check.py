@@ -14,10 +14,22 @@ nothing: its only outputs are whether the run starts and a floating-point error,
 (computed on private examples, outside the accounted mechanism, like the clean-gradient diagnostics).
 ``train.self_check.enabled=false``
 (``make_private(self_check=False)``) skips it, and the summary records that it was skipped.
+
+A resumed run does not repeat a check that passed: the check compares the engine with the loop on the model as
+built before any training (the same weights and examples on every attempt), so a resume would recompute the same
+numbers. Every checkpoint carries the record of the check that passed with its :func:`carry_key` (the run's
+config identity, the check's settings, the engine, the device and the code, a hash of the package's source and
+torch's version); a resume that finds the same key in the checkpoint it will load takes that record, marked
+``carried_over`` with the checkpoint's step, instead of running the check again. Any difference in the key (a
+changed tolerance, another device, edited code, an older checkpoint without a record) runs the check as on a
+fresh start.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import math
 import time
 
 import torch
@@ -86,3 +98,63 @@ def self_check(engine, batch: dict, clip: float | None, tolerance: float = DEFAU
             "train.clipping=functorch or loop (train.self_check.enabled=false skips this check)"
         )
     return record
+
+
+@functools.cache
+def source_digest() -> str:
+    """sha1 of the package's Python source (every ``.py`` file under it, by relative path): edited code, committed
+    or not, gives another digest."""
+    from dp_adam_bench.paths import PACKAGE_DIR
+
+    h = hashlib.sha1()
+    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+        h.update(path.relative_to(PACKAGE_DIR).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def carry_key(run_fingerprint: str, settings, engine: str, device) -> dict:
+    """What a passed check is a statement about (module docstring): the run's config identity (task, model, data,
+    clipping, clip, seed, precision: ``engine.checkpoint.fingerprint``), the check's examples and tolerance, the
+    engine, the device, and the code."""
+    settings = settings or {}
+    return {
+        "run": run_fingerprint,
+        "examples": int(settings.get("examples", DEFAULT_EXAMPLES)),
+        "tolerance": float(settings.get("tolerance", DEFAULT_TOLERANCE)),
+        "engine": str(engine),
+        "device": str(device),
+        "source_sha1": source_digest(),
+        "torch": str(torch.__version__),
+    }
+
+
+def passed(record: dict) -> bool:
+    """Whether ``record`` is that of a check that ran on at least one example and passed."""
+    err, tol = record.get("max_rel_error"), record.get("tolerance")
+    return bool(
+        record.get("enabled")
+        and record.get("examples")
+        and isinstance(err, float)
+        and isinstance(tol, float)
+        and math.isfinite(err)
+        and err <= tol
+    )
+
+
+def carried_over(saved, key: dict, step: int) -> dict | None:
+    """The summary's record for a resume whose checkpoint (written after ``step`` steps) holds ``saved``, the
+    ``{"key", "record"}`` of a check of an earlier attempt: that record marked ``carried_over`` when it passed under
+    the same ``key``; None otherwise (the check must run)."""
+    if not isinstance(saved, dict) or saved.get("key") != key:
+        return None
+    record = saved.get("record")
+    if not isinstance(record, dict) or not passed(record):
+        return None
+    return {
+        **record,
+        "carried_over": {
+            "checkpoint_step": int(step),
+            "note": "passed in an earlier attempt of this run (same run identity, check settings, engine, device "
+            "and code) and recorded in the checkpoint this attempt resumed from; not run again",
+        },
+    }

@@ -35,6 +35,7 @@ from dp_adam_bench.engine.backends import ModelBackend, VectorBackend
 from dp_adam_bench.engine.diagnostics import Diagnostics
 from dp_adam_bench.engine.plan import PrivacyPlan, build_plan
 from dp_adam_bench.engine.seeds import RunSeeds
+from dp_adam_bench.engine.self_check import carried_over, carry_key, passed
 from dp_adam_bench.engine.session import PrivateTraining
 from dp_adam_bench.errors import ConfigError
 from dp_adam_bench.optim.base import Variant
@@ -89,9 +90,11 @@ class Run:
     ddp: distributed.DistContext
     schedule: LRSchedule  # the factor of optimizer.lr at each step (train.lr_schedule)
     self_check: dict = field(default_factory=dict)  # the engine's self-check (model tasks)
+    # what a passed self-check is about (engine/self_check.py carry_key): saved with it in every checkpoint
+    self_check_key: dict | None = None
 
 
-def build(cfg) -> Run:
+def build(cfg, folder: Path | None = None) -> Run:
     """Threads, seed, the task and :func:`prepare`: the one way a config becomes a :class:`Run`."""
     from dp_adam_bench.tasks.registry import build_task
 
@@ -99,12 +102,14 @@ def build(cfg) -> Run:
         torch.set_num_threads(int(cfg.train.threads))
     torch.manual_seed(int(cfg.seed))
     task = build_task(cfg.task, trials=int(cfg.task.get("trials", 1)), seed=int(cfg.seed))
-    return prepare(cfg, task)
+    return prepare(cfg, task, folder)
 
 
-def prepare(cfg, task) -> Run:
+def prepare(cfg, task, folder: Path | None = None) -> Run:
     """Build the task's model or parameters, the variant and the privacy plan; ConfigError for anything the run
-    could not do honestly. Nothing is written."""
+    could not do honestly. Nothing is written. ``folder``: the run folder :func:`run` will train in; when the run
+    resumes from a checkpoint there that records a passed engine self-check under the same key, that record is
+    carried over instead of running the check again (:mod:`dp_adam_bench.engine.self_check`)."""
     seed = int(cfg.seed)
     seeds = RunSeeds.derive(seed, secure=bool(cfg.privacy.get("secure_rng", False)))
     vector = is_vector_task(task)
@@ -144,14 +149,28 @@ def prepare(cfg, task) -> Run:
         schedule = build_schedule(cfg.train.get("lr_schedule"), cfg.train.get("lr_warmup_steps"), plan.steps)
         # the engine against the size-one loop on a few of the user's examples (engine/self_check.py): before any
         # run folder is written or noise released; {} for closed-form toy tasks, whose gradients are the task's
-        check = {}
+        check, key = {}, None
         if not vector:
             clip = float(cfg.privacy.clip) if plan.noisy else None
-            check = backend.self_check(population, clip, cfg.train.get("self_check"))
+            settings = cfg.train.get("self_check") or {}
+            if settings.get("enabled", True):
+                fp = ckpt.fingerprint(_to_dict(cfg))
+                key = carry_key(fp, settings, backend.engine_name, backend.device)
+                found = (
+                    ckpt.peek(folder, fp, "self_check") if folder and cfg.train.get("resume", True) else None
+                )
+                check = carried_over(found[1], key, found[0]) if found else None
+            check = check or backend.self_check(population, clip, settings)
     except Exception:
         backend.close()
         raise
-    return Run(cfg, task, backend, variant, plan, seeds, population, public, ddp, schedule, check)
+    return Run(cfg, task, backend, variant, plan, seeds, population, public, ddp, schedule, check, key)
+
+
+def _check_to_carry(r: Run) -> dict | None:
+    """The checkpoint's ``self_check`` entry: the passed check (as first run) and its key, or None."""
+    record = {k: v for k, v in r.self_check.items() if k != "carried_over"}
+    return {"key": r.self_check_key, "record": record} if r.self_check_key and passed(record) else None
 
 
 def _truncate_metrics(folder: Path, step: int) -> None:
@@ -166,7 +185,7 @@ def run(cfg, folder: Path, log_metrics: Callable[[int, dict], None], prepared: R
     config, same folder); only rank 0's summary carries metrics and epsilons, and only rank 0 calls
     ``log_metrics`` or writes into ``folder``. ``prepared``: the :func:`build` result (built here if None)."""
     t0 = time.time()
-    r = prepared or build(cfg)
+    r = prepared or build(cfg, folder)
     try:
         return _train(r, folder, log_metrics, t0)
     finally:
@@ -266,7 +285,7 @@ def _train(r: Run, folder: Path, log_metrics, t0: float) -> dict:
         if every_ckpt and step % every_ckpt == 0:
             state = session.state_dict()  # a collective: every rank takes part
             if ddp.is_main:
-                ckpt.save(folder, {"fingerprint": fp, **state})
+                ckpt.save(folder, {"fingerprint": fp, **state, "self_check": _check_to_carry(r)})
         if stop_after is not None and step >= int(stop_after):
             bar.close()
             raise KeyboardInterrupt(f"train.stop_after={stop_after} reached (simulated kill)")
