@@ -150,13 +150,14 @@ def test_a_single_value_inside_a_swept_group_is_written_as_a_choice_sweep():
 
 
 def test_an_entry_can_set_its_own_seeds():
-    from dp_adam_bench.sweep import expected_runs, sweep_commands
+    from dp_adam_bench.sweep import expected_runs, runs_folder_name, sweep_commands
 
     cmds = [" ".join(c) for c in sweep_commands("ganesh_fig3", "cpu")]
     noiseless = [c for c in cmds if "noiseless_precond" in c]
     assert len(noiseless) == 6 and all(c.count("seed=") == 1 and c.endswith("seed=0") for c in noiseless)
     assert all(c.endswith("seed=0,1") for c in cmds if "noiseless_precond" not in c)
-    _, ids = expected_runs("ganesh_fig3", "cpu")
+    name, ids = expected_runs("ganesh_fig3", "cpu")
+    assert runs_folder_name("ganesh_fig3", "cpu") == name == "ganesh_fig3_cpu"  # from one config, not all
     assert (
         len(ids) == 2 * 2 + 5 * 3 * 2 + 2 * 3
     )  # non-private rows and the DP rows (2 seeds), noiseless (1 seed)
