@@ -3,86 +3,34 @@ model classes, samplers and privacy plans a GPU run uses, 2 steps each, with kil
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from fake_hub import hub_env
+from smoke_jobs import HUB_TABLES, SMOKE_TABLES, cli_env
 
 from dp_adam_bench.report import registry
 
 REPO = Path(__file__).resolve().parents[1]
-# the presets whose paper profile loads from the hub, and the paper's numbers their plan must show
-HUB_TABLES = (
-    "tang_fig1_cifar10",
-    "tang_fig1_snli",
-    "tang_fig3_cifar10",
-    "tang_fig3_snli",
-    "li_e2e",
-    "ganesh_fig3",
-    "mf_amplified",
-)
-# every paper table: the hub ones and the closed-form toys (no hub, the same smoke)
-SMOKE_TABLES = (*HUB_TABLES, "ganesh_fig2", "ganesh_quadratic")
-# the order the smokes start in, longest first, so that the two child processes finish close together (seconds
-# alone on one thread: ganesh_fig3 85, mf_amplified 50, the tang tables and li_e2e 10-30, the toys 10)
-LONGEST_FIRST = (
-    "ganesh_fig3",
-    "mf_amplified",
-    "tang_fig3_snli",
-    "tang_fig3_cifar10",
-    "tang_fig1_snli",
-    "li_e2e",
-)
-
-
-@pytest.fixture(scope="session")
-def fake_hub(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hf")
-    # built in a child process: the Hugging Face libraries read their cache paths when imported
-    code = "import sys; sys.path.insert(0, 'tests'); from fake_hub import build_fake_hub; build_fake_hub(sys.argv[1])"
-    env = {**os.environ, **hub_env(root), "PYTHONPATH": str(REPO)}
-    subprocess.run(
-        [sys.executable, "-c", code, str(root)], check=True, cwd=REPO, env=env, capture_output=True
-    )
-    return root
 
 
 def _cli(args, hub: Path, tmp: Path) -> subprocess.CompletedProcess:
-    env = {
-        **os.environ,
-        **hub_env(hub),
-        "PYTHONPATH": str(REPO),
-        "DP_ADAM_BENCH_RUNS": str(tmp / "runs"),
-        "DP_ADAM_BENCH_RESULTS": str(tmp / "results"),
-        "DP_ADAM_BENCH_DATA": str(tmp / "no_local_data"),  # only the hub: the paper profile's loaders
-        "OMP_NUM_THREADS": "1",
-    }
     return subprocess.run(
-        [sys.executable, "-m", "dp_adam_bench", *args], cwd=REPO, env=env, capture_output=True, text=True
+        [sys.executable, "-m", "dp_adam_bench", *args],
+        cwd=REPO,
+        env=cli_env(hub, tmp),
+        capture_output=True,
+        text=True,
     )
 
 
 @pytest.fixture(scope="session")
-def smoke_results(fake_hub, tmp_path_factory):
-    """Every table's smoke, two child processes at a time (each runs on one thread, CI has two cores):
+def smoke_results(smoke_jobs):
+    """Every table's smoke (tests/smoke_jobs.py: started with the session, one child process at a time beside the
+    other tests, two at a time once these tests wait for them; one thread each, CI has two cores):
     {experiment: (its temporary folder, the finished process)}."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    base = tmp_path_factory.mktemp("smoke")
-
-    def one(experiment):
-        tmp = base / experiment
-        tmp.mkdir()
-        return experiment, tmp, _cli(["sweep", experiment, "--profile", "paper", "--smoke"], fake_hub, tmp)
-
-    order = sorted(
-        SMOKE_TABLES, key=lambda t: LONGEST_FIRST.index(t) if t in LONGEST_FIRST else len(LONGEST_FIRST)
-    )
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return {exp: (tmp, out) for exp, tmp, out in pool.map(one, order)}
+    return smoke_jobs.wait()
 
 
 @pytest.mark.parametrize("experiment", SMOKE_TABLES)
