@@ -281,11 +281,18 @@ def main(argv: list[str] | None = None) -> None:
     import pandas as pd
     import torch
 
-    device = torch.device(args.device)
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cuda", "cpu"):
+        parser.error(f"--device {args.device!r}: valid: cuda, cuda:N (a visible GPU) or cpu")
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error(
             f"--device {args.device}: torch {torch.__version__} sees no CUDA GPU here; use --device cpu"
         )
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        parser.error(f"--device {args.device}: only {torch.cuda.device_count()} GPU(s) visible (cuda:0 ...)")
     if device.type != "cuda" and args.out.resolve() == OUT.resolve():
         parser.error(f"--device {args.device} writes {OUT.name} only from a CUDA run; pass --out elsewhere")
     if args.warmup < 0 or args.steps < 1:

@@ -588,3 +588,13 @@ def test_bench_gpu_runs_every_mode_on_cpu_and_never_writes_results_gpu_csv(tmp_p
     with pytest.raises(SystemExit):
         bench_gpu.main(["--device", "cpu", "--quick"])  # the default --out is results_gpu.csv
     assert stamp() == before
+
+
+@pytest.mark.parametrize("device", ["tpu", "nonsense:3"])
+def test_bench_gpu_refuses_a_bad_device_in_one_line(device, tmp_path, capsys):
+    import bench_gpu
+
+    with pytest.raises(SystemExit):
+        bench_gpu.main(["--device", device, "--out", str(tmp_path / "x.csv")])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"--device {device!r}: valid: cuda, cuda:N (a visible GPU) or cpu" in err
