@@ -274,7 +274,13 @@ def variant_fields(cls) -> dict:
 def _validate_privacy(cfg: Mapping, kind: str, sampler: str, correlated: bool) -> None:
     sigma = number(cfg, "privacy.sigma", low=0, high=SIGMA_MAX, null=True)
     number(cfg, "privacy.clip", low=0, low_open=True)
-    number(cfg, "privacy.delta", low=0, high=1, low_open=True, high_open=True)
+    delta = number(cfg, "privacy.delta", low=0, high=1, low_open=True, high_open=True)
+    from dp_adam_bench.privacy.accounting.checks import check_meaningful_delta
+
+    try:  # delta >= 1/2 is refused: the guarantee means nothing (privacy/accounting/checks.py)
+        check_meaningful_delta(delta)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     budget = number(cfg, "privacy.epsilon_budget", low=0, low_open=True, null=True, default=None)
     target = number(cfg, "privacy.target_epsilon", low=0, low_open=True, null=True, default=None)
     steps = _get(cfg, "train.steps", None)

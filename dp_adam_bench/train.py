@@ -21,6 +21,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from dp_adam_bench.config import ConfigError, validate
+from dp_adam_bench.errors import PrivacyMismatch
 from dp_adam_bench.paths import CONFIG_DIR, runs_dir
 from dp_adam_bench.tracking.run_store import RunFolder, RunLock, RunLockedError, is_complete, run_id
 from dp_adam_bench.tracking.wandb_logger import WandbLogger
@@ -123,6 +124,9 @@ def train(cfg: DictConfig) -> dict | None:
         print(guarantee_line(summary["guarantee"]), file=sys.stderr)
     if summary.get("diverged"):
         print(f"warning: {folder.path.name} {summary['diverged']}", file=sys.stderr)
+    verdict = (summary.get("participation") or {}).get("verdict", "consistent")
+    if verdict != "consistent":  # recorded in summary.json first; then the run fails in one line
+        raise PrivacyMismatch(f"{folder.path.name}: participation ledger: {verdict}")
     return summary
 
 
@@ -142,6 +146,8 @@ def guarantee_line(g: dict) -> str:
             acc = g[key]
             value = f" ({exact:.4g})" if acc == "exact_gaussian" and exact is not None else ""
             text += f"; privacy.{field} = {g[field]:g} met under {acc}{value}"
+    for caveat in g.get("caveats") or []:  # e.g. a sampler the accountant does not model, delta >= 1/N
+        text += f"; CAVEAT: {caveat}"
     return text
 
 
@@ -264,6 +270,9 @@ def main(cfg: DictConfig) -> None:
         sys.exit(2)
     except (CheckpointError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    except PrivacyMismatch as err:
+        print(f"privacy error: {err}", file=sys.stderr)
         sys.exit(2)
 
 

@@ -35,18 +35,28 @@ applied here through the same mechanism (a privatizer, sampler, variant or clipp
 * ``ime_free_inverted`` — "IME for free" with its sigma factor inverted (sqrt 2 instead of 1 / sqrt 2): the
   accountant sees twice the noise multiplier the mechanism has;
 * ``ime_sq_understated`` — IME's g^2 release with sensitivity C^2 / B^2 instead of (2B - 1) C^2 / B^2.
+
+Issue 32's planted kinds:
+
+* ``mf_one_participation`` — a single-pass run of 2 epochs whose DP-MF sensitivity is computed for one
+  participation (the plan's ``sensitivity``, and the ledger's Gaussian mechanism with it): the participation ledger
+  sees examples in 2 batches, a separation apart, that need more.
+* ``ledger_round_short`` — the privacy ledger records one Poisson round fewer than the steps taken (the plan's
+  ``rounds_after`` off by one); its true epsilon is about the claim (``leaks=False``), the participation ledger's
+  rounds check sees it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 
 from dp_adam_bench.engine.grads import batch_len, clip_factors
+from dp_adam_bench.engine.plan import PrivacyPlan
 from dp_adam_bench.engine.privatizer import Privatizer, Release, per_example_norms
 from dp_adam_bench.engine.sampling import CyclicPoissonSampler, PoissonSampler
 from dp_adam_bench.optim.adam import AdamIMEFree, BiasCorrection
@@ -171,6 +181,30 @@ class UnderstatedSquarePrivatizer(Privatizer):
         super().__init__(**kw)
 
 
+def one_participation_sensitivity(plan):
+    """The plan of a single-pass run with its sensitivity (and its ledger's Gaussian mechanism) computed for one
+    participation whatever the epochs: what the run claims when ``participations = 1`` is passed by mistake."""
+    if plan.accounting != "gaussian" or plan.sampler.kind != "single_pass":
+        raise ValueError(
+            f"the mf_one_participation control breaks a single-pass run's sensitivity, got {plan.sampler.kind!r}"
+        )
+    return dataclasses.replace(plan, sensitivity=plan.strategy.sensitivity(participations=1))
+
+
+class _RoundShortPlan(PrivacyPlan):
+    def rounds_after(self, step: int) -> int:
+        return max(0, super().rounds_after(step) - 1)
+
+
+def one_round_short(plan):
+    """The plan whose ledger gets one Poisson round fewer than the steps taken."""
+    if plan.accounting not in ("poisson", "amplified_mf"):
+        raise ValueError(
+            f"the ledger_round_short control needs Poisson rounds, got {plan.accounting!r} accounting"
+        )
+    return _RoundShortPlan(**{f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)})
+
+
 class CleanSecondMomentBC(BiasCorrection):
     """bc whose second moment is fed the clean clipped gradient (asks the privatizer for it) while it still says
     it is private: the ledger accounts it as a private run."""
@@ -257,7 +291,8 @@ class Control:
     (None for a registered non-private baseline), the sampler (``sampler_bug``: the plan's sampler -> its
     replacement), the variant (``variant_bug``: a class built with the config's optimizer fields in place of the
     registered one, and the plan rebuilt for it, so its sigma factor reaches the ledger) or the clipping engine
-    (``engine_bug``: (engine, model) -> a wrapper; model tasks only). ``planted``: one of issue 25's planted
+    (``engine_bug``: (engine, model) -> a wrapper; model tasks only) or the privacy plan (``plan_bug``: the
+    prepared run's plan -> the broken plan the run is accounted with). ``planted``: one of issue 25's planted
     kinds; ``leaks``: False for a bug whose true epsilon is about the claim."""
 
     variant: str
@@ -268,6 +303,7 @@ class Control:
     sampler_bug: type | None = None
     variant_bug: type | None = None
     engine_bug: type | None = None
+    plan_bug: Callable | None = None
     planted: bool = False
     leaks: bool = True
 
@@ -281,7 +317,10 @@ class Control:
         return engine if self.engine_bug is None else self.engine_bug(engine, model)
 
     def apply_to_run(self, run, cfg):
-        """The prepared ``run`` with the broken variant and a plan built for it (unchanged without one)."""
+        """The prepared ``run`` with the broken variant and a plan built for it, or with the broken plan
+        (unchanged without either)."""
+        if self.plan_bug is not None:
+            return dataclasses.replace(run, plan=self.plan_bug(run.plan))
         if self.variant_bug is None:
             return run
         from dp_adam_bench.engine.plan import build_plan
@@ -437,6 +476,32 @@ for _name, _control in (
             "single_pass",
             UnderstatedSquarePrivatizer,
             "IME's g^2 sensitivity understated (2B - 1 -> 1)",
+        ),
+    ),
+):
+    CONTROLS.register(_name, dataclasses.replace(_control, planted=True))
+for _name, _control in (
+    (
+        "mf_one_participation",
+        Control(
+            "sgd",
+            "dpmf_sqrt",
+            "single_pass",
+            None,
+            "2-epoch single pass whose MF sensitivity is computed for 1 participation",
+            plan_bug=one_participation_sensitivity,
+        ),
+    ),
+    (
+        "ledger_round_short",
+        Control(
+            "adam",
+            "independent",
+            "poisson",
+            None,
+            "privacy ledger one Poisson round short of the steps taken",
+            plan_bug=one_round_short,
+            leaks=False,
         ),
     ),
 ):

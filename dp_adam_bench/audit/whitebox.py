@@ -267,6 +267,9 @@ class AuditResult:
     claimed_mu: float = math.nan
     claimed_mu_exact: bool = False
     meter: object = None  # the mechanism meter's result for the same config (dp_adam_bench.audit.meter)
+    #: the run's participation ledger reconciled with its accounting (summary["participation"],
+    #: dp_adam_bench.engine.participation); {} when the run did not record one
+    participation: dict = field(default_factory=dict)
 
     @classmethod
     def of_run(cls, run, summary: dict, **fields) -> AuditResult:
@@ -286,7 +289,11 @@ class AuditResult:
             mu = float(plan.sensitivity) / float(plan.account_sigma)
         else:
             mu = gaussian_mu(claimed, float(plan.delta)) if claimed > 0 else 0.0
-        fields = {"claimed_mu": mu, "claimed_mu_exact": exact} | fields
+        fields = {
+            "claimed_mu": mu,
+            "claimed_mu_exact": exact,
+            "participation": summary.get("participation") or {},
+        } | fields
         return cls(
             variant=run.variant.name,
             noise=str(run.cfg.noise.kind),
@@ -337,7 +344,15 @@ class AuditResult:
             out.append("audit (GDP)")
         if self.meter is not None and not self.meter.passed:
             out.append("meter: " + ", ".join(c.name for c in self.meter.failed))
+        if self.ledger_verdict.startswith("MISMATCH"):
+            failed = [c["check"] for c in self.participation.get("checks", []) if not c["ok"]]
+            out.append("participation ledger: " + ", ".join(failed))
         return out
+
+    @property
+    def ledger_verdict(self) -> str:
+        """The participation ledger's verdict on the run ("consistent", "MISMATCH: ..."; "" if none)."""
+        return self.participation.get("verdict", "")
 
     @property
     def verdict(self) -> str:
@@ -379,6 +394,7 @@ class AuditResult:
             if gbest and gbest.gdp_mu_lower > 0
             else "",
             **meter,
+            "participation": self.ledger_verdict.split(":")[0],
             "control": self.control or "",
             "caught_by": "; ".join(self.caught_by),
             "verdict": self.verdict,
@@ -409,6 +425,8 @@ class AuditResult:
         )
         if self.meter is not None:
             lines.append(self.meter.describe())
+        if self.ledger_verdict:
+            lines.append(f"  participation ledger: {self.ledger_verdict}")
         return "\n".join(lines)
 
 

@@ -80,6 +80,9 @@ class PrivacyPlan:
     warnings: list[str] = field(
         default_factory=list
     )  # notes the command line also prints (also in ``notes``)
+    # what the epsilon does not cover (a sampler the accountant does not model, delta >= 1/N): in ``guarantee``,
+    # on the terminal with the epsilon, and in ``warnings``
+    caveats: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.accounting:
@@ -149,6 +152,8 @@ class PrivacyPlan:
             out |= {"epsilon_budget": self.budget, "budget_accountant": self.bound_accountant}
         if self.target is not None:
             out |= {"target_epsilon": self.target, "target_accountant": self.bound_accountant}
+        if self.caveats:
+            out["caveats"] = list(self.caveats)
         return out
 
     def describe(self) -> dict:
@@ -233,6 +238,7 @@ def build_plan(cfg, n: int, variant: Variant, *, numel: int, sampler_seed: int) 
     """The run's privacy plan over ``n`` private examples and a model of ``numel`` coordinates (per trial for
     vectorised tasks: all trials). ``cfg`` has passed :func:`dp_adam_bench.config.validate`."""
     from dp_adam_bench.privacy.accounting import calibrate_sigma, epsilon, mf_epsilon, steps_to_epsilon
+    from dp_adam_bench.privacy.accounting.checks import delta_caveat
 
     kind = NOISE.get(cfg.noise.kind)
     p = cfg.privacy
@@ -296,6 +302,7 @@ def build_plan(cfg, n: int, variant: Variant, *, numel: int, sampler_seed: int) 
     # --- strategy, accounting, calibration of the other samplers -----------------------------------------------------
     strategy = build_strategy(cfg.noise, sampler.steps) if noisy else None
     warnings: list[str] = []
+    caveats: list[str] = []
     if noisy and cfg.noise.kind == "bandmf" and int(cfg.noise.bands) > sampler.steps:
         # kept, not refused: a smoke run of a paper table trains 2 steps of a 128-band strategy
         warnings.append(
@@ -345,6 +352,15 @@ def build_plan(cfg, n: int, variant: Variant, *, numel: int, sampler_seed: int) 
                 "fixed-size shuffled batches: accounted as Poisson sampling with q = B/N, which the "
                 "sampler does NOT implement (not DP-faithful)"
             )
+            caveats.append(
+                "train.sampler=shuffle: this epsilon is Poisson sampling's at q = B/N, and the run's fixed-size "
+                "shuffled batches are not Poisson sampling: it is not a guarantee for this run"
+            )
+        large_delta = delta_caveat(delta, n)
+        if large_delta:
+            caveats.append(large_delta)
+        notes.extend(caveats)
+        warnings.extend(caveats)
         if accounting == "gaussian":
             if sampler_kind == "single_pass":
                 participations = int(cfg.train.epochs)
@@ -424,6 +440,7 @@ def build_plan(cfg, n: int, variant: Variant, *, numel: int, sampler_seed: int) 
         column_norm=column_norm,
         target=float(target) if target is not None else None,
         warnings=warnings,
+        caveats=caveats,
     )
 
 

@@ -10,11 +10,14 @@ parameters, the optimizer variant and the privacy plan, all validated). Each :me
 3. makes every noisy release the variant asked for (:class:`~dp_adam_bench.engine.privatizer.Privatizer`: the
    mechanism's noise, divided by the *expected* batch size),
 4. updates the parameters with the variant, at the learning rate ``train.lr_schedule`` gives the step, and
-5. records the step in the privacy ledger.
+5. records the step in the privacy ledger, and the batch and the noise streams' releases in the participation
+   ledger (reconciled with the privacy ledger by :meth:`PrivateTraining.participation_report`).
 
 :meth:`state_dict` / :meth:`load_state_dict` hold everything a resumed run needs to continue exactly as the
 uninterrupted one would have: parameters, the variant's state, the noise mechanisms' generators and buffers, the
-sampler's state, the ledger, the diagnostics' shadow moments and the random streams (dropout, side information).
+sampler's state, the ledger, the participation ledger (what the sampler and the noise streams did,
+:mod:`dp_adam_bench.engine.participation`), the diagnostics' shadow moments and the random streams (dropout, side
+information).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import torch
 
 from dp_adam_bench.engine.diagnostics import Diagnostics
 from dp_adam_bench.engine.distributed import SharedNoise
+from dp_adam_bench.engine.participation import ParticipationLedger, reconcile
 from dp_adam_bench.engine.privatizer import Privatizer
 from dp_adam_bench.engine.seeds import RunSeeds
 from dp_adam_bench.privacy.accounting import AccountantFailure, PrivacyLedger
@@ -108,6 +112,8 @@ class PrivateTraining:
         self.state = self.variant.init(params)
         self.base_lr = self.variant.lr
         self.ledger = plan.new_ledger()
+        # what the sampler and the noise streams actually do, reconciled with the ledger (engine/participation.py)
+        self.participation = ParticipationLedger(len(run.population), [m._gen for m in mechanisms])
         self.side_gen = torch.Generator().manual_seed(seeds.side)
         side = run.cfg.train.get("side_info") or {}
         self._side_batch = int(side.get("batch_size", 256))
@@ -164,10 +170,12 @@ class PrivateTraining:
                 )
             )
         self.steps_done += 1
+        self.participation.observe(idx)
         run, variant, backend = self.run, self.variant, self.backend
         idx = run.population[idx]
         scale = variant.scale(self.state)  # once per logical step (stp); None for every other variant
         release = backend.release(idx, self.privatizer, scale)
+        self.participation.observe_releases(self.privatizer.mechanisms)
         ctx = release.ctx
         if run.public is not None:  # public side information: no clipping, no noise, no privacy cost
             pick = run.public[torch.randint(len(run.public), (self._side_batch,), generator=self.side_gen)]
@@ -217,6 +225,24 @@ class PrivateTraining:
         (``exact_gaussian``, its ``exact_gaussian_epsilon`` beside). {} for a non-private run."""
         return self.plan.guarantee(self.ledger)
 
+    def participation_report(self) -> dict:
+        """The participation ledger reconciled with the privacy ledger and the plan after the steps taken so far
+        (:func:`~dp_adam_bench.engine.participation.reconcile`): ``{"verdict": "consistent" | "MISMATCH: ...",
+        "checks": [...], ...}``; the trainer puts it in the summary as ``participation``."""
+        streams = self.privatizer.releases.streams if self.privatizer.sigma > 0 else 0
+        self.participation.observe_generators([m._gen for m in self.privatizer.mechanisms])
+        return reconcile(self.participation, self.plan, self.ledger, streams, self.steps_done)
+
+    def check_participation(self) -> dict:
+        """:meth:`participation_report`, raising :class:`~dp_adam_bench.errors.PrivacyMismatch` (one line) when
+        what ran does not match what the guarantee was computed for."""
+        from dp_adam_bench.errors import PrivacyMismatch
+
+        report = self.participation_report()
+        if report["verdict"] != "consistent":
+            raise PrivacyMismatch(f"participation ledger: {report['verdict']}")
+        return report
+
     # --- state --------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """Everything resuming needs (:data:`STATE_KEYS`). Data-parallel, a collective: every rank calls it."""
@@ -232,6 +258,7 @@ class PrivateTraining:
             "side_rng": self.side_gen.get_state(),
             "torch_rng_ranks": self.run.ddp.gather_objects(torch.get_rng_state()),
             "plan": self.plan.describe(),  # what the ledger was accounted under (checked on load)
+            "participation": self.participation.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -259,6 +286,10 @@ class PrivateTraining:
             self.diagnostics.load_state_dict(state["diagnostics"])
         self.side_gen.set_state(state["side_rng"].cpu())
         self.steps_done = int(state["step"])
+        if state.get("participation") is not None:
+            self.participation.load_state_dict(state["participation"])
+        else:  # a checkpoint written before the participation ledger existed
+            self.participation.mark_unobserved(self.steps_done)
         self._batches = None
         if self._model_task:
             _seed_global_rng(self.run.ddp, self.run.seeds, state)

@@ -312,6 +312,9 @@ def _train(r: Run, folder: Path, log_metrics, t0: float) -> dict:
         "privacy_plan": plan.describe(),
         "rng": r.seeds.describe(),
         "ledger": session.ledger.to_dict(),
+        # what ran, reconciled with what the ledger and the sensitivity assumed (engine/participation.py);
+        # train.py fails the run, after writing the summary, on a MISMATCH
+        "participation": session.participation_report() if ddp.is_main else {},
         "privacy_notes": notes,
         "stopped_by_budget": stopped_by_budget,
         "train_time_s": time.time() - t0,

@@ -290,11 +290,15 @@ def _claims(results, model: list[dict]) -> list[Claim]:
         if row["control"] and row["caught_by"]:
             by_tool.setdefault(row["control"], [])
             by_tool[row["control"]] = [*by_tool[row["control"]], row["caught_by"]]
-    tool_missed = [n for n in planted if not any(("meter" in c or "audit" in c) for c in by_tool.get(n, []))]
+    tool_missed = [
+        n
+        for n in planted
+        if not any(("meter" in c or "audit" in c or "ledger" in c) for c in by_tool.get(n, []))
+    ]
     claims = [
         Claim(
             "every private variant x mechanism x sampler is consistent (both audit bounds <= the claim, the meter "
-            "passes)",
+            "passes, the participation ledger matches the accounting)",
             not violations,
             f"{len(honest) - len(violations)} of {len(honest)} consistent"
             + (
@@ -333,7 +337,8 @@ def _claims(results, model: list[dict]) -> list[Claim]:
             from_runs=False,
         ),
         Claim(
-            "every control is caught (by the one-run bound, the Gaussian bound or the meter)",
+            "every control is caught (by the one-run bound, the Gaussian bound, the meter or the participation "
+            "ledger)",
             not missed,
             f"{len(ctrl) + sum(1 for row in model if row['control']) - len(missed)} of "
             f"{len(ctrl) + sum(1 for row in model if row['control'])} caught"
@@ -341,7 +346,8 @@ def _claims(results, model: list[dict]) -> list[Claim]:
             from_runs=False,
         ),
         Claim(
-            "the meter or the audit (not only a unit test) catches each leaking planted bug of issue 25",
+            "the meter, the audit or the participation ledger (not only a unit test) catches each leaking planted "
+            "bug of issues 25 and 32",
             not tool_missed,
             f"{len(planted) - len(tool_missed)} of {len(planted)}"
             + ("; not caught: " + ", ".join(tool_missed) if tool_missed else ""),
@@ -444,12 +450,17 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
         "engine on their own; for an engine control the self-check is also tried, and caught_by names it when "
         "it refuses the run before any noise is released. The engine rows of one config share the noise seed, so "
         "equal numbers across engines mean equal clipped sums.",
+        "participation: the verdict of the run's participation ledger (dp_adam_bench.engine.participation), "
+        "which records what the sampler and the noise streams did (each example's participations and smallest "
+        "gap between two, the releases of each stream) and reconciles it with the ledger's rounds, the "
+        "sensitivity's participations and separation, Poisson's rate (binomial z-test, false alarm 1e-6) and the "
+        "streams the releases need; MISMATCH names the failed checks in caught_by.",
         "Controls: "
         + "; ".join(f"{n} = {CONTROLS.get(n).what}" for n in controls)
-        + ". Planted bugs (issue 25): "
+        + ". Planted bugs (issues 25 and 32): "
         + ", ".join(planted)
-        + " (realized_batch is the one whose true epsilon is about the claim). caught_by names each tool that "
-        "shows the run is not what it claims.",
+        + " (realized_batch and ledger_round_short are the ones whose true epsilon is about the claim). caught_by "
+        "names each tool that shows the run is not what it claims.",
         f"Refused by the engine, so not audited ({sum(len(v) for v in refused.values())}): "
         + ("; ".join(f"{', '.join(rows)} ({why})" for why, rows in refused.items()) if refused else "none")
         + ". The shuffle "
