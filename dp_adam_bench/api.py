@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import re
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -171,6 +172,7 @@ def make_private(
     noise_args: Mapping[str, Any] | None = None,
     clipping: str = "bk",
     physical_batch_size: int | None = None,
+    precision: str = "fp32",
     target_key: str = "labels",
     evaluate: Callable[[nn.Module], Mapping[str, float]] | None = None,
     seed: int = 0,
@@ -204,6 +206,16 @@ def make_private(
     for a non-amplified release, whose epsilon is computed exactly: e.g. BandMF on single-pass batches calibrated
     to epsilon = 4 shows a larger epsilon under ``rdp``, a looser bound on the same release).
 
+    ``precision``: ``fp32`` (the default) or ``bf16``: the forward and backward under bf16 autocast, while the
+    parameters, the per-example norms, clip factors and clipped sum, the noise and the optimizer state stay fp32
+    (``clipping="bk"`` only; the CLI's ``train.precision=bf16``). Keep the model itself in fp32: a model whose
+    trainable parameters are bf16 or fp16 is refused, since its optimizer state, noise and updates would be kept
+    in half precision (updates below the parameters' resolution are lost) and its norms computed in it.
+
+    ``private.step()`` returns a :class:`~dp_adam_bench.engine.session.StepResult`: the step, the batch size and,
+    as diagnostics (computed on the private batch, not released by the mechanism), each example's gradient norm
+    before clipping (``result.norms``) and the fraction clipped (``result.frac_clipped``).
+
     ``evaluate(model) -> dict`` is optional: your own metrics, which ``private.evaluate()`` returns (the model in
     eval mode, without gradients).
     ``self_check``: before the first step, the engine's per-example norms and clipped sum for a few of your
@@ -211,8 +223,25 @@ def make_private(
     any noise is released (``private.self_check`` holds the measured error). ``False`` skips it.
     Seeds: ``seed`` fixes the sampler, the noise and dropout (this re-seeds torch's global generator);
     ``secure_rng=True`` draws them from the OS CSPRNG instead (for real private data; not reproducible).
+
+    Bad arguments raise :class:`~dp_adam_bench.errors.ConfigError` in one line naming the argument as given here
+    (``clip=None``, ``clipping=ghost``, ``optimizer_args['beta1']``), not the CLI field it sets.
     """
-    from dp_adam_bench.config import validate
+    args = {k: v for k, v in locals().items() if k not in ("model", "dataset", "loss_fn")}
+    try:
+        return _make_private(model, dataset, loss_fn, **args)
+    except ConfigError as err:  # one error, not a chain: the same cause, its message in this function's terms
+        raise ConfigError(in_api_terms(str(err))) from err.__cause__
+
+
+def _make_private(
+    model, dataset, loss_fn, *, optimizer, noise, clip, sigma, target_epsilon, epsilon_budget, delta, batch_size,
+    steps, epochs, sampler, accountant, lr, lr_schedule, lr_warmup_steps, optimizer_args, noise_args, clipping,
+    physical_batch_size, precision, target_key, evaluate, seed, secure_rng, self_check,
+) -> PrivateTraining:  # fmt: skip
+    """:func:`make_private`'s work (the same arguments); its ConfigErrors name the CLI's fields, which the caller
+    renames."""
+    from dp_adam_bench.config import PRECISIONS, SAMPLERS, validate
     from dp_adam_bench.engine.trainer import prepare
     from dp_adam_bench.privacy.noise_factory import NOISE
 
@@ -240,7 +269,12 @@ def make_private(
     )
     correlated = NOISE.get(cfg["noise"]["kind"]).correlated
     sampler = sampler or ("single_pass" if correlated else "poisson")
+    if sampler not in SAMPLERS:  # before it picks steps or epochs below
+        raise ConfigError(f"sampler={sampler!r} is not known; valid: {', '.join(SAMPLERS)}")
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision={precision!r} is not known; valid: {', '.join(PRECISIONS)}")
     task = UserTask(model, dataset, loss_fn, target_key, evaluate)
+    _refuse_half_precision(model)
     train = cfg["train"]
     train.update(
         sampler=sampler,
@@ -249,6 +283,7 @@ def make_private(
         distributed="off",
         lr_schedule=lr_schedule,
         lr_warmup_steps=lr_warmup_steps,
+        precision=precision,
     )
     train["device"] = _device_of(model)
     # named as the caller knows it (the model's device), not as train.device, a field the caller never set
@@ -287,9 +322,72 @@ def make_private(
         warnings.warn(
             "sampler='shuffle' is accounted as Poisson sampling, which it does not implement: its epsilon is not a "
             "guarantee (use sampler='poisson' for DP-SGD's accountants)",
-            stacklevel=2,
+            stacklevel=3,  # the caller of make_private
         )
     return PrivateTraining(run)
+
+
+def _refuse_half_precision(model: nn.Module) -> None:
+    """A model cast to bf16 / fp16 would keep its optimizer state, noise and updates in half precision (an Adam
+    update below the parameter's resolution, 2^-8 relative in bf16, is lost) and have its norms computed in it:
+    refused, with the way to train in bf16 that keeps all of those in fp32."""
+    for name, p in model.named_parameters():
+        if p.requires_grad and p.dtype in (torch.bfloat16, torch.float16):
+            raise ConfigError(
+                f"model parameter {name!r} is {p.dtype}: keep the model in fp32 and pass precision='bf16' (bf16 "
+                "autocast, with fp32 parameters, norms, noise and optimizer state)"
+            )
+
+
+#: ``make_private``'s argument for each CLI field it sets (a config group's other fields: its ``*_args``)
+_API_NAMES = {
+    "privacy.clip": "clip",
+    "privacy.sigma": "sigma",
+    "privacy.target_epsilon": "target_epsilon",
+    "privacy.epsilon_budget": "epsilon_budget",
+    "privacy.delta": "delta",
+    "privacy.accountant": "accountant",
+    "privacy.secure_rng": "secure_rng",
+    "train.sampler": "sampler",
+    "train.batch_size": "batch_size",
+    "train.steps": "steps",
+    "train.epochs": "epochs",
+    "train.clipping": "clipping",
+    "train.physical_batch_size": "physical_batch_size",
+    "train.precision": "precision",
+    "train.lr_schedule": "lr_schedule",
+    "train.lr_warmup_steps": "lr_warmup_steps",
+    "train.self_check.enabled": "self_check",
+    "train.self_check": "self_check",
+    "optimizer.name": "optimizer",
+    "optimizer.lr": "lr",
+    "noise.kind": "noise",
+}
+_FIELD = re.compile(
+    r"(?<![\w./])(privacy|train|optimizer|noise)\.([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)?)(=(?:null|true|false)\b)?"
+)
+_PY_VALUES = {"=null": "=None", "=true": "=True", "=false": "=False"}
+
+
+def in_api_terms(message: str) -> str:
+    """``message`` with the CLI fields :func:`make_private` sets renamed to its arguments: ``privacy.clip=null``
+    -> ``clip=None``, ``train.clipping=bk`` -> ``clipping=bk``, ``optimizer.beta1`` -> ``optimizer_args['beta1']``,
+    ``noise.bands`` -> ``noise_args['bands']``. Other fields (``train.self_check.tolerance``) are left as named."""
+
+    def rename(m: re.Match) -> str:
+        group, key, value = m.group(1), m.group(2), m.group(3) or ""
+        field = f"{group}.{key}"
+        if field in _API_NAMES:
+            name = _API_NAMES[field]
+        elif f"{group}.{key.split('.')[0]}" in _API_NAMES:  # train.self_check.x: only its own part renamed
+            return m.group(0)
+        elif group in ("optimizer", "noise") and "." not in key:
+            name = f"{group}_args[{key!r}]"
+        else:
+            return m.group(0)
+        return name + _PY_VALUES.get(value, value)
+
+    return _FIELD.sub(rename, message)
 
 
 def _merge(into: dict, extra: dict, what: str) -> None:

@@ -131,16 +131,17 @@ def _refusal(**overrides):
     _, dataset = tiny_data()
     args = dict(optimizer="adambc", noise="independent", clip=1.0, sigma=1.0, batch_size=16, steps=4)
     args |= overrides
-    return dab.make_private(tiny_model(), args.pop("dataset", dataset), args.pop("loss_fn", CE), **args)
+    model = args.pop("model", None) or tiny_model()
+    return dab.make_private(model, args.pop("dataset", dataset), args.pop("loss_fn", CE), **args)
 
 
 @pytest.mark.parametrize(
     "overrides, match",
     [
-        ({"noise": "bandmf", "sampler": "poisson"}, "train.sampler"),
-        ({"sigma": float("nan")}, "privacy.sigma=nan"),
-        ({"sigma": -1.0}, "privacy.sigma=-1.0"),
-        ({"sigma": None}, "privacy.sigma=null"),
+        ({"noise": "bandmf", "sampler": "poisson"}, "^noise='bandmf' with sampler=poisson"),
+        ({"sigma": float("nan")}, "^sigma=nan"),
+        ({"sigma": -1.0}, "^sigma=-1.0"),
+        ({"sigma": None}, "^sigma=None"),
         ({"batch_size": 1000}, "larger than the training set"),
         ({"optimizer": "adamw"}, "optimizer='adamw' is not known; valid: .*adambc"),
         ({"noise": "gauss"}, "noise='gauss' is not known; valid: .*bandmf"),
@@ -150,7 +151,7 @@ def _refusal(**overrides):
         ({"epochs": 2}, "steps=4 and epochs=2: give one"),
         ({"sampler": "single_pass", "steps": 4}, "give epochs"),
         ({"dataset": [torch.zeros(3)] * 4}, "pairs or dicts"),
-        ({"clipping": "magic"}, "train.clipping='magic'"),
+        ({"clipping": "magic"}, "^clipping='magic'"),
     ],
 )
 def test_the_api_refuses_what_the_cli_refuses(overrides, match):
@@ -267,3 +268,117 @@ def test_shuffled_batches_warn_that_epsilon_is_not_a_guarantee():
     _, dataset = tiny_data()
     with pytest.warns(UserWarning, match="not a guarantee"):
         dab.make_private(tiny_model(), dataset, CE, sigma=1.0, sampler="shuffle", batch_size=16, epochs=1)
+
+
+# --- issue 33: make_private's own names, precision, diagnostics of the step ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        ({"clip": None}, r"^clip=None must be"),
+        ({"clipping": "ghost", "precision": "bf16"}, r"^precision=bf16 is implemented for clipping=bk.*clipping=ghost"),
+        ({"optimizer_args": {"beta1": 2.0}}, r"^optimizer_args\['beta1'\] must be in \[0, 1\)"),
+        ({"lr": -1}, r"^lr=-1 must be"),
+        ({"delta": 2.0}, r"^delta=2.0 must be"),
+        ({"physical_batch_size": 0}, r"^physical_batch_size=0 must be"),
+        ({"sampler": "cyclic"}, r"^sampler='cyclic' is not known; valid: .*poisson"),
+        ({"precision": "fp16"}, r"^precision='fp16' is not known; valid: fp32, bf16"),
+        ({"sigma": None, "target_epsilon": 1.0, "steps": None}, r"^sigma=None .*needs target_epsilon.*steps=None"),
+    ],
+)  # fmt: skip
+def test_errors_name_make_privates_own_arguments(overrides, match):
+    """Not the CLI fields the arguments set (privacy.clip, train.clipping, optimizer.beta1): one error, no chain."""
+    with pytest.raises(dab.ConfigError, match=match) as caught:
+        _refusal(**overrides)
+    message = str(caught.value)
+    assert "\n" not in message and not any(
+        f in message for f in ("privacy.", "train.", "optimizer.", "noise.")
+    )
+    assert not isinstance(
+        caught.value.__cause__, dab.ConfigError
+    )  # the CLI-named error is not shown beside it
+
+
+def test_cli_fields_are_renamed_to_arguments_and_nothing_else():
+    from dp_adam_bench.api import in_api_terms
+
+    assert in_api_terms("privacy.clip=null and train.self_check.enabled=false; noise.bands=2") == (
+        "clip=None and self_check=False; noise_args['bands']=2"
+    )
+    assert in_api_terms("optimizer.name='adam' with noise.kind=bandmf (train.sampler).") == (
+        "optimizer='adam' with noise=bandmf (sampler)."
+    )
+    untouched = (
+        "train.self_check.tolerance=0.01, train.device=cpu, dp_adam_bench.privacy.accounting, configs/noise.x"
+    )
+    assert in_api_terms(untouched) == untouched
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_precision_model_is_refused_with_the_fix(dtype):
+    """Its optimizer state and updates would be half precision too: refused, naming the parameter and dtype."""
+    with pytest.raises(dab.ConfigError, match=rf"^model parameter '0.weight' is {dtype}: keep the model in fp32 and "
+                       r"pass precision='bf16'"):  # fmt: skip
+        _refusal(model=tiny_model().to(dtype))
+
+
+@pytest.mark.parametrize("clipping", ["bk", "ghost", "loop"])
+def test_a_model_without_trainable_parameters_is_one_line(clipping):
+    frozen = tiny_model().requires_grad_(False)
+    with pytest.raises(
+        dab.ConfigError, match=r"^the model \(Sequential\) has no trainable parameters \(4 param"
+    ):
+        _refusal(model=frozen, clipping=clipping)
+    with pytest.raises(
+        dab.ConfigError, match=r"^the model \(Flatten\) has no trainable parameters \(0 param"
+    ):
+        _refusal(model=nn.Flatten(), clipping=clipping)
+
+
+def test_bf16_precision_autocasts_with_fp32_parameters_and_state():
+    """precision='bf16': the layers compute in bf16 (autocast), the parameters and Adam's moments stay fp32, and the
+    step is the fp32 step up to bf16 rounding (same batches and noise)."""
+    _, dataset = tiny_data()
+    args = dict(optimizer="adam", lr=0.01, noise="independent", sigma=1.0, batch_size=16, steps=2)
+    runs = {}
+    for precision in ("fp32", "bf16"):
+        model = tiny_model()
+        seen = []
+        model[0].register_forward_hook(lambda mod, inp, out, seen=seen: seen.append(out.dtype))
+        private = dab.make_private(model, dataset, CE, precision=precision, **args)
+        seen.clear()  # the self-check's forward passes
+        while not private.done:
+            private.step()
+        state = [t for t in torch.utils._pytree.tree_leaves(private.state) if isinstance(t, torch.Tensor)]
+        assert state and all(t.dtype == torch.float32 for t in state if t.is_floating_point())
+        assert all(p.dtype == torch.float32 for p in model.parameters())
+        assert set(seen) == {torch.bfloat16 if precision == "bf16" else torch.float32}
+        runs[precision] = torch.cat([p.detach().flatten() for p in model.parameters()])
+    start = torch.cat([p.detach().flatten() for p in tiny_model().parameters()])
+    moved, gap = (runs["fp32"] - start).norm(), (runs["bf16"] - runs["fp32"]).norm()
+    assert 0 < gap < 0.05 * moved
+
+
+@pytest.mark.parametrize("noise", ["independent", "none"])
+def test_step_result_has_each_examples_norm_and_the_fraction_clipped(noise):
+    """A full single-pass batch: the step's norms are the per-example gradient norms computed by hand (in the order
+    the micro-batches ran: compared sorted), and frac_clipped the share above C (C: half of them above it here)."""
+    _, dataset = tiny_data()
+    x, y = dataset.tensors
+    model = tiny_model()
+    hand = []
+    for i in range(len(x)):
+        grads = torch.autograd.grad(CE(model(x[i : i + 1]), y[i : i + 1]).sum(), list(model.parameters()))
+        hand.append(torch.cat([g.flatten() for g in grads]).norm())
+    hand = torch.stack(hand)
+    clip = float(hand.sort().values[len(x) // 2 - 1 : len(x) // 2 + 1].mean())  # between the middle two
+    private = dab.make_private(
+        model, dataset, CE, optimizer="sgd", lr=0.1, noise=noise, sigma=1.0, clip=clip, sampler="single_pass",
+        batch_size=len(x), epochs=1, physical_batch_size=7,
+    )  # fmt: skip
+    result = private.step()
+    assert result.batch_size == len(x) and result.norms.shape == (len(x),)
+    torch.testing.assert_close(result.norms.sort().values.cpu(), hand.sort().values, rtol=1e-4, atol=1e-6)
+    expected = float((hand > clip).float().mean()) if noise != "none" else 0.0
+    assert result.frac_clipped == expected and expected in (0.0, 0.5)

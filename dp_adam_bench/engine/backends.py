@@ -19,6 +19,7 @@ import torch
 from dp_adam_bench.engine.engines import build_engine
 from dp_adam_bench.engine.privatizer import Privatizer, Release
 from dp_adam_bench.engine.self_check import DEFAULT_EXAMPLES, DEFAULT_TOLERANCE, self_check
+from dp_adam_bench.errors import ConfigError
 
 
 class VectorBackend:
@@ -83,11 +84,19 @@ class ModelBackend:
         self.task, self.model, self.ddp, self.device = task, model, ddp, device
         self.precision = precision
         self.params = [p for p in model.parameters() if p.requires_grad]
+        if not self.params:  # every engine and the noise need at least one tensor to train
+            frozen = sum(1 for _ in model.parameters())
+            raise ConfigError(
+                f"the model ({type(model).__name__}) has no trainable parameters ({frozen} parameter tensor(s), "
+                "none with requires_grad=True): nothing to train privately; unfreeze the layers to train "
+                "(p.requires_grad_(True))"
+            )
         self.engine_name = engine_name
         self.engine = build_engine(engine_name, model, task.loss_per_example)
         self.physical = int(physical_batch_size)
         self.trial_dims = 0
         self._counts = torch.zeros(2, dtype=torch.float64, device=device)
+        self.last_norms: torch.Tensor | None = None  # the last step's per-example norms (diagnostic)
 
     @property
     def numel_per_trial(self) -> int:
@@ -99,9 +108,11 @@ class ModelBackend:
 
     def release(self, idx: torch.Tensor, privatizer: Privatizer, scale) -> Release:
         """The logical batch ``idx``: this rank's share in physical micro-batches, clipped sums all-reduced, then
-        the privatizer's releases. Counts for :meth:`clipped_fraction` stay on the device (no host sync)."""
+        the privatizer's releases. Counts for :meth:`clipped_fraction` and the per-example norms
+        (:attr:`last_norms`, diagnostic: never released) stay on the device (no host sync)."""
         ddp, clip = self.ddp, privatizer.clip
         summed = [torch.zeros_like(p) for p in self.params]
+        norms = []
         self._counts = torch.zeros(2, dtype=torch.float64, device=self.device)  # (examples, clipped) here
         self.model.train()
         share = idx[ddp.rank :: ddp.world]  # this rank's share of the logical batch
@@ -116,9 +127,11 @@ class ModelBackend:
                 cs = self.engine.clipped_sum(batch, clip, scale)
             for acc, s in zip(summed, cs.summed, strict=True):
                 acc.add_(s)
+            norms.append(cs.norms.detach())
             self._counts[0] += cs.norms.numel()
             if clip:
                 self._counts[1] += (cs.norms > clip).sum()
+        self.last_norms = torch.cat(norms) if norms else torch.zeros(0, device=self.device)
         ddp.all_reduce_(summed)  # the global sum of clipped gradients, before any noise
         return privatizer.release_sum(summed, scale)
 

@@ -62,11 +62,29 @@ class TrainingComplete(RuntimeError):
 @dataclass
 class StepResult:
     """What one step did. ``diagnostics`` holds clean-gradient diagnostics (``diag/`` keys, not private outputs),
-    empty unless diagnostics are on and due at this step."""
+    empty unless diagnostics are on and due at this step.
+
+    ``norms`` and :attr:`frac_clipped` are diagnostic too: computed on the private batch and not released by the
+    mechanism (only the noisy sum is), so publishing them spends privacy the accountant does not count. ``norms``:
+    each example's gradient norm before clipping (in the scaled geometry of a scale-then-privatize variant), on the
+    model's device, in the order the micro-batches ran; data-parallel, this rank's share. None for closed-form toy
+    tasks."""
 
     step: int
     batch_size: int
     diagnostics: dict
+    norms: torch.Tensor | None = None
+    clip: float | None = None  # the clip norm C of the step (None: a non-private run, nothing clipped)
+
+    @property
+    def frac_clipped(self) -> float | None:
+        """Diagnostic: the fraction of this step's examples whose norm exceeded C (0.0 without clipping or for an
+        empty batch; None for toy tasks). Reading it waits for the device (a host sync)."""
+        if self.norms is None:
+            return None
+        if not self.clip or self.norms.numel() == 0:
+            return 0.0
+        return float((self.norms > self.clip).float().mean())
 
 
 class PrivateTraining:
@@ -189,7 +207,8 @@ class PrivateTraining:
         diag = None
         if release.clean is not None:
             diag = self.diagnostics.observe(dataclasses.replace(ctx, clean=release.clean), self.state)
-        return StepResult(self.steps_done, self.last_batch_size, diag or {})
+        norms = getattr(backend, "last_norms", None)
+        return StepResult(self.steps_done, self.last_batch_size, diag or {}, norms, self.clip)
 
     def evaluate(self, final: bool = False) -> dict:
         """The task's metrics on its held-out data (a model in eval mode, without gradients; the next step puts it
