@@ -18,6 +18,7 @@ _API = {
     "StepResult": "dp_adam_bench.engine.session",
     "TrainingComplete": "dp_adam_bench.engine.session",
     "ConfigError": "dp_adam_bench.errors",
+    "fix_model": "dp_adam_bench.engine.fix_model",
     "calibrate_sigma": "dp_adam_bench.privacy.accounting",
     "epsilons": "dp_adam_bench.privacy.accounting",
     "mf_epsilon": "dp_adam_bench.privacy.accounting",

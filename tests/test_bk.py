@@ -269,11 +269,40 @@ def test_mean_grad_and_close_leave_a_plain_model():
 # ------------------------------------------------------------------------------------------ refusals
 
 
-def test_tied_parameters_are_refused():
+def test_tied_parameters_used_by_both_modules_are_refused_and_fix_model_unties_them():
+    from dp_adam_bench.engine.fix_model import fix_model
+
+    torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4))
     model[2].weight = model[0].weight
-    with pytest.raises(ValueError, match=r"parameter tying is not supported.*'0.weight' and '2.weight'"):
-        BKEngine(model, lambda forward, batch: forward(batch["x"]).sum(1))
+    loss = lambda forward, batch: forward(batch["x"]).sum(1)  # noqa: E731
+    eng = BKEngine(model, loss)
+    with pytest.raises(
+        ValueError, match=r"'0.weight' and '2.weight' are the same parameter, used by two modules"
+    ):
+        eng.clipped_sum({"x": torch.randn(3, 4)}, 1.0)
+    eng.close()
+    model, changes = fix_model(model, verbose=False)
+    assert changes == ["2.weight: untied from 0.weight (a copy, trained on its own)"]
+    assert model[2].weight is not model[0].weight and torch.equal(model[2].weight, model[0].weight)
+    _loop_check(model, loss, {"x": torch.randn(3, 4)})
+
+
+def test_a_tied_parameter_only_one_of_whose_modules_runs_is_exact():
+    class Unused(nn.Module):  # T5: `shared` and `encoder.embed_tokens` are one weight; only the latter runs
+        def __init__(self):
+            super().__init__()
+            self.shared = nn.Embedding(6, 3)
+            self.embed = nn.Embedding(6, 3)
+            self.embed.weight = self.shared.weight
+            self.fc = nn.Linear(3, 2)
+
+        def forward(self, ids):
+            return self.fc(self.embed(ids))
+
+    torch.manual_seed(0)
+    batch = {"ids": torch.randint(0, 6, (3, 4))}
+    _loop_check(Unused(), lambda forward, b: forward(b["ids"]).sum((1, 2)), batch)
 
 
 class Scale(nn.Module):
@@ -285,18 +314,42 @@ class Scale(nn.Module):
         return x * self.s
 
 
-def test_unsupported_layers_are_listed():
+def _loop_check(model, loss, batch, clip=1.0):
+    """bk's norms and clipped sum against the loop over batches of size one."""
+    from dp_adam_bench.engine.grads import loop_grads
+
+    eng = BKEngine(model, loss)
+    got = eng.clipped_sum(batch, clip)
+    eng.close()
+    per_ex = loop_grads(model, loss, [p for p in model.parameters() if p.requires_grad], batch)
+    b = got.count
+    norms = torch.sqrt(sum(g.reshape(b, -1).square().sum(1) for g in per_ex))
+    torch.testing.assert_close(got.norms, norms)
+    f = clip_factors(norms, clip)
+    for s, g in zip(got.summed, per_ex, strict=True):
+        torch.testing.assert_close(s, torch.einsum("b,b...->...", f, g))
+    return eng
+
+
+def test_a_layer_without_rule_takes_the_generic_rule_and_undefined_ones_are_listed():
     model = nn.Sequential(nn.Linear(4, 4), Scale(), nn.Embedding(5, 4, scale_grad_by_freq=True))
     with pytest.raises(
         ConfigError,
-        match=r"train\.clipping=bk .*'1': Scale has no bk rule .*; use train\.clipping=functorch or "
-        r"train\.clipping=loop; '2': Embedding\(scale_grad_by_freq=True\) .*\(no engine can\)",
-    ):
+        match=r"train\.clipping=bk .*'2': Embedding\(scale_grad_by_freq=True\) "
+        r".*\[its parameters: weight\] \(no engine can",
+    ) as err:
         BKEngine(model, None)
+    assert "'1'" not in str(err.value)  # Scale: the generic rule
+    eng = _loop_check(
+        nn.Sequential(nn.Linear(4, 4), Scale()), lambda f, b: f(b["x"]).sum(1), {"x": torch.randn(3, 4)}
+    )
+    assert eng.choices["1"] == "generic:vmap"
 
 
-def test_batch_must_lead_every_layer_input():
-    class PosEmb(nn.Module):  # positions of shape (1, T): the Hugging Face position_ids pitfall
+def test_an_input_broadcast_over_the_batch_is_expanded_exactly():
+    class PosEmb(
+        nn.Module
+    ):  # positions of shape (1, T), broadcast over the batch: Hugging Face's position_ids
         def __init__(self):
             super().__init__()
             self.pos = nn.Embedding(8, 3)
@@ -305,16 +358,31 @@ def test_batch_must_lead_every_layer_input():
         def forward(self, x):
             return self.fc(x + self.pos(torch.arange(x.shape[1])[None]))
 
-    eng = BKEngine(PosEmb(), lambda forward, batch: forward(batch["x"]).sum((1, 2)))
-    with pytest.raises(ValueError, match=r"'pos' \(Embedding\) got an input of shape \(1, 5\).*batch size 2"):
-        eng.clipped_sum({"x": torch.randn(2, 5, 3)}, 1.0)
+    torch.manual_seed(0)
+    _loop_check(PosEmb(), lambda forward, batch: forward(batch["x"]).sum((1, 2)), {"x": torch.randn(2, 5, 3)})
 
 
-def test_in_place_op_on_a_hooked_output_is_refused_clearly():
+def test_an_input_shared_by_the_batch_without_a_batch_dim_is_refused():
+    class Shared(nn.Module):  # a (T, T) table of ids for all examples (T = 5 != B)
+        def __init__(self):
+            super().__init__()
+            self.pos = nn.Embedding(8, 1)
+
+        def forward(self, x):
+            return x + self.pos(torch.arange(x.shape[1]).repeat(x.shape[1], 1)).squeeze(-1)
+
+    eng = BKEngine(Shared(), lambda forward, batch: forward(batch["x"]).sum((1, 2)))
+    with pytest.raises(
+        ValueError, match=r"'pos' \(Embedding, parameters weight\) got an input of shape \(5, 5\)"
+    ):
+        eng.clipped_sum({"x": torch.randn(2, 5, 5)}, 1.0)
+
+
+def test_in_place_op_on_a_hooked_output_runs_on_copies_exactly():
+    torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(inplace=True), nn.Linear(4, 2))
-    eng = BKEngine(model, lambda forward, batch: forward(batch["x"]).sum(1))
-    with pytest.raises(ValueError, match="modified in place"):
-        eng.clipped_sum({"x": torch.randn(2, 3)}, 1.0)
+    eng = _loop_check(model, lambda forward, batch: forward(batch["x"]).sum(1), {"x": torch.randn(2, 3)})
+    assert eng._clone  # the first forward met the in-place op; the captures are copies from then on
 
 
 @pytest.mark.parametrize(

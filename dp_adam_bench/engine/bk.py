@@ -22,14 +22,17 @@ How one micro-batch is processed (``BKEngine.clipped_sum``):
 5. **Clipped sum** per layer, without another backward: ``sum_i c_i G_i^T A_i`` as one matmul ``(c * G)^T A``
    (Gram path) or as the c-weighted sum of the instantiated per-example gradients.
 
-bk owns a rule for every layer it accepts (no delegation to Opacus, whose rules are wrong on several
-configurations: :mod:`dp_adam_bench.engine.support`); any other parameterised module is refused before the run,
-naming it and the engines that support it.
+bk owns a rule for every layer type it knows (no delegation to Opacus, whose rules are wrong on several
+configurations: :mod:`dp_adam_bench.engine.support`). A module with parameters of its own and no rule (a
+``cls_token``, ``LlamaRMSNorm``, a 0-dim logit scale on the root, a subclass of a known layer) takes the generic
+rule (:mod:`dp_adam_bench.engine.bk_rules.generic`): its forward recomputed one example at a time from the captured
+inputs, refused naming the module where the recomputation does not reproduce the batch's output.
 
 A module called several times in one forward (weight sharing by *module reuse*, e.g. a block applied twice)
 is exact: its calls are concatenated along the position axis, since the per-example gradient is the sum over
-all positions of all calls. The same ``nn.Parameter`` registered in two modules (tied embeddings) is refused,
-as Opacus ghost clipping does.
+all positions of all calls. The same ``nn.Parameter`` registered in two modules (tied embeddings) is exact when
+only one of them runs in the forward (T5's ``shared`` / ``embed_tokens``) and refused when both do
+(:func:`dp_adam_bench.fix_model` unties them).
 
 **Scale-then-privatize** (Ganesh et al. Alg. 8: clip ``s * g_i`` for a per-coordinate scale ``s``): the Gram form
 cannot see a per-coordinate scale, so with ``scale`` every dense layer computes its per-example weight gradients
@@ -37,11 +40,15 @@ in chunks of examples (``||S * (G_i^T A_i)||_F^2``, never the whole (B, p, d) te
 the distinct-(example, token) path; the clipped sum stays one matmul, ``S * ((c * G)^T A)``, since the scale is
 the same for every example. Still one forward and one backward.
 
-Limitations: the batch must be the first dimension of every hooked layer's input (a wrong leading size is refused,
-e.g. HF ``position_ids`` of shape (1, T) — pass (B, T) — but a sequence-first input whose length happens to equal B
-cannot be told apart, as in Opacus; ``nn.MultiheadAttention`` handles its own ``batch_first=False``); a hooked
-layer's output must not be modified in place afterwards (refused with a ValueError, as torch refuses it with full
-backward hooks).
+Inputs broadcast over the batch (a hooked layer called with a leading size of 1, as Hugging Face's (1, T)
+``position_ids``) are expanded to one row per example before the layer runs (:mod:`dp_adam_bench.engine.broadcast`),
+so each example's gradient through them is its own; T5's relative position bias, looked up with a table that has no
+batch dimension at all, has its own adapter (:mod:`dp_adam_bench.engine.bk_rules.t5`).
+
+Limitations: every other hooked layer needs the batch as the first dimension of its input (another leading size is
+refused naming the layer; a sequence-first input whose length happens to equal B cannot be told apart, as in Opacus;
+``nn.MultiheadAttention`` handles its own ``batch_first=False``); a hooked layer's output must not be modified in
+place afterwards (refused with a ValueError, as torch refuses it with full backward hooks).
 """
 
 from __future__ import annotations
@@ -50,9 +57,12 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
 
 from dp_adam_bench.engine.bk_rules import Rule, adapter_for, rule_for
 from dp_adam_bench.engine.bk_rules.dense import GRAM_FACTOR, use_gram  # noqa: F401  (re-exported)
+from dp_adam_bench.engine.bk_rules.generic import GENERIC
+from dp_adam_bench.engine.broadcast import expand_primary
 from dp_adam_bench.engine.grads import ClippedSum, GradEngine, batch_len, clip_factors
 
 MODES = ("auto", "gram", "instantiate")
@@ -65,8 +75,10 @@ class _Call:
 
     args: tuple
     kwargs: dict
-    piece: str | None = None
+    piece: str | int | None = None
     grad: torch.Tensor | None = None
+    output: torch.Tensor | None = None  # generic rule: the output it must reproduce
+    group: int = 0  # generic rule: the forward call this piece belongs to
 
 
 @dataclass
@@ -88,38 +100,56 @@ class _Capture(torch.autograd.Function):
     output-gradient chain, never the parameters' (non-clipped) gradients."""
 
     @staticmethod
-    def forward(ctx, out, anchor, call):
+    def forward(ctx, out, anchor, call, clone=False):
         ctx.call = call
-        return out
+        # returned as is, the output is a view of the layer's own; a copy where the model changes it in place
+        return out.clone() if clone else out
 
     @staticmethod
     def backward(ctx, grad):
         ctx.call.grad = grad.detach()
-        return grad, None, None
+        return grad, None, None, None
 
 
-def _check_untied(model: nn.Module) -> None:
-    """Refuse one ``nn.Parameter`` registered in two different modules (reusing a whole module is fine)."""
-    owner: dict[int, tuple[nn.Module, str]] = {}
+def _tied(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:
+    """The trainable ``nn.Parameter`` objects registered in two or more different modules (reusing a whole module
+    is fine): for each, its ``(module, full name)`` registrations."""
+    owners: dict[int, list[tuple[nn.Module, str]]] = {}
     for mname, m in model.named_modules(remove_duplicate=False):
         for pname, p in m._parameters.items():
-            if p is None:
+            if p is None or not p.requires_grad:
                 continue
-            full = f"{mname}.{pname}" if mname else pname
-            first = owner.setdefault(id(p), (m, full))
-            if first[0] is not m:
-                raise ValueError(
-                    f"parameter tying is not supported by the bk clipping engine: {first[1]!r} and {full!r} are "
-                    "the same tensor in two modules. Untie them (e.g. tie_word_embeddings=False and copy the "
-                    "weights) or use train.clipping=hooks or train.clipping=functorch"
-                )
+            regs = owners.setdefault(id(p), [])
+            if all(r[0] is not m for r in regs):
+                regs.append((m, f"{mname}.{pname}" if mname else pname))
+    return [regs for regs in owners.values() if len(regs) > 1]
+
+
+def _refuse_tied_use(tied, layers) -> None:
+    """A tied parameter whose modules were *both* called in the recorded forward: its per-example gradient is the
+    sum of two layers' (whose norms do not add), which no per-layer rule computes. One that only one of its modules
+    uses (T5's ``shared`` and ``encoder.embed_tokens``) is exact."""
+    called = {id(layer.module) for layer in layers if layer.calls}
+    for regs in tied:
+        used = [name for m, name in regs if id(m) in called]
+        if len(used) > 1:
+            raise ValueError(
+                f"bk clipping: {used[0]!r} and {used[1]!r} are the same parameter, used by two modules in one "
+                "forward (tied weights); bk's per-layer rules cannot add their per-example gradients. Untie them "
+                "(dp_adam_bench.fix_model, or tie_word_embeddings=False) or use clipping functorch / loop"
+            )
+
+
+def _in_place(err: RuntimeError) -> bool:
+    """A captured output modified in place: torch says so in the forward (a custom Function's output is a view)
+    or, where it is not treated as a view, in the backward (a saved tensor's version changed)."""
+    text = str(err)
+    return "_Capture" in text and ("inplace" in text or "in-place" in text)
 
 
 def _refuse_in_place(err: RuntimeError) -> None:
-    """A captured output modified in place: torch says so in the forward (a custom Function's output is a view)
-    or, where it is not treated as a view, in the backward (a saved tensor's version changed); one message."""
-    text = str(err)
-    if "_Capture" in text and ("inplace" in text or "in-place" in text):
+    """One message for an in-place change that copies of the captured outputs did not cure."""
+    if _in_place(err):
         raise ValueError(
             "bk clipping: the output of a hooked layer is modified in place (e.g. nn.ReLU(inplace=True) or `+=` "
             "right after a Linear / Conv / Embedding / norm layer); make that operation out of place or use "
@@ -181,12 +211,16 @@ class BKEngine(GradEngine):
         #: backward) and ``per_example_bytes`` (per-example gradients kept until the clipped sum)
         self.memory: dict[str, int] = {"captured_bytes": 0, "per_example_bytes": 0}
         self.dtype = self.params[0].dtype if self.params else torch.float32
-        _check_untied(model)
+        self._tied = _tied(model)
         self.layers: list[_Layer] = []
+        if not self.params:
+            raise ValueError(
+                "bk clipping: the model has no trainable parameters (requires_grad=True): nothing to train privately"
+            )
         for mname, m in model.named_modules():
             params = [p for p in m._parameters.values() if p is not None and p.requires_grad]
             if params:
-                self.layers.append(_Layer(mname or "<root>", m, rule_for(m), params))
+                self.layers.append(_Layer(mname or "<root>", m, rule_for(m) or GENERIC, params))
         # set only inside clipped_sum: outside it (evaluation, mean_grad) nothing is recorded
         self._anchor: torch.Tensor | None = None
         self._batch = 0
@@ -197,12 +231,20 @@ class BKEngine(GradEngine):
             undo = adapter(self, mname, m) if adapter is not None else None
             if undo is not None:
                 self._undo.append(undo)
+        self._group = 0
+        # set once a forward modified a captured output in place (Hugging Face's ResNet: `hidden += residual` on a
+        # norm's output): from then on the captures return copies (one more activation-sized tensor per layer)
+        self._clone = False
         for layer in self.layers:
             if layer.rule.install is not None:
                 self._undo.append(layer.rule.install(self, layer))
-            else:
-                handle = layer.module.register_forward_hook(self._make_hook(layer), with_kwargs=True)
+            elif layer.rule is GENERIC:
+                handle = layer.module.register_forward_hook(self._make_generic_hook(layer), with_kwargs=True)
                 self._undo.append(handle.remove)
+            else:
+                pre = layer.module.register_forward_pre_hook(self._expand_broadcast, with_kwargs=True)
+                handle = layer.module.register_forward_hook(self._make_hook(layer), with_kwargs=True)
+                self._undo += [pre.remove, handle.remove]
 
     # --- capture (used by the hooks and by rules that capture inside a forward) ----------------------------------
     def recording(self) -> bool:
@@ -217,17 +259,56 @@ class BKEngine(GradEngine):
             x = args[0]
             if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[0] != self._batch:
                 shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+                own = ", ".join(
+                    n for n, p in layer.module._parameters.items() if p is not None and p.requires_grad
+                )
                 raise ValueError(
-                    f"bk clipping: layer {layer.name!r} ({type(layer.module).__name__}) got an input of shape "
-                    f"{shape}, whose first dimension is not the batch size {self._batch}; every hooked layer needs "
-                    "the examples along dim 0 (for Hugging Face models pass position_ids / token_type_ids of "
-                    "shape (B, T))"
+                    f"bk clipping: layer {layer.name!r} ({type(layer.module).__name__}, parameters {own}) got an "
+                    f"input of shape {shape}, whose first dimension is neither the batch size {self._batch} nor 1 "
+                    "(broadcast): an input shared by all examples, so each example's gradient of the layer cannot "
+                    "be told apart; freeze the layer (requires_grad_(False)), feed it one row per example, or use "
+                    "clipping loop"
                 )
         call = _Call(
             tuple(_detach(t) for t in args), {k: _detach(v) for k, v in (kwargs or {}).items()}, piece
         )
         layer.calls.append(call)
-        return _Capture.apply(out, self._anchor, call)
+        return _Capture.apply(out, self._anchor, call, self._clone)
+
+    def _expand_broadcast(self, module, args, kwargs):
+        """Inputs broadcast over the batch (:mod:`dp_adam_bench.engine.broadcast`) expanded to one row per example."""
+        return expand_primary(args, kwargs, self._batch) if self.recording() else None
+
+    def _make_generic_hook(self, layer: _Layer):
+        """Capture for a module without a rule (:mod:`~dp_adam_bench.engine.bk_rules.generic`): its inputs as
+        called (positional and keyword), and every floating output tensor that needs a gradient, with its value."""
+
+        def hook(module, args, kwargs, output):
+            if not self.recording():
+                return None
+            b = self._batch
+            leaves, spec = pytree.tree_flatten(output)
+            stored = pytree.tree_map(_detach, (tuple(args), dict(kwargs)))
+            self._group += 1
+            new = []
+            for k, t in enumerate(leaves):
+                if isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point():
+                    if t.dim() > 0 and t.shape[0] == 1 and b > 1:
+                        t = t.expand(b, *t.shape[1:])  # broadcast over the batch: one row per example
+                    elif t.dim() == 0 or t.shape[0] != b:
+                        raise ValueError(
+                            f"bk clipping: module {layer.name!r} ({type(module).__name__}) has parameters of its "
+                            f"own and returns an output of shape {tuple(t.shape)} without the batch ({b}) along "
+                            "dim 0, so no example's gradient of its parameters can be told apart; return a batched "
+                            "tensor (e.g. x + pos instead of pos) or use clipping functorch / loop"
+                        )
+                    call = _Call(*stored, piece=k, output=t.detach(), group=self._group)
+                    layer.calls.append(call)
+                    t = _Capture.apply(t, self._anchor, call, self._clone)
+                new.append(t)
+            return pytree.tree_unflatten(new, spec)
+
+        return hook
 
     def _make_hook(self, layer: _Layer):
         def hook(module, args, kwargs, output):
@@ -271,6 +352,19 @@ class BKEngine(GradEngine):
         return {p: t * self._scale[id(p)] for p, t in per_ex.items()}
 
     # --- engine interface -------------------------------------------------------------------------------------------
+    def _record(self, batch, b: int, anchor: torch.Tensor) -> None:
+        """Steps 1-2 of the module docstring: the forward with captures and the one backward."""
+        for layer in self.layers:
+            layer.calls = []
+        self._anchor, self._batch = anchor, b
+        try:
+            losses = self.loss_per_example(self.model, batch)
+        finally:
+            self._anchor = None
+        if losses.shape != (b,):
+            raise ValueError(f"bk clipping: loss_per_example returned shape {tuple(losses.shape)}, want ({b},)")
+        torch.autograd.grad(losses.sum(), [anchor], allow_unused=True)
+
     def _clipped_sum(self, batch, clip, scale):
         b = batch_len(batch)
         if scale is not None:  # shapes checked by GradEngine.clipped_sum
@@ -278,26 +372,17 @@ class BKEngine(GradEngine):
         ref = self.params[0]
         self.dtype = ref.dtype  # the precision of norms, clip factors and sums (rules read it)
         anchor = torch.zeros((), dtype=ref.dtype, device=ref.device, requires_grad=True)
-        for layer in self.layers:
-            layer.calls = []
-        self._anchor, self._batch = anchor, b
         try:
-            try:
-                losses = self.loss_per_example(self.model, batch)
-            except RuntimeError as err:
-                _refuse_in_place(err)
-                raise
-            finally:
-                self._anchor = None
-            if losses.shape != (b,):
-                raise ValueError(
-                    f"bk clipping: loss_per_example returned shape {tuple(losses.shape)}, want ({b},)"
-                )
-            try:
-                torch.autograd.grad(losses.sum(), [anchor], allow_unused=True)
-            except RuntimeError as err:
-                _refuse_in_place(err)
-                raise
+            for _ in range(2):
+                try:
+                    self._record(batch, b, anchor)
+                    break
+                except RuntimeError as err:
+                    if self._clone or not _in_place(err):
+                        _refuse_in_place(err)
+                        raise
+                    self._clone = True  # and once more, with copies of the captured outputs
+            _refuse_tied_use(self._tied, self.layers)
             sq = torch.zeros(b, dtype=ref.dtype, device=ref.device)
             finishers = []
             self.memory = {"captured_bytes": _captured_bytes(self.layers), "per_example_bytes": 0}

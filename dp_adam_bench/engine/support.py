@@ -10,7 +10,9 @@ engine computes each example's gradient exactly. Three kinds of layer are refuse
   and is not bounded by C), and with ``max_norm`` (the forward renormalises, in place, the rows the private batch
   looks up: a change to the parameters that bypasses clipping and noise). Sparse embedding gradients are not
   supported by the privatizer.
-* **bk**: a module type without a rule in :mod:`dp_adam_bench.engine.bk_rules`, or a configuration its rule refuses.
+* **bk**: a configuration a rule of :mod:`dp_adam_bench.engine.bk_rules` refuses. A module type without a rule is
+  not refused: bk's generic rule (:mod:`dp_adam_bench.engine.bk_rules.generic`) recomputes its forward one example
+  at a time and refuses, in the forward, a module whose recomputation does not reproduce the batch's output.
 * **hooks / ghost** (Opacus' per-sample rules): anything outside what the conformance suite
   (``tests/test_conformance.py``) showed them to compute exactly. Opacus 1.6 is silently wrong on convolutions with a
   ``padding_mode`` other than zeros, on Embedding with ``padding_idx`` when a padding token is in the batch, and on
@@ -64,12 +66,10 @@ def undefined(m: nn.Module) -> str | None:
 
 
 def _bk(m: nn.Module) -> str | None:
-    from dp_adam_bench.engine.bk_rules import rule_for, supported_types
+    from dp_adam_bench.engine.bk_rules import rule_for
 
-    rule = rule_for(m)
-    if rule is None:
-        return f"{type(m).__name__} has no bk rule (bk has rules for {', '.join(supported_types())})"
-    return rule.refuse(m) if rule.refuse is not None else None
+    rule = rule_for(m)  # None: the generic rule, which checks its own exactness in the forward
+    return rule.refuse(m) if rule is not None and rule.refuse is not None else None
 
 
 def _everything(m: nn.Module) -> None:
@@ -152,12 +152,18 @@ def check_model(model: nn.Module, engine: str) -> None:
     modules = dict(model.named_modules())
     lines = []
     for name, why, undef in found:
+        module = modules["" if name == "<root>" else name]
+        own = [n for n, p in module._parameters.items() if p is not None and p.requires_grad]
+        params = f" [its parameters: {', '.join(own)}]" if own else ""
         if undef:
-            lines.append(f"{name!r}: {why} (no engine can)")
-        else:
-            others = [e for e in supporting(modules["" if name == "<root>" else name]) if e != engine]
             lines.append(
-                f"{name!r}: {why}; use " + (" or ".join(f"train.clipping={e}" for e in others) or "no engine")
+                f"{name!r}: {why}{params} (no engine can; dp_adam_bench.fix_model swaps BatchNorm for GroupNorm)"
+            )
+        else:
+            others = [e for e in supporting(module) if e != engine]
+            lines.append(
+                f"{name!r}: {why}{params}; use "
+                + (" or ".join(f"train.clipping={e}" for e in others) or "no engine")
             )
     raise ConfigError(
         f"train.clipping={engine} cannot compute exact per-example gradients, so C would not bound each example's "

@@ -24,7 +24,7 @@ Adding a layer: write ``compute(engine, layer, calls, b) -> (sq, finish)`` in a 
 :func:`register`, import the module below, and add the layer's configurations to the conformance suite.
 """
 
-from dp_adam_bench.engine.bk_rules import attention, conv, embedding, linear, norms  # noqa: F401  (register)
+from dp_adam_bench.engine.bk_rules import attention, conv, embedding, linear, norms, t5  # noqa: F401  (register)
 from dp_adam_bench.engine.bk_rules.registry import (
     Rule,
     adapter_for,

@@ -54,23 +54,39 @@ def rule_for(module: nn.Module) -> Rule | None:
 
 
 _ADAPTERS: dict[type, Callable] = {}
+_ADAPTERS_BY_NAME: dict[tuple[str, str], Callable] = {}
 
 
-def register_adapter(*types: type):
+def register_adapter(*types: type | tuple[str, str]):
     """Register the decorated ``install(engine, name, module) -> undo or None`` for modules of ``types`` (with or
-    without parameters of their own) that bk must call differently while it records a batch, e.g. sequence-first
-    transformer layers, whose inner Linear layers would otherwise see the sequence along dim 0."""
+    without parameters of their own; ``(module prefix, class name)`` for optional packages) that bk must call
+    differently while it records a batch, e.g. sequence-first transformer layers, whose inner Linear layers would
+    otherwise see the sequence along dim 0."""
 
     def wrap(install):
         for t in types:
-            _ADAPTERS[t] = install
+            if isinstance(t, tuple):
+                _ADAPTERS_BY_NAME[t] = install
+            else:
+                _ADAPTERS[t] = install
         return install
 
     return wrap
 
 
 def adapter_for(module: nn.Module) -> Callable | None:
-    return _ADAPTERS.get(type(module))
+    t = type(module)
+    found = _ADAPTERS.get(t)
+    if found is None:
+        found = next(
+            (
+                a
+                for (mod, name), a in _ADAPTERS_BY_NAME.items()
+                if t.__name__ == name and t.__module__.startswith(mod)
+            ),
+            None,
+        )
+    return found
 
 
 def supported_types() -> list[str]:

@@ -1,0 +1,161 @@
+"""Modules with parameters of their own and no rule of their own: a ``cls_token`` or position-embedding tensor
+(``ViTEmbeddings``), a LayerScale gamma, a 0-dim logit scale on the root module, a custom norm class
+(``LlamaRMSNorm``, ``T5LayerNorm``), a subclass of a layer with a rule (its forward may differ).
+
+The per-example gradient of such a module's own parameters is computed from what bk captured for it, its inputs
+and the gradient of the summed loss with respect to its output(s), by recomputing the module's forward one example
+at a time and taking the vector-Jacobian product with that example's output gradient: ``torch.func.vmap`` over the
+examples of ``grad`` of ``<f(theta; x_i), g_i>`` (Opacus' functorch fallback for unknown layers works the same way),
+or, where the forward cannot be vmapped (data-dependent control flow), a loop over the examples. The module's
+children keep their own rules: only the module's own parameters are differentiated (``functional_call`` with those
+alone). The per-example gradients are instantiated (B x the module's own parameter count).
+
+Exactness is checked, not assumed: the recomputed outputs must equal the outputs the batch forward produced (the
+recomputation returns them as well). A forward that mixes the examples, or draws random numbers (dropout with
+``p > 0`` in train mode), does not reproduce them and is refused naming the module; ``nn.Dropout`` children with
+``p = 0`` are put in eval mode for the recomputation (the same function, no random draw).
+
+An output must keep the examples along dim 0 (a leading dimension of 1, broadcast over the batch, is expanded to
+the batch by the engine: each example's gradient through it is then its own); an output without the batch
+dimension cannot be told apart per example and is refused.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from dp_adam_bench.engine.bk_rules.dense import from_per_example
+from dp_adam_bench.engine.bk_rules.registry import Rule
+
+
+def _tolerance(dtype: torch.dtype) -> float:
+    """Relative error allowed between the batch forward's output and its recomputation: a few units of the
+    output's precision (bf16 outputs of an autocast forward are recomputed in fp32), at least 1e-3 (matmuls may
+    block differently for one example); dropout with p = 0.1 already changes outputs by 11 %."""
+    return max(1e-3, 4 * torch.finfo(dtype).eps)
+
+
+def _own(module: nn.Module) -> dict[str, nn.Parameter]:
+    return {n: p for n, p in module._parameters.items() if p is not None and p.requires_grad}
+
+
+class _ZeroDropoutOff:
+    """``nn.Dropout`` modules with ``p = 0`` under ``module`` in eval mode (identity, no random draw) for a block."""
+
+    def __init__(self, module: nn.Module):
+        self.mods = [
+            m
+            for m in module.modules()
+            if isinstance(m, nn.modules.dropout._DropoutNd) and m.p == 0 and m.training
+        ]
+
+    def __enter__(self):
+        for m in self.mods:
+            m.training = False
+
+    def __exit__(self, *exc):
+        for m in self.mods:
+            m.training = True
+
+
+def _group(calls) -> list[list]:
+    """The captured pieces of each forward call, in call order (one piece per tensor output with a gradient)."""
+    groups: dict[int, list] = {}
+    for call in calls:
+        groups.setdefault(call.group, []).append(call)
+    return list(groups.values())
+
+
+def _batched(t, b: int) -> bool:
+    return isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[0] == b
+
+
+def _per_example_vmap(module, params, args, kwargs, pieces, b):
+    from torch.func import functional_call, grad, vmap
+
+    flat, spec = pytree.tree_flatten((args, kwargs))
+    dims = [0 if _batched(t, b) else None for t in flat]
+    grads = [c.grad for c in pieces]
+    keys = [c.piece for c in pieces]
+
+    def one(p, inputs, gs):
+        inputs = [t.unsqueeze(0) if d == 0 else t for t, d in zip(inputs, dims, strict=True)]
+        a, kw = pytree.tree_unflatten(inputs, spec)
+        leaves = pytree.tree_leaves(functional_call(module, p, a, kw))
+        outs = [leaves[k] for k in keys]
+        total = sum((o * g.unsqueeze(0)).sum() for o, g in zip(outs, gs, strict=True))
+        return total, [o.squeeze(0) if o.shape[0] == 1 else o for o in outs]
+
+    detached = {n: p.detach() for n, p in params.items()}
+    fn = vmap(grad(one, has_aux=True), in_dims=(None, dims, [0] * len(grads)), randomness="error")
+    per_ex, outs = fn(detached, flat, grads)
+    return per_ex, outs
+
+
+def _per_example_loop(module, params, args, kwargs, pieces, b):
+    flat, spec = pytree.tree_flatten((args, kwargs))
+    names = list(params)
+    rows, outs = [], [[] for _ in pieces]
+    for i in range(b):
+        inputs = [t[i : i + 1] if _batched(t, b) else t for t in flat]
+        a, kw = pytree.tree_unflatten(inputs, spec)
+        with torch.enable_grad():
+            leaves = pytree.tree_leaves(module(*a, **kw))
+            total = sum((leaves[c.piece] * c.grad[i : i + 1]).sum() for c in pieces)
+            got = torch.autograd.grad(total, [params[n] for n in names], allow_unused=True)
+        rows.append(
+            [g if g is not None else torch.zeros_like(params[n]) for g, n in zip(got, names, strict=True)]
+        )
+        for k, c in enumerate(pieces):
+            outs[k].append(leaves[c.piece].detach().reshape(c.grad.shape[1:]))
+    per_ex = {n: torch.stack([r[j] for r in rows]) for j, n in enumerate(names)}
+    return per_ex, [torch.stack(o) for o in outs]
+
+
+def generic(engine, layer, calls, b):
+    """Per-example gradients of ``layer.module``'s own parameters by recomputing its forward per example."""
+    m = layer.module
+    params = _own(m)
+    total: dict[str, torch.Tensor] = {}
+    how = "vmap"
+    with _ZeroDropoutOff(m):
+        for pieces in _group(calls):
+            args, kwargs = pieces[0].args, pieces[0].kwargs
+            try:
+                per_ex, outs = _per_example_vmap(m, params, args, kwargs, pieces, b)
+            except RuntimeError as err:
+                if "random" in str(err):
+                    raise ValueError(
+                        _not_reproducible(layer, "it draws random numbers (dropout with p > 0)")
+                    ) from err
+                how = "loop"  # data-dependent control flow or an op vmap does not take: one example at a time
+                per_ex, outs = _per_example_loop(m, params, args, kwargs, pieces, b)
+            for call, out in zip(pieces, outs, strict=True):
+                ref = call.output
+                scale = ref.abs().max().clamp(min=torch.finfo(ref.dtype).tiny)
+                err = float((out.detach().to(ref.dtype) - ref).abs().max() / scale) if ref.numel() else 0.0
+                if not err <= _tolerance(ref.dtype):
+                    raise ValueError(
+                        _not_reproducible(layer, f"its recomputed output differs by {err:.2g} (relative)")
+                    )
+            for n, g in per_ex.items():
+                total[n] = g if n not in total else total[n] + g
+    engine.record(layer.name, f"generic:{how}")
+    per_param = {params[n]: g.to(engine.dtype) for n, g in total.items()}
+    return from_per_example(engine.scaled(per_param), b, calls[0].grad.device)
+
+
+def _not_reproducible(layer, why: str) -> str:
+    names = ", ".join(_own(layer.module))
+    return (
+        f"bk clipping: module {layer.name!r} ({type(layer.module).__name__}, parameters {names}) has no bk rule, "
+        f"and its forward is not reproducible one example at a time ({why}), so its per-example gradients cannot "
+        "be computed exactly: make its dropout p = 0 (or the model's dropout off), keep the examples apart in its "
+        "forward, or use clipping functorch / loop"
+    )
+
+
+#: the rule bk uses for a module type without a registered rule (``BKEngine`` installs its capture)
+GENERIC = Rule("generic", generic)

@@ -1,0 +1,227 @@
+"""Tiny models of the families people fine-tune, built offline from their configs (random weights), with a batch
+of per-example inputs as a user passes them: the bring-your-own-model zoo of ``tests/test_model_zoo.py``.
+
+Each entry is ``name -> (build() -> nn.Module, batch(b, generator) -> dict)``; ``loss_per_example(model, batch)``
+gives one loss per example for every entry (the model's own output, reduced within each example). Models are in
+train mode with dropout 0 (the per-example comparison is then deterministic); the dropout path is exercised by the
+engines' own tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+T = 8  # tokens per example
+VOCAB = 50
+IMAGE = 16  # pixels per side
+
+
+def _tokens(b: int, g: torch.Generator, pad_last: bool = True) -> dict:
+    ids = torch.randint(3, VOCAB, (b, T), generator=g)
+    mask = torch.ones(b, T, dtype=torch.long)
+    if pad_last and b > 1:  # one padded example, so the attention mask matters
+        mask[0, T - 3 :] = 0
+        ids[0, T - 3 :] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def _classify(b, g, classes=3):
+    return {**_tokens(b, g), "labels": torch.randint(0, classes, (b,), generator=g)}
+
+
+def _lm(b, g):
+    batch = _tokens(b, g)
+    return {**batch, "labels": batch["input_ids"].clone()}
+
+
+def _bert():
+    from transformers import BertConfig, BertForSequenceClassification
+
+    cfg = BertConfig(
+        vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+        max_position_embeddings=32, num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+    )  # fmt: skip
+    return BertForSequenceClassification(cfg)
+
+
+def _distilbert():
+    from transformers import DistilBertConfig, DistilBertForSequenceClassification
+
+    cfg = DistilBertConfig(
+        vocab_size=VOCAB, dim=16, n_layers=2, n_heads=2, hidden_dim=32, max_position_embeddings=32, num_labels=3,
+        dropout=0.0, attention_dropout=0.0, seq_classif_dropout=0.0,
+    )  # fmt: skip
+    return DistilBertForSequenceClassification(cfg)
+
+
+def _roberta():
+    from transformers import RobertaConfig, RobertaForSequenceClassification
+
+    cfg = RobertaConfig(
+        vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+        max_position_embeddings=40, num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+    )  # fmt: skip
+    return RobertaForSequenceClassification(cfg)
+
+
+def _gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(
+        vocab_size=VOCAB, n_embd=16, n_layer=2, n_head=2, n_positions=32, resid_pdrop=0.0, embd_pdrop=0.0,
+        attn_pdrop=0.0, tie_word_embeddings=False,
+    )  # fmt: skip
+    return GPT2LMHeadModel(cfg)
+
+
+def _llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=32, tie_word_embeddings=False,
+    )  # fmt: skip
+    return LlamaForCausalLM(cfg)
+
+
+class T5EncoderClassifier(nn.Module):
+    """A T5 encoder with a linear head on the mean of its non-padded states (T5 has no sequence classifier that
+    takes an encoder alone)."""
+
+    def __init__(self):
+        super().__init__()
+        from transformers import T5Config, T5EncoderModel
+
+        cfg = T5Config(
+            vocab_size=VOCAB, d_model=16, d_kv=8, d_ff=32, num_layers=2, num_heads=2, dropout_rate=0.0,
+            relative_attention_num_buckets=8,
+        )  # fmt: skip
+        self.encoder = T5EncoderModel(cfg)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, input_ids, attention_mask):
+        h = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        m = attention_mask.unsqueeze(-1).to(h.dtype)
+        return self.head((h * m).sum(1) / m.sum(1))
+
+
+def _vit():
+    from transformers import ViTConfig, ViTForImageClassification
+
+    cfg = ViTConfig(
+        image_size=IMAGE, patch_size=8, num_channels=3, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=32, num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+    )  # fmt: skip
+    return ViTForImageClassification(cfg)
+
+
+def _images(b, g):
+    return {
+        "pixel_values": torch.randn(b, 3, IMAGE, IMAGE, generator=g),
+        "labels": torch.randint(0, 3, (b,), generator=g),
+    }
+
+
+def _resnet():
+    """Hugging Face's ResNet (BatchNorm in every block, as torchvision's): refused as built, trains after
+    ``fix_model`` swaps BatchNorm for GroupNorm. (torchvision's PyPI wheels are built for CUDA torch and do not load
+    beside the CPU torch this suite installs.)"""
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    cfg = ResNetConfig(
+        num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic", num_labels=3,
+    )  # fmt: skip
+    return ResNetForImageClassification(cfg)
+
+
+class LogitScaleNet(nn.Module):
+    """A learnable 0-dim logit scale on the root module (as in CLIP), beside ordinary layers."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, 16)
+        self.proj = nn.Linear(16, 3)
+        self.logit_scale = nn.Parameter(torch.tensor(0.5))
+
+    def forward(self, input_ids, attention_mask):
+        h = self.emb(input_ids).mean(1)
+        return self.proj(h) * self.logit_scale.exp()
+
+
+def _encoder_layer():
+    layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+    return _TorchEncoder(nn.TransformerEncoder(layer, 2, enable_nested_tensor=True))
+
+
+class _TorchEncoder(nn.Module):
+    """torch's own ``nn.TransformerEncoder`` with a padding mask (its nested-tensor fast path in eval mode)."""
+
+    def __init__(self, encoder):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, 16)
+        self.encoder = encoder
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, input_ids, attention_mask):
+        h = self.encoder(self.emb(input_ids), src_key_padding_mask=attention_mask == 0)
+        return self.head(h[:, 0])
+
+
+def _token_ce(logits, labels, mask):
+    """Causal-LM loss per example: next-token cross-entropy averaged over the example's non-padded tokens."""
+    logits, labels, mask = logits[:, :-1], labels[:, 1:], mask[:, 1:].to(logits.dtype)
+    ce = F.cross_entropy(logits.transpose(1, 2), labels, reduction="none")
+    return (ce * mask).sum(1) / mask.sum(1).clamp(min=1)
+
+
+def _logits(out):
+    return out.logits if hasattr(out, "logits") else out
+
+
+def classify_loss(model, batch):
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    return F.cross_entropy(_logits(model(**inputs)), batch["labels"], reduction="none")
+
+
+def lm_loss(model, batch):
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    return _token_ce(_logits(out), batch["labels"], batch["attention_mask"])
+
+
+def image_loss(model, batch):
+    out = model(batch["pixel_values"])
+    return F.cross_entropy(_logits(out), batch["labels"], reduction="none")
+
+
+#: name -> (build, batch(b, generator), loss_per_example(model, batch))
+ZOO: dict[str, tuple[Callable, Callable, Callable]] = {
+    "bert": (_bert, _classify, classify_loss),
+    "distilbert": (_distilbert, _classify, classify_loss),
+    "roberta": (_roberta, _classify, classify_loss),
+    "gpt2": (_gpt2, _lm, lm_loss),
+    "llama": (_llama, _lm, lm_loss),
+    "t5_encoder": (T5EncoderClassifier, _classify, classify_loss),
+    "vit": (_vit, _images, image_loss),
+    "resnet": (_resnet, _images, image_loss),
+    "logit_scale": (LogitScaleNet, _classify, classify_loss),
+    "torch_encoder": (_encoder_layer, _classify, classify_loss),
+}
+
+
+def build(name: str, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    model = ZOO[name][0]()
+    model.train()
+    return model
+
+
+def batch(name: str, b: int, seed: int = 0) -> dict:
+    return ZOO[name][1](b, torch.Generator().manual_seed(seed))
+
+
+def loss_fn(name: str):
+    return ZOO[name][2]

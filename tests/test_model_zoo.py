@@ -1,0 +1,92 @@
+"""Bring your own model: tiny models of the families people fine-tune (``tests/model_zoo.py``, built offline from
+their configs) through every clipping engine. Each (family, engine) either matches the loop over batches of size
+one (per-example norms and the clipped sum, float64) or is refused in one line, before or at its first batch, with
+a ConfigError / ValueError naming what to do: never another exception, never a silent mismatch. The outcomes must
+be the table in the README ("Bring your own model"), which this test reads."""
+
+from __future__ import annotations
+
+import re
+
+import model_zoo
+import pytest
+import torch
+
+from dp_adam_bench.engine.engines import build_engine
+from dp_adam_bench.engine.fix_model import fix_model
+from dp_adam_bench.engine.grads import clip_factors, loop_grads
+from dp_adam_bench.errors import ConfigError
+from dp_adam_bench.paths import REPO_ROOT
+
+ENGINES = ("bk", "ghost", "hooks", "functorch", "loop")
+B = 4
+CLIP = 0.5
+
+
+def _readme_table() -> dict[str, dict[str, str]]:
+    """``{family: {engine: "exact" | "refused"}}`` from the README's zoo table."""
+    text = (REPO_ROOT / "README.md").read_text()
+    start = text.index("<!-- model-zoo-table -->")
+    rows = {}
+    for line in text[start:].splitlines()[3:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        family = re.sub(r"[`*]", "", cells[0]).split()[0]
+        outcomes = ["exact" if c.startswith("exact") else "refused" for c in cells[1:]]
+        rows[family] = dict(zip(ENGINES, outcomes, strict=True))
+    return rows
+
+
+def _model(name):
+    model = model_zoo.build(name)
+    if name == "resnet":
+        model, _ = fix_model(model, verbose=False)
+    return model.double()
+
+
+def _batch(name, model):
+    batch = model_zoo.batch(name, B)
+    return {k: v.double() if v.is_floating_point() else v for k, v in batch.items()}
+
+
+def _outcome(name, engine, reference):
+    model = _model(name)
+    batch, loss = _batch(name, model), model_zoo.loss_fn(name)
+    try:
+        e = build_engine(engine, model, loss)
+        got = e.clipped_sum(batch, CLIP)
+    except (ConfigError, ValueError) as err:
+        assert "\n" not in str(err), f"{name}/{engine}: a refusal must be one line"
+        return "refused", str(err)
+    e.close()
+    ref = reference(model, loss, e.params, batch)
+    norms = torch.sqrt(sum(g.reshape(B, -1).square().sum(1) for g in ref))
+    f = clip_factors(norms, CLIP)
+    summed = [torch.einsum("b,b...->...", f, g) for g in ref]
+    norm_err = float(((got.norms - norms).abs() / norms).max())
+    diff = torch.sqrt(sum((s - r).square().sum() for s, r in zip(got.summed, summed, strict=True)))
+    sum_err = float(diff / torch.sqrt(sum(r.square().sum() for r in summed)))
+    assert norm_err < 1e-9 and sum_err < 1e-9, (
+        f"{name}/{engine}: norms {norm_err:.2g}, clipped sum {sum_err:.2g}"
+    )
+    return "exact", ""
+
+
+@pytest.mark.parametrize("name", sorted(model_zoo.ZOO))
+def test_family_through_every_engine(name):
+    cache = {}
+
+    def reference(model, loss, params, batch):  # the size-one loop, once per family (same seed, same weights)
+        if "ref" not in cache:
+            cache["ref"] = loop_grads(model, loss, params, batch)
+        return cache["ref"]
+
+    expected = _readme_table()[name]
+    found = {}
+    for engine in ENGINES:
+        found[engine], why = _outcome(name, engine, reference)
+        if found[engine] == "refused":
+            assert "use " in why or "clipping" in why, f"{name}/{engine}: the refusal names no fix: {why}"
+    assert found == expected, f"{name}: outcomes {found} differ from the README's table {expected}"
+    assert found["bk"] == "exact", f"{name}: bk, the default engine, must train every family of the zoo"
