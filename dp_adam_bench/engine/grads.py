@@ -36,6 +36,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from dp_adam_bench.engine.fp32_exact import ieee_fp32
+
 # torch warns on every backward when the first layer's input needs no grad; Opacus' hooks still fire correctly
 warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
 
@@ -131,7 +133,9 @@ class GradEngine:
                 )
         if batch_len(batch) == 0:
             return zero_sum(self.params)
-        return self._clipped_sum(batch, clip, scale)
+        # norms and sums in the precision they claim: no TF32 / bf16 fp32 math in any kernel (engine/fp32_exact.py)
+        with ieee_fp32():
+            return self._clipped_sum(batch, clip, scale)
 
     def _clipped_sum(self, batch: dict, clip: float | None, scale: list[torch.Tensor] | None) -> ClippedSum:
         """:meth:`clipped_sum` on a batch of at least one example, ``scale`` already checked."""
