@@ -241,6 +241,10 @@ def test_report_writes_its_table(tmp_path, monkeypatch):
     assert (caught.verdict == "caught").all() and caught.caught_by.notna().all(), caught[
         ["control", "caught_by"]
     ]
+    # the participation ledger's verdict on every row; issue 32's two planted kinds are caught by it alone
+    assert set(df[df.control.isna()].participation) == {"consistent"}
+    for name, check in (("mf_one_participation", "sensitivity"), ("ledger_round_short", "rounds")):
+        assert (df[df.control == name].caught_by == f"participation ledger: {check}").all(), df.caught_by
     assert set(white.sampler[white.control.isna()]) == {"single_pass", "cyclic_poisson"}
     md = paths[1].read_text()
     assert "Regenerate: `make reproduce-table TABLE=privacy_audit`" in md
