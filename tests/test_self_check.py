@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from dp_adam_bench import make_private
+from dp_adam_bench.engine import fp32_exact
 from dp_adam_bench.engine.bk import BKEngine
 from dp_adam_bench.engine.self_check import self_check
 from dp_adam_bench.errors import ConfigError
@@ -28,6 +29,19 @@ def _shrink_norms(monkeypatch, factor=0.8):
     def wrong(self, batch, clip, scale):
         out = real(self, batch, clip, scale)
         out.norms = out.norms * factor
+        return out
+
+    monkeypatch.setattr(BKEngine, "_clipped_sum", wrong)
+
+
+def _swap_norms(monkeypatch):
+    """A planted defect only a comparison example by example sees: bk reports each example's norm as its
+    neighbour's (the sums, and one example on its own, are right: the engine probe passes it)."""
+    real = BKEngine._clipped_sum
+
+    def wrong(self, batch, clip, scale):
+        out = real(self, batch, clip, scale)
+        out.norms = out.norms.roll(1)
         return out
 
     monkeypatch.setattr(BKEngine, "_clipped_sum", wrong)
@@ -64,8 +78,8 @@ def test_make_private_stops_before_any_noise_and_records_the_check(monkeypatch):
     assert private.self_check["enabled"] and private.self_check["max_rel_error"] < 1e-5
     assert private.steps_done == 0
 
-    _shrink_norms(monkeypatch)
-    with pytest.raises(ConfigError, match="stopped before any noise was released"):
+    _swap_norms(monkeypatch)
+    with pytest.raises(ConfigError, match="self-check: .* stopped before any noise was released"):
         make_private(tiny_model(), data, CE, **kw)
     skipped = make_private(tiny_model(), data, CE, self_check=False, **kw)
     assert skipped.self_check == {"enabled": False}
@@ -81,12 +95,18 @@ def test_cli_runs_record_the_check_and_it_changes_no_result(isolated_dirs, tiny_
     off = train(compose_cfg([*base, "train.self_check.enabled=false", "train.force=true"]))
     assert off["self_check"] == {"enabled": False}
     assert off["final_params_sha1"] == checked["final_params_sha1"]  # same run, same result
+    # the engine probe runs whether the self-check does or not; the summary records the fp32 math settings
+    for summary in (checked, off):
+        assert summary["engine_probe"]["examples"] == 4 and summary["engine_probe"]["max_rel_error"] < 1e-5
+        assert summary["fp32_math"] == fp32_exact.settings() and summary["fp32_math"]["clipping"].startswith(
+            "ieee"
+        )
     with pytest.raises(ConfigError, match=r"train\.self_check\.tolerance=nan must be a finite number > 0"):
         train(compose_cfg([*base, "train.self_check.tolerance=nan"]))
 
 
 def test_cli_run_with_a_wrong_engine_stops_before_its_run_folder(isolated_dirs, tiny_task, monkeypatch):
-    _shrink_norms(monkeypatch)
+    _swap_norms(monkeypatch)
     with pytest.raises(ConfigError, match="self-check"):
         train(compose_cfg(tiny_poisson("self_check_wrong", 3)))
     runs = isolated_dirs / "runs" / "self_check_wrong"
@@ -159,3 +179,64 @@ def test_a_resume_under_other_check_settings_runs_the_check(isolated_dirs, tiny_
     monkeypatch.setattr(module, "source_digest", lambda: "edited")
     resumed = train(compose_cfg([*base, "experiment_name=self_check_code"]))
     assert len(calls) == 4 and "carried_over" not in resumed["self_check"]
+
+
+USER_TASK = """
+import torch
+from torch import nn
+
+from tiny_task import TinyTask
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(6, 8), nn.Linear(8, 2)
+
+    def forward(self, x):
+        h = torch.tanh(self.fc1(x))
+        {edit}
+        return self.fc2(h)
+
+
+class UserTask(TinyTask):
+    def build_model(self):
+        return Net()
+"""
+
+
+def test_a_resume_after_the_models_code_changed_runs_the_check_again(isolated_dirs, tmp_path, monkeypatch):
+    """Issue 32's reproduction: a task defined outside the package trains 2 steps and is killed; its forward is
+    then changed to mix the examples of a batch. The carry key holds the source of every class the model and the
+    task are made of (engine/self_check.py model_digest), so the resume runs the check again, which refuses."""
+    import sys
+
+    from dp_adam_bench.engine.self_check import carry_key
+
+    calls = _count_checks(monkeypatch)
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = tmp_path / "user_task_32.py"
+
+    def define(edit: str):
+        module.write_text(USER_TASK.replace("{edit}", edit))
+        sys.modules.pop("user_task_32", None)
+        monkeypatch.setitem(registry.TASKS, "tiny", "user_task_32:UserTask")
+
+    define("pass")
+    base = tiny_poisson("self_check_user_code", 4, "train.checkpoint_every=1")
+    with pytest.raises(KeyboardInterrupt):
+        train(compose_cfg([*base, "train.stop_after=2"]))
+    assert len(calls) == 1
+    define("h = h - 3 * h.mean(0)")
+    with pytest.raises(ConfigError, match=r"self-check: train\.clipping=bk .* by 1\.\d+ \(relative"):
+        train(compose_cfg(base))
+    assert len(calls) == 2
+    # the key names the versions of what defines the computation beyond the package; a class without readable
+    # source (built by exec) gives no key: nothing is carried over, the check runs on every attempt
+    key = carry_key("run", {}, "bk", "cpu", nn_linear := torch.nn.Linear(2, 2))
+    assert {"torch", "transformers", "opacus", "model_sha1"} <= set(key)
+    scope: dict = {}
+    exec("import torch\nclass Anon(torch.nn.Linear):\n    pass\n", scope)
+    assert carry_key("run", {}, "bk", "cpu", scope["Anon"](2, 2)) is None
+    assert carry_key("run", {}, "bk", "cpu", nn_linear) == key

@@ -18,7 +18,8 @@ import torch
 
 from dp_adam_bench.engine.engines import build_engine
 from dp_adam_bench.engine.privatizer import Privatizer, Release
-from dp_adam_bench.engine.self_check import DEFAULT_EXAMPLES, DEFAULT_TOLERANCE, self_check
+from dp_adam_bench.engine.probe import probe
+from dp_adam_bench.engine.self_check import DEFAULT_EXAMPLES, DEFAULT_TOLERANCE, self_check, tolerance_for
 from dp_adam_bench.errors import ConfigError
 
 
@@ -153,7 +154,19 @@ class ModelBackend:
         if k == 0:
             return {"enabled": True, "examples": 0}
         batch = {name: v.to(self.device) for name, v in self.task.get_batch(population[:k]).items()}
-        return self_check(self.engine, batch, clip, float(settings.get("tolerance", DEFAULT_TOLERANCE)))
+        tol = tolerance_for(settings.get("tolerance", DEFAULT_TOLERANCE), self.precision)
+        record = self_check(self.engine, batch, clip, tol, autocast=self._autocast)
+        return record | {"precision": self.precision}
+
+    def probe(self, population: torch.Tensor, settings) -> dict:
+        """The engine's unclipped sums and one example's norm against autograd on the first
+        ``train.self_check.examples`` examples (:mod:`dp_adam_bench.engine.probe`), whether or not the self-check
+        is on: refuses a parameter the engine does not see every use of."""
+        k = min(int((settings or {}).get("examples", DEFAULT_EXAMPLES)), len(population))
+        if k == 0:
+            return {"examples": 0}
+        batch = {name: v.to(self.device) for name, v in self.task.get_batch(population[:k]).items()}
+        return probe(self.engine, batch)
 
     def clipped_fraction(self, clip: float | None) -> dict:
         """Diagnostic: the fraction of the last step's examples whose norm exceeded C (a collective under DDP)."""

@@ -29,33 +29,49 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import math
+import sys
 import time
+from contextlib import nullcontext
+from pathlib import Path
 
 import torch
 
+from dp_adam_bench.engine.fp32_exact import ieee_fp32
 from dp_adam_bench.engine.grads import clip_factors, loop_grads
+from dp_adam_bench.engine.probe import neutral
 from dp_adam_bench.errors import ConfigError
 
-#: relative error allowed: float32 (and TF32 convolutions on CUDA, whose mantissa has 10 bits) differ from the
-#: loop by up to ~1e-3; the defects this check exists for were off by 10-150 %
+#: relative error allowed: float32 engines differ from the loop by ~1e-6 (summation order; the check runs with
+#: TF32 off, engine/fp32_exact.py); the defects this check exists for were off by 10-150 %
 DEFAULT_TOLERANCE = 1e-2
 DEFAULT_EXAMPLES = 4
+#: the least tolerance under ``train.precision=bf16``: bf16 keeps 8 significant bits (unit roundoff u = 2^-8 ~
+#: 3.9e-3). Engine and loop run the same autocast forward, but the loop's weight gradients come out of bf16
+#: matmuls (each element rounded, error <= u; measured: ~2e-3 relative on the test models) and the batch and the
+#: size-one forwards may round activations and output gradients one ulp apart; 2^-5 = 8u lets eight such
+#: roundings stack in one direction and stays three times below the smallest defect seen (10 %)
+BF16_TOLERANCE = 2.0**-5
 
 
-def self_check(engine, batch: dict, clip: float | None, tolerance: float = DEFAULT_TOLERANCE) -> dict:
+def tolerance_for(configured: float, precision: str) -> float:
+    """The tolerance the check uses: ``train.self_check.tolerance``, at least :data:`BF16_TOLERANCE` under bf16."""
+    return max(float(configured), BF16_TOLERANCE) if precision == "bf16" else float(configured)
+
+
+def self_check(
+    engine, batch: dict, clip: float | None, tolerance: float = DEFAULT_TOLERANCE, autocast=nullcontext
+) -> dict:
     """Compare ``engine``'s norms and clipped sum on ``batch`` with the size-one loop; returns the record for the
-    summary, or raises :class:`ConfigError` when the relative error exceeds ``tolerance``."""
+    summary, or raises :class:`ConfigError` when the relative error exceeds ``tolerance``. ``autocast``: a
+    context factory both computations run under (the training step's, e.g. bf16 autocast); the comparison itself
+    is made in the parameters' precision."""
     model = engine.model
-    modes = {m: m.training for m in model.modules()}
-    devices = [d for d in {p.device for p in engine.params} if d.type == "cuda"]
-    # Opacus records activations only for modules in train mode: those owning trainable parameters stay in it
-    keep = getattr(engine, "gsm", None) is not None
     t0 = time.perf_counter()
-    with torch.random.fork_rng(devices=devices):
-        for m in modes:
-            m.training = keep and any(p.requires_grad for p in m.parameters(recurse=False))
-        try:
+    # train mode with dropout neutralised (engine/probe.py neutral): the path training takes, computed twice alike
+    with neutral(model), ieee_fp32():
+        with autocast():
             try:
                 got = engine.clipped_sum(batch, clip)
             except ConfigError:
@@ -67,9 +83,7 @@ def self_check(engine, batch: dict, clip: float | None, tolerance: float = DEFAU
                 per_ex = loop_grads(model, engine.loss_per_example, engine.params, batch)
             finally:
                 engine._hooks(True)
-        finally:
-            for m, mode in modes.items():
-                m.training = mode
+    per_ex = [g.to(p.dtype) for g, p in zip(per_ex, engine.params, strict=True)]
     b = got.count
     norms = torch.sqrt(sum(g.reshape(b, -1).square().sum(1) for g in per_ex))
     f = clip_factors(norms, clip)
@@ -112,11 +126,88 @@ def source_digest() -> str:
     return h.hexdigest()
 
 
-def carry_key(run_fingerprint: str, settings, engine: str, device) -> dict:
+#: packages whose code their installed version names (the key holds the versions, not their source)
+VERSIONED = ("torch", "transformers", "opacus")
+
+
+def versions() -> dict:
+    """The installed versions of :data:`VERSIONED` (None where one is not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in VERSIONED:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out | {"torch": str(torch.__version__)}
+
+
+def _hash_files(paths) -> str:
+    h = hashlib.sha1()
+    for path in paths:
+        h.update(str(path).encode() + b"\0" + Path(path).read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def class_source(cls: type) -> str | None:
+    """A digest of the code that defines ``cls``, wherever it lives: for a class of :data:`VERSIONED` packages
+    their version (in the key already), for the package's own classes :func:`source_digest`, and otherwise every
+    ``.py`` file of the top-level package its module belongs to (its helpers in sibling modules included), or its
+    module's file, or, where there is no file (a class typed into a notebook), ``inspect.getsource(cls)``. None
+    when no source is available (a class built by ``exec``): the check then runs on every attempt."""
+    module = cls.__module__ or ""
+    top = module.split(".")[0]
+    if top in VERSIONED:
+        return "version"
+    if top == "dp_adam_bench":
+        return source_digest()
+    root = getattr(sys.modules.get(top), "__path__", None)
+    if root is not None:
+        files = sorted({f for d in (root or []) for f in Path(d).rglob("*.py")})
+        if files:
+            return _hash_files(files)
+    file = getattr(sys.modules.get(module), "__file__", None)
+    if file and Path(file).is_file():
+        return _hash_files([file])
+    try:
+        return hashlib.sha1(inspect.getsource(cls).encode()).hexdigest()
+    except (OSError, TypeError):
+        return None
+
+
+def model_digest(model, task=None) -> str | None:
+    """sha1 of what defines the model's computation beyond the run config: its module tree (``repr``, which
+    names every module and its hyperparameters), every parameter's and buffer's name, shape, dtype and
+    ``requires_grad``, and the code of every class it is made of and of the task's class (each class in their
+    method resolution orders: :func:`class_source`). None when some class has no source to read."""
+    h = hashlib.sha1(repr(model).encode())
+    for name, p in model.named_parameters():
+        h.update(f"{name}:{tuple(p.shape)}:{p.dtype}:{p.requires_grad};".encode())
+    for name, b in model.named_buffers():
+        h.update(f"{name}:{tuple(b.shape)}:{b.dtype};".encode())
+    classes = {type(m) for m in model.modules()} | ({type(task)} if task is not None else set())
+    code = {}
+    for cls in {c for k in classes for c in k.__mro__ if c is not object}:
+        digest = class_source(cls)
+        if digest is None:
+            return None
+        code[f"{cls.__module__}.{cls.__qualname__}"] = digest
+    for name in sorted(code):
+        h.update(f"{name}={code[name]};".encode())
+    return h.hexdigest()
+
+
+def carry_key(run_fingerprint: str, settings, engine: str, device, model=None, task=None) -> dict | None:
     """What a passed check is a statement about (module docstring): the run's config identity (task, model, data,
     clipping, clip, seed, precision: ``engine.checkpoint.fingerprint``), the check's examples and tolerance, the
-    engine, the device, and the code."""
+    engine, the device, the package's code, the model's module tree and the code of every class it and the task
+    are made of (:func:`model_digest`, ``model``), and the versions of torch, transformers and opacus. None when
+    the model's code cannot be read: nothing is carried over and the check runs on every attempt."""
     settings = settings or {}
+    model_sha1 = model_digest(model, task) if model is not None else None
+    if model is not None and model_sha1 is None:
+        return None
     return {
         "run": run_fingerprint,
         "examples": int(settings.get("examples", DEFAULT_EXAMPLES)),
@@ -124,7 +215,8 @@ def carry_key(run_fingerprint: str, settings, engine: str, device) -> dict:
         "engine": str(engine),
         "device": str(device),
         "source_sha1": source_digest(),
-        "torch": str(torch.__version__),
+        "model_sha1": model_sha1,
+        **versions(),
     }
 
 

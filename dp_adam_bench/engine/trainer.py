@@ -33,6 +33,7 @@ from dp_adam_bench.engine import checkpoint as ckpt
 from dp_adam_bench.engine import distributed, memory
 from dp_adam_bench.engine.backends import ModelBackend, VectorBackend
 from dp_adam_bench.engine.diagnostics import Diagnostics
+from dp_adam_bench.engine.fp32_exact import settings as fp32_settings
 from dp_adam_bench.engine.plan import PrivacyPlan, build_plan
 from dp_adam_bench.engine.seeds import RunSeeds
 from dp_adam_bench.engine.self_check import carried_over, carry_key, passed
@@ -92,6 +93,8 @@ class Run:
     self_check: dict = field(default_factory=dict)  # the engine's self-check (model tasks)
     # what a passed self-check is about (engine/self_check.py carry_key): saved with it in every checkpoint
     self_check_key: dict | None = None
+    # the engine against autograd on a probe batch (engine/probe.py; model tasks)
+    engine_probe: dict = field(default_factory=dict)
 
 
 def build(cfg, folder: Path | None = None) -> Run:
@@ -149,22 +152,28 @@ def prepare(cfg, task, folder: Path | None = None) -> Run:
         schedule = build_schedule(cfg.train.get("lr_schedule"), cfg.train.get("lr_warmup_steps"), plan.steps)
         # the engine against the size-one loop on a few of the user's examples (engine/self_check.py): before any
         # run folder is written or noise released; {} for closed-form toy tasks, whose gradients are the task's
-        check, key = {}, None
+        check, key, probed = {}, None, {}
         if not vector:
             clip = float(cfg.privacy.clip) if plan.noisy else None
             settings = cfg.train.get("self_check") or {}
+            # every use of every parameter seen by the engine (engine/probe.py): on every attempt, check or not
+            probed = backend.probe(population, settings)
             if settings.get("enabled", True):
                 fp = ckpt.fingerprint(_to_dict(cfg))
-                key = carry_key(fp, settings, backend.engine_name, backend.device)
+                key = carry_key(fp, settings, backend.engine_name, backend.device, backend.model, task)
                 found = (
-                    ckpt.peek(folder, fp, "self_check") if folder and cfg.train.get("resume", True) else None
+                    ckpt.peek(folder, fp, "self_check")
+                    if key is not None and folder and cfg.train.get("resume", True)
+                    else None
                 )
                 check = carried_over(found[1], key, found[0]) if found else None
             check = check or backend.self_check(population, clip, settings)
     except Exception:
         backend.close()
         raise
-    return Run(cfg, task, backend, variant, plan, seeds, population, public, ddp, schedule, check, key)
+    return Run(
+        cfg, task, backend, variant, plan, seeds, population, public, ddp, schedule, check, key, probed
+    )
 
 
 def _check_to_carry(r: Run) -> dict | None:
@@ -327,6 +336,9 @@ def _train(r: Run, folder: Path, log_metrics, t0: float) -> dict:
             "clipping": backend.engine_name,
             "world_size": ddp.world,
             "self_check": session.self_check,
+            "engine_probe": r.engine_probe,
+            # the TF32 / reduced-precision fp32 settings (engine/fp32_exact.py); clipping runs in IEEE fp32
+            "fp32_math": fp32_settings(),
         }
     else:
         summary |= backend.final_summary(r.variant, session.state)
