@@ -348,7 +348,9 @@ def _attention_cases():
         dp_mha(add_bias_kv=True),
         _attention_inputs(),
         _mha_call(),
-        bk_refuses=True,  # its SequenceBias has no bk rule; nn.MultiheadAttention(add_bias_kv=True) has
+        # its SequenceBias has no rule and acts sequence-first: the generic rule's recomputation does not reproduce
+        # it per example, so it is refused (nn.MultiheadAttention(add_bias_kv=True) has a rule)
+        bk_refuses=True,
         tags={"attention"},
     )
 
@@ -387,8 +389,8 @@ def _frozen_bias_conv():
 def _composition_cases():
     yield Case("linear-reused", _Reused, _x(T, 6))
     yield Case("conv2d-frozen_bias", _frozen_bias_conv, _x(4, 7, 6), tags={"conv"})
-    yield Case("prelu", lambda: nn.PReLU(4), _x(4, 5), bk_refuses=True)
-    yield Case("custom_parameter", _Scale, _x(T, 6), bk_refuses=True)
+    yield Case("prelu", lambda: nn.PReLU(4), _x(4, 5))  # no rule of its own: bk's generic rule
+    yield Case("custom_parameter", _Scale, _x(T, 6))
 
 
 CASES: list[Case] = [

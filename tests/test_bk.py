@@ -535,3 +535,36 @@ def test_per_example_gradients_are_kept_only_where_they_fit():
     assert all(
         torch.allclose(a, b, rtol=1e-4, atol=1e-9) for a, b in zip(out.summed, ref.summed, strict=True)
     )
+
+
+class _ScaleThenDropout(nn.Module):
+    def __init__(self, p):
+        super().__init__()
+        self.s = nn.Parameter(torch.linspace(0.5, 1.5, 4))
+        self.drop = nn.Dropout(p)
+
+    def forward(self, x):
+        return self.drop(x * self.s)
+
+
+def test_generic_rule_is_exact_with_zero_dropout_and_refuses_random_or_mixing_forwards():
+    torch.manual_seed(0)
+    loss = lambda forward, batch: forward(batch["x"]).square().sum(1)  # noqa: E731
+    batch = {"x": torch.randn(3, 4)}
+    _loop_check(nn.Sequential(nn.Linear(4, 4), _ScaleThenDropout(0.0)), loss, batch)
+    eng = BKEngine(nn.Sequential(nn.Linear(4, 4), _ScaleThenDropout(0.5)), loss)
+    with pytest.raises(ValueError, match=r"module '1' \(_ScaleThenDropout, parameters s\).*not reproducible"):
+        eng.clipped_sum(batch, 1.0)
+
+    # examples mixed inside a module without a rule: a privacy bug the check must see
+    class Mixing(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.s = nn.Parameter(torch.ones(4))
+
+        def forward(self, x):
+            return x * self.s - x.mean(0)
+
+    eng = BKEngine(nn.Sequential(nn.Linear(4, 4), Mixing()), loss)
+    with pytest.raises(ValueError, match=r"module '1' \(Mixing.*recomputed output differs"):
+        eng.clipped_sum(batch, 1.0)

@@ -134,6 +134,14 @@ def generic(engine, layer, calls, b):
                 per_ex, outs = _per_example_loop(m, params, args, kwargs, pieces, b)
             for call, out in zip(pieces, outs, strict=True):
                 ref = call.output
+                if out.shape != ref.shape:  # e.g. a sequence-first output whose length happens to equal B
+                    raise ValueError(
+                        _not_reproducible(
+                            layer,
+                            f"one example gives an output of shape {tuple(out.shape[1:])}, the batch "
+                            f"{tuple(ref.shape[1:])} per example",
+                        )
+                    )
                 scale = ref.abs().max().clamp(min=torch.finfo(ref.dtype).tiny)
                 err = float((out.detach().to(ref.dtype) - ref).abs().max() / scale) if ref.numel() else 0.0
                 if not err <= _tolerance(ref.dtype):
