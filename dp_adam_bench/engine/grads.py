@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from dp_adam_bench.engine import broadcast
 from dp_adam_bench.engine.fp32_exact import ieee_fp32
 
 # torch warns on every backward when the first layer's input needs no grad; Opacus' hooks still fire correctly
@@ -85,8 +86,8 @@ def _sum_materialised(per_ex: list[torch.Tensor], clip, scale) -> ClippedSum:
         per_ex = [g * s for g, s in zip(per_ex, scale, strict=True)]
     b = per_ex[0].shape[0]
     norms = torch.sqrt(
-        sum(g.flatten(1).pow(2).sum(1) for g in per_ex)
-    )  # flatten, not reshape(b, -1): b may be 0
+        sum(g.reshape(b, *g.shape[1:], 1).flatten(1).pow(2).sum(1) for g in per_ex)
+    )  # flatten, not reshape(b, -1): b may be 0; the trailing 1 keeps a 0-dim parameter's (B,) a matrix
     f = clip_factors(norms, clip)
     summed = [torch.einsum("b,b...->...", f, g) for g in per_ex]
     return ClippedSum(summed, norms, b)
@@ -160,6 +161,18 @@ class GradEngine:
         return [g if g is not None else torch.zeros_like(p) for g, p in zip(grads, self.params, strict=True)]
 
 
+def refuse_in_place(err: RuntimeError, engine: str) -> None:
+    """A layer's output modified in place after Opacus' backward hooks wrapped it (``x += residual`` right after
+    a hooked layer, as Hugging Face's ResNet does): torch forbids it; one line instead of its traceback."""
+    text = str(err)
+    if "BackwardHookFunction" in text and ("inplace" in text or "in-place" in text):
+        raise ValueError(
+            f"clipping {engine}: a hooked layer's output is modified in place (e.g. `x += residual` or "
+            "nn.ReLU(inplace=True) right after a layer with parameters), which Opacus' backward hooks do not allow; "
+            "use clipping bk (which then records copies of the layers' outputs) or functorch / loop"
+        ) from err
+
+
 def _slice(batch: dict, i: int) -> dict:
     return {k: v[i : i + 1] for k, v in batch.items()}
 
@@ -197,9 +210,18 @@ class HooksEngine(GradEngine):
         self.gsm = GradSampleModule(
             model, batch_first=True, loss_reduction="sum", strict=True, force_functorch=force_functorch
         )
+        self._batch: int | None = None  # set while a batch is recorded: broadcast inputs expand to it
+        self._undo = broadcast.install(model, lambda: self._batch, contiguous=True)
 
     def per_example_grads(self, batch):
-        loss = self.loss_per_example(self.gsm, batch).sum()
+        self._batch = batch_len(batch)
+        try:
+            loss = self.loss_per_example(self.gsm, batch).sum()
+        except RuntimeError as err:
+            refuse_in_place(err, self.name)
+            raise
+        finally:
+            self._batch = None
         loss.backward()
         out, b = [], batch_len(batch)
         for p in self.params:
@@ -210,6 +232,9 @@ class HooksEngine(GradEngine):
         return out
 
     def close(self):
+        for undo in self._undo:
+            undo()
+        self._undo = []
         self.gsm._close()
 
 
@@ -235,7 +260,21 @@ class FunctorchEngine(GradEngine):
             return task_loss(lambda *a, **k: functional_call(model, state, a, k), example).sum()
 
         params = {n: p.detach() for n, p in zip(self.names, self.params, strict=True)}
-        grads = vmap(grad(one), in_dims=(None, 0), randomness="different")(params, batch)
+        try:
+            grads = vmap(grad(one), in_dims=(None, 0), randomness="different")(params, batch)
+        except RuntimeError as err:
+            if "vmap" not in str(err) and "functorch" not in str(err).lower():
+                raise
+            text = str(err)
+            why = (
+                "data-dependent control flow or .item() in the forward, e.g. Hugging Face's attention-mask code"
+                if "data-dependent" in text
+                else text.strip().splitlines()[0][:160]
+            )
+            raise ValueError(
+                f"clipping functorch cannot vectorise this model's forward over examples with torch.func.vmap "
+                f"({why}); use clipping bk (exact on Hugging Face models) or loop"
+            ) from err
         return [grads[n] for n in self.names]
 
 
@@ -253,6 +292,8 @@ class GhostEngine(GradEngine):
             model, batch_first=True, loss_reduction="sum", max_grad_norm=1.0, use_ghost_clipping=True
         )
         self._calls: dict[str, int] | None = None  # calls per layer in the forward of _clipped_sum
+        self._batch: int | None = None  # set while a batch is recorded: broadcast inputs expand to it
+        self._undo = broadcast.install(model, lambda: self._batch, contiguous=True)
         self._guards = [
             m.register_forward_pre_hook(self._guard(name or "<root>", m))
             for name, m in model.named_modules()
@@ -281,11 +322,14 @@ class GhostEngine(GradEngine):
         return check
 
     def _clipped_sum(self, batch, clip, scale):
-        self._calls = {}
+        self._calls, self._batch = {}, batch_len(batch)
         try:
             losses = self.loss_per_example(self.gsm, batch)
+        except RuntimeError as err:
+            refuse_in_place(err, self.name)
+            raise
         finally:
-            self._calls = None
+            self._calls, self._batch = None, None
         losses.sum().backward(retain_graph=True)
         norms = self.gsm.get_norm_sample().detach()
         for p in self.params:
@@ -305,5 +349,7 @@ class GhostEngine(GradEngine):
     def close(self):
         for h in self._guards:
             h.remove()
-        self._guards = []
+        for undo in self._undo:
+            undo()
+        self._guards, self._undo = [], []
         self.gsm._close()
