@@ -234,6 +234,11 @@ def test_report_writes_its_table(tmp_path, monkeypatch):
         white.control.isna()
     ).sum() == 2  # ime x poisson and ime x balls_in_bins are refused by the engine
     assert white.meter.notna().all() and white.gdp_mu_lower.notna().all()
+    # the joint-noise check's verdict on every row (the black-box rows, left out here, say they have no meter)
+    joint = df.meter_joint.where(df.control != "no_noise", "")  # no noise: nothing to correlate
+    assert joint.str.match(r"(pass|FAIL): g(\+g\^2)?, \d+ rows; |$").all(), df.meter_joint
+    assert df[df.control == "no_noise"].meter_joint.str.startswith("n/a: no noise in g").all()
+    assert df[df.control.isna()].meter_joint.str.startswith("pass").all()
     model = df[df.auditor.str.startswith("white-box (model task")]
     assert model.gdp_mu_lower.notna().all() and model.meter.notna().all()
     assert set(model.control.fillna("")) == {"", "bias_unclipped"}

@@ -4,6 +4,7 @@ fails the check it breaks, and the stated power against a 10 % error is what sim
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from dp_adam_bench.audit.meter import (
     EFFECT,
     MeterTask,
     critical,
+    joint_noise_check,
     multiplier_check,
     rate_check,
     release_checks,
@@ -35,12 +37,18 @@ def test_meter_task_gradients_share_one_coordinate_and_own_another():
     import torch
 
     task = MeterTask(5, clip=2.0, trials=3, null=4)
-    g = task.per_example_grads(None, torch.tensor([1, 3]))[0]
-    assert g.shape == (2, 3, 1 + 5 + 4)
-    assert (g[:, :, 0] == task.magnitude * meter.SHARED).all()
-    assert (g[0, :, 2] > 0).all() and (g[1, :, 4] > 0).all()
+    g = task.per_example_grads(None, torch.tensor([1, 3, 4]))[0]
+    assert g.shape == (3, 3, 1 + 5 + 4)
+    norms = (
+        torch.tensor([1.01, 0.5, 1e6], dtype=torch.float64) * 2.0
+    )  # NORMS[i % 4] C: below, near, far above C
+    assert torch.allclose(g[:, :, 0], (norms * meter.SHARED)[:, None].expand(3, 3))
+    assert (g[0, :, 2] > 0).all() and (g[1, :, 4] > 0).all() and (g[2, :, 5] > 0).all()
     assert g[:, :, 6:].abs().sum() == 0  # null coordinates are never touched
-    assert torch.allclose(g.norm(dim=-1), torch.full((2, 3), task.magnitude, dtype=torch.float64))
+    assert torch.allclose(g.norm(dim=-1), norms[:, None].expand(3, 3))
+    masks = task.class_masks()
+    assert list(masks) == list(meter.NORM_CLASSES)
+    assert np.flatnonzero(masks["C / 2"].reshape(3, -1)[0]).tolist() == [1 + 3]  # example 3's own coordinate
 
 
 @pytest.mark.parametrize(
@@ -75,6 +83,7 @@ def test_honest_mechanisms_pass_every_check(row):
         ("clean_square", ("noise_std", "g^2")),
         ("cycle_ignored", ("sampling", "")),
         ("noiseless_precond", ("post_processing", "")),
+        ("same_seed_streams", ("noise_covariance", "joint")),
     ],
 )
 def test_planted_bugs_fail_the_check_they_break(control, check):
@@ -186,6 +195,145 @@ def test_multiplier_combines_releases_like_the_accountant():
     assert c.estimate == pytest.approx(0.5) and not c.passed
 
 
+# --- the joint-noise check: every release at every step together ------------------------------------------------
+def _corr_at_power(check) -> float:
+    return float(re.search(r"a correlation >= ([0-9.]+)", check.detail).group(1))
+
+
+def test_joint_noise_check_false_alarm_rate_and_stated_power_hold_in_simulation():
+    """White rows (two releases of different stds) fail at most at the check's level (Bonferroni over the pairs
+    and the steps: a little below it); one pair of rows correlated at the stated size is caught >= 99 % of the
+    time."""
+    rng = np.random.default_rng(11)
+    steps, d, reps = 20, 400, 300
+
+    def rows(stds=(1.0, 3.0)):
+        return [(n, s * rng.standard_normal((steps, d))) for n, s in zip(("g", "g^2"), stds, strict=True)]
+
+    false = sum(not joint_noise_check(rows(), 0.2).passed for _ in range(reps))
+    assert 0.08 * reps <= false <= 0.22 * reps, false  # 1 - exp(-0.2) = 0.18 if the tests were independent
+    level = ALPHA / 10
+    rho = _corr_at_power(joint_noise_check(rows(), level))
+    hits = 0
+    for _ in range(200):
+        (g_name, g), (s_name, sq) = rows()
+        sq[7] = 3.0 * (rho * g[7] + math.sqrt(1 - rho**2) * sq[7] / 3.0)  # corr(g@8, g^2@8) = rho
+        hits += not joint_noise_check([(g_name, g), (s_name, sq)], level).passed
+    assert hits >= 194, hits  # 0.9925 in 400 runs
+
+
+def test_joint_noise_check_sees_a_draw_reused_at_any_lag_and_a_step_without_its_noise():
+    """Correlated noise (C^{-1} z, C = A^{1/2}) whitened by C passes. A draw reused 40 steps later, beyond the
+    ``correlation`` check's lags, fails the joint check only, naming the two steps; so does a step with no noise
+    or 1.5 times its noise (each step's share of the noise energy)."""
+    from dp_adam_bench.privacy.strategies import SqrtPrefixStrategy
+
+    rng = np.random.default_rng(5)
+    steps, d = 60, 400
+    c = SqrtPrefixStrategy(steps).matrix()
+    cinv, zero = np.linalg.inv(c), np.zeros((steps, d))
+    level, crit = ALPHA / 7, critical(ALPHA, 7)
+    z = rng.standard_normal((steps, d))
+    assert joint_noise_check([("g", release_stats(cinv @ z, zero, c).resid)], level).passed
+    late = z.copy()
+    late[45] = late[5]
+    s = release_stats(cinv @ late, zero, c)
+    assert {ch.name: ch.passed for ch in release_checks("g", s, 1.0, crit)}[
+        "correlation"
+    ]  # lags 1..10 miss it
+    bad = joint_noise_check([("g", s.resid)], level)
+    assert not bad.passed and bad.estimate == pytest.approx(1.0) and "g@6 ~ g@46" in bad.short, bad.describe()
+    for factor in (0.0, 1.5):
+        odd = z.copy()
+        odd[30] *= factor
+        bad = joint_noise_check([("g", release_stats(cinv @ odd, zero, c).resid)], level)
+        assert not bad.passed and "noise energy of g@31" in bad.short, bad.describe()
+    # a release without any noise has no covariance to test: left out, named, and the other release still tested
+    only = joint_noise_check([("g", z), ("g^2", zero)], level)
+    assert only.passed and "left out, noise-free: g^2" in only.detail
+
+
+def test_ime_streams_from_one_seed_fail_only_the_joint_check(monkeypatch):
+    """Issue 32's planted bug, in the honest configuration (planted here, never in the code): IME's g and g^2
+    noise built with the same seed. Each release alone has exactly the noise it states, so every per-release
+    check passes; the two releases of each step carry the same draw (correlation 1)."""
+    from dp_adam_bench.privacy import noise_factory
+
+    honest = noise_factory.noise_seed
+    monkeypatch.setattr(noise_factory, "noise_seed", lambda seed, stream: honest(seed, 0))
+    r = _meter("ime", "independent", "single_pass", trials=4)
+    assert [(c.name, c.release) for c in r.failed] == [("noise_covariance", "joint")], r.describe()
+    joint = r.check("noise_covariance", "joint")
+    assert joint.estimate == pytest.approx(1.0) and re.search(r"g@(\d+) ~ g\^2@\1\)", joint.short), (
+        joint.short
+    )
+    assert r.joint.startswith("FAIL: g+g^2, 200 rows")
+
+
+def _reseeded_at(step: int):
+    """An independent mechanism whose generator goes back to its first state at ``step`` (a resume that re-seeds
+    the noise instead of restoring it): the draws of steps ``step``.. repeat those of 0.."""
+    from dp_adam_bench.privacy.mechanisms import IndependentMechanism
+
+    honest = IndependentMechanism.next
+
+    def next_(self):
+        if self.step == 0:
+            self._first = self._gen.get_state()
+        if self.step == step:
+            self._gen.set_state(self._first)
+        return honest(self)
+
+    return next_
+
+
+def _reused_once(step: int):
+    """An independent mechanism that returns the previous step's draw again at ``step`` (0-based)."""
+    from dp_adam_bench.privacy.mechanisms import IndependentMechanism
+
+    honest = IndependentMechanism.next
+
+    def next_(self):
+        if self.step == step:
+            self.step += 1
+            return [z.clone() for z in self._last]
+        self._last = honest(self)
+        return self._last
+
+    return next_
+
+
+@pytest.mark.parametrize("bug", ["reseeded_at_50", "reused_once"])
+def test_noise_reused_across_steps_beyond_the_lag_test_fails_the_joint_check(monkeypatch, bug):
+    """Bugs the joint check was not built around: one stream's draws repeated 50 steps later, or one draw used on
+    two consecutive steps once; the lag-1..10 ``correlation`` check misses both, the joint check does not."""
+    from dp_adam_bench.privacy.mechanisms import IndependentMechanism
+
+    monkeypatch.setattr(
+        IndependentMechanism, "next", _reseeded_at(50) if bug == "reseeded_at_50" else _reused_once(30)
+    )
+    r = _meter("adam", "independent", "poisson", trials=4)
+    assert [(c.name, c.release) for c in r.failed] == [("noise_covariance", "joint")], r.describe()
+    assert ("g@1 ~ g@51" if bug == "reseeded_at_50" else "g@30 ~ g@31") in r.check(
+        "noise_covariance", "joint"
+    ).short
+
+
+def test_a_clip_factor_wrong_below_c_is_caught_with_canaries_below_c(monkeypatch):
+    """min(1, C / n) written as C / n (every gradient scaled to exactly C), a bug the canaries far above C cannot
+    see: the meter's sensitivity fails, and its slope by norm class doubles for the canaries at C / 2; with only
+    canaries far above C (the meter before issue 32) the same run passes."""
+    from dp_adam_bench.engine import privatizer
+
+    monkeypatch.setattr(privatizer, "clip_factors", lambda norms, clip: clip / norms)
+    r = _meter("adam", "independent", "poisson", trials=4)
+    sens = r.check("sensitivity", "g")
+    assert not sens.passed and sens.estimate > 1.1, r.describe()
+    assert float(re.search(r"C / 2 ([0-9.]+)", sens.detail).group(1)) > 1.5, sens.detail
+    monkeypatch.setattr(meter, "NORMS", (meter.NORMS[0],))
+    assert _meter("adam", "independent", "poisson", trials=4).passed
+
+
 def test_audit_command_meters_the_mechanism_too(capsys):
     from dp_adam_bench.cli import main
 
@@ -235,12 +383,30 @@ def test_model_task_gradients_are_the_engines_per_example_gradients():
         ("ghost", ("sgd", "bandmf", "single_pass")),
         ("hooks", ("stp", "independent", "poisson")),
         ("functorch", ("stp", "blt", "cyclic_poisson")),
+        ("hooks", ("ime", "bandmf", "single_pass")),
     ],
 )
 def test_model_path_meter_passes_through_the_real_engines(engine, row):
     r = _meter_model(engine, *row)
     assert r.passed, r.describe()
     assert r.engine == engine and r.check("post_processing").estimate == 0.0
+    releases = ["g", "g^2"] if row[0] == "ime" else ["g"]
+    assert [c.release for c in r.checks if c.name == "noise_std"] == releases
+    assert r.joint.startswith(f"pass: {'+'.join(releases)}, ")
+
+
+def test_model_path_meter_sees_shared_ime_streams_and_a_clip_factor_wrong_below_c(monkeypatch):
+    """Through a real clipping engine: IME's two streams from one seed (the control) fail the joint check, and
+    the generic engines' clip factor written as C / n (every gradient scaled to exactly C; planted here by
+    monkeypatching) fails the sensitivity check through the canaries below C."""
+    r = _meter_model("hooks", "ime", "independent", "single_pass", "same_seed_streams")
+    assert [(c.name, c.release) for c in r.failed] == [("noise_covariance", "joint")], r.describe()
+    from dp_adam_bench.engine import grads
+
+    honest = grads.clip_factors
+    monkeypatch.setattr(grads, "clip_factors", lambda n, clip: honest(n, clip) if clip is None else clip / n)
+    r = _meter_model("hooks", "adam", "independent", "poisson")
+    assert not r.check("sensitivity", "g").passed and r.check("sensitivity", "g").estimate > 1.1, r.describe()
 
 
 def test_bias_gradients_escaping_clipping_fail_the_model_path_meter():

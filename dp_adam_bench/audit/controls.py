@@ -38,6 +38,8 @@ applied here through the same mechanism (a privatizer, sampler, variant or clipp
 
 Issue 32's planted kinds:
 
+* ``same_seed_streams`` — IME's two noise streams (g and g^2) drawn from the same seed: the meter's joint-noise
+  check (``noise_covariance``) sees their correlation of 1.
 * ``mf_one_participation`` — a single-pass run of 2 epochs whose DP-MF sensitivity is computed for one
   participation (the plan's ``sensitivity``, and the ledger's Gaussian mechanism with it): the participation ledger
   sees examples in 2 batches, a separation apart, that need more.
@@ -181,6 +183,22 @@ class UnderstatedSquarePrivatizer(Privatizer):
         super().__init__(**kw)
 
 
+class SameSeedStreamsPrivatizer(Privatizer):
+    """Every noise stream started from the first stream's seed (issue 32: IME's g and g^2 noise built with one
+    seed): each release alone has the noise it states, but g~ and the g^2 release carry the same draw, so one
+    combination of the two has no noise at all."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        if len(self.mechanisms) < 2:
+            raise ValueError(
+                "the same_seed_streams control needs a variant with two noise streams (ime, adagrad_ime)"
+            )
+        first = self.mechanisms[0]._gen.get_state()
+        for m in self.mechanisms[1:]:
+            m._gen.set_state(first)
+
+
 def one_participation_sensitivity(plan):
     """The plan of a single-pass run with its sensitivity (and its ledger's Gaussian mechanism) computed for one
     participation whatever the epochs: what the run claims when ``participations = 1`` is passed by mistake."""
@@ -292,8 +310,8 @@ class Control:
     replacement), the variant (``variant_bug``: a class built with the config's optimizer fields in place of the
     registered one, and the plan rebuilt for it, so its sigma factor reaches the ledger) or the clipping engine
     (``engine_bug``: (engine, model) -> a wrapper; model tasks only) or the privacy plan (``plan_bug``: the
-    prepared run's plan -> the broken plan the run is accounted with). ``planted``: one of issue 25's planted
-    kinds; ``leaks``: False for a bug whose true epsilon is about the claim."""
+    prepared run's plan -> the broken plan the run is accounted with). ``planted``: one of issue 25's (or 32's)
+    planted kinds; ``leaks``: False for a bug whose true epsilon is about the claim."""
 
     variant: str
     noise: str
@@ -480,6 +498,17 @@ for _name, _control in (
     ),
 ):
     CONTROLS.register(_name, dataclasses.replace(_control, planted=True))
+CONTROLS.register(
+    "same_seed_streams",
+    Control(
+        "ime",
+        "independent",
+        "single_pass",
+        SameSeedStreamsPrivatizer,
+        "IME's g and g^2 noise streams from the same seed",
+        planted=True,
+    ),
+)
 for _name, _control in (
     (
         "mf_one_participation",

@@ -22,6 +22,10 @@ std * C^{-1} z, so C (release - x) = std * z is white noise under the claim). Ch
   coordinate, the examples' own coordinates, coordinates no example touches);
 * ``correlation`` (per release) — the whitened residual's autocorrelation at lags 1..``LAGS`` across steps (a
   chi-square test): the noise is C^{-1} z with the mechanism's own C, not a reused or mis-correlated draw;
+* ``noise_covariance`` (joint) — every release at every step together (:func:`joint_noise_check`): the whitened
+  noise of each (release, step) uncorrelated with every other's and carrying its share of its release's noise
+  energy, as the covariance the mechanism claims says (each release on a stream of its own; std^2 C^{-1} C^{-T}
+  across steps): noise shared between IME's two releases, reused at any lag, or missing from a step;
 * ``multiplier`` — the noise multiplier of the joint release, (sum_r (Delta_r a_r / std_r)^2)^{-1/2}, with the
   measured stds and slopes and the sensitivities Delta_r the meter derives from the release's mean function
   (C / B for g~; (2 B_max - 1) C^2 / B^2 for the square of the mean, B_max the largest batch seen), tested
@@ -35,7 +39,8 @@ correct mechanism fails any check of a row with probability <= ALPHA). Its power
 (``EFFECT``: sigma, the sensitivity or q off by 10 %) is computed from the run's own standard errors and stated
 with the result; tests/test_meter.py plants such errors many times and checks the detection rate.
 
-Canaries share coordinates: each example's gradient is a vector of norm 1e6 C (clipped to exactly C) with weight
+Canaries share coordinates: each example's gradient is a vector of norm ``NORMS[i % 4]`` C (1e6 C, clipped to
+exactly C; 1.01 C; 0.99 C and C / 2, not clipped: a clip factor wrong near or below C moves the release) with weight
 ``SHARED`` on one coordinate every example shares and the rest on a coordinate of its own, so the square of the
 mean has the cross term 2 x_shared x_i of every pair of examples, whence IME's (2B - 1) C^2 / B^2 sensitivity. The
 task has ``trials`` independent trials (the vector backend's trial dimension: the same batches, independent noise)
@@ -60,8 +65,13 @@ from dp_adam_bench.errors import ConfigError
 SHARED = 0.95
 #: coordinates no example touches (pure noise)
 NULL_COORDS = 64
-#: the canaries' gradient norm, in units of C (clipped to exactly C, also after stp's per-coordinate scale)
-NORM = 1e6
+#: the canaries' gradient norms, in units of C, by example (example i has NORMS[i % len(NORMS)]): far above C
+#: (clipped to exactly C, also after stp's per-coordinate scale), just above and just below C, and half of C (not
+#: clipped), so that a wrong clip factor for gradients near or below C (every gradient scaled to exactly C;
+#: min(1, C / n) written as C / n) moves the release away from the meter's prediction
+NORMS = (1e6, 1.01, 0.99, 0.5)
+#: the names of the norm classes, in the order of NORMS
+NORM_CLASSES = ("far above C", "just above C", "just below C", "C / 2")
 #: independent trials of the meter task (same batches, independent noise)
 TRIALS = 16
 #: lags of the autocorrelation test
@@ -74,8 +84,13 @@ EFFECT = 0.10
 REPLAY_TOL = 1e-12
 
 
+def norm_classes(n: int) -> np.ndarray:
+    """The norm class of each of ``n`` examples (an index into NORMS)."""
+    return np.arange(int(n)) % len(NORMS)
+
+
 class MeterTask:
-    """A vector task with known, parameter-free per-example gradients: example i is NORM C (SHARED e_0 +
+    """A vector task with known, parameter-free per-example gradients: example i is NORMS[i % 4] C (SHARED e_0 +
     sqrt(1 - SHARED^2) e_{1+i}); NULL_COORDS coordinates after them are never touched. ``trials`` independent trials
     (parameters of shape (trials, 1 + n + NULL_COORDS), float64)."""
 
@@ -85,7 +100,7 @@ class MeterTask:
     def __init__(self, n: int, clip: float, trials: int = TRIALS, null: int = NULL_COORDS):
         self.n, self.trials, self.null = int(n), int(trials), int(null)
         self.dim = 1 + self.n + self.null
-        self.magnitude = NORM * float(clip)
+        self.magnitudes = torch.as_tensor(np.asarray(NORMS)[norm_classes(self.n)] * float(clip))
         self.own = math.sqrt(1.0 - SHARED**2)
 
     @property
@@ -98,8 +113,9 @@ class MeterTask:
     def per_example_grads(self, params, idx: torch.Tensor) -> list[torch.Tensor]:
         idx = torch.as_tensor(idx, dtype=torch.long)
         g = torch.zeros(len(idx), self.trials, self.dim, dtype=torch.float64)
-        g[:, :, 0] = self.magnitude * SHARED
-        g[torch.arange(len(idx)), :, 1 + idx] = self.magnitude * self.own
+        m = self.magnitudes[idx]
+        g[:, :, 0] = (m * SHARED)[:, None]
+        g[torch.arange(len(idx)), :, 1 + idx] = (m * self.own)[:, None]
         return [g]
 
     def groups(self) -> dict[str, slice]:
@@ -109,6 +125,16 @@ class MeterTask:
             "own": slice(1, 1 + self.n),
             "null": slice(1 + self.n, self.dim),
         }
+
+    def class_masks(self) -> dict[str, np.ndarray]:
+        """Norm class -> the examples' own coordinates of that class, over the flattened (trials, dim)."""
+        cls = norm_classes(self.n)
+        out = {}
+        for k, name in enumerate(NORM_CLASSES):
+            mask = np.zeros((self.trials, self.dim), dtype=bool)
+            mask[:, 1 + np.flatnonzero(cls == k)] = True
+            out[name] = mask.reshape(-1)
+        return out
 
     def evaluate(self, params) -> dict[str, torch.Tensor]:
         return {"meter_param_norm": params[0].norm(dim=1)}
@@ -174,6 +200,7 @@ class MeterCheck:
     passed: bool
     power: float | None = None
     detail: str = ""
+    short: str = ""  # the worst finding in a few words (a table cell)
 
     def describe(self) -> str:
         z = f", z = {self.z:+.2f}" if self.z is not None else ""
@@ -216,6 +243,16 @@ class MeterResult:
 
     def check(self, name: str, release: str = "") -> MeterCheck | None:
         return next((c for c in self.checks if c.name == name and c.release == release), None)
+
+    @property
+    def joint(self) -> str:
+        """One cell: the joint-noise check's verdict and its worst finding ('' without one; 'n/a' where there
+        was nothing to test)."""
+        c = self.check("noise_covariance", "joint")
+        if c is None:
+            return ""
+        verdict = "n/a" if c.z is None else "pass" if c.passed else "FAIL"
+        return verdict + (f": {c.short}" if c.short else "")
 
     def summary(self) -> str:
         """One cell: 'pass' or 'FAIL: <checks>'."""
@@ -264,13 +301,22 @@ class ReleaseStats:
     lag_q: float  # sum_l n_l rho_l^2, chi-square with LAGS degrees of freedom under the claim
     lags: int
     n: int
+    #: the whitened residual C (y - x), (steps, coordinates): std * white noise under the claim
+    resid: np.ndarray | None = field(default=None, repr=False)
+    #: norm class -> (slope, relative SE) on the own coordinates of that class's examples
+    class_slope: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 def release_stats(
-    y: np.ndarray, x: np.ndarray, strategy: np.ndarray | None, groups: dict[str, np.ndarray] | None = None
+    y: np.ndarray,
+    x: np.ndarray,
+    strategy: np.ndarray | None,
+    groups: dict[str, np.ndarray] | None = None,
+    classes: dict[str, np.ndarray] | None = None,
 ) -> ReleaseStats:
     """``y``: the release, ``x``: its predicted mean, both (steps, coordinates); ``strategy``: C (None: I);
-    ``groups``: name -> boolean mask over the coordinates."""
+    ``groups``: name -> boolean mask over the coordinates (noise std by group); ``classes``: norm class -> mask
+    over the coordinates (the slope by class)."""
     t = len(y)
     if strategy is not None:
         c = np.asarray(strategy, dtype=np.float64)[:t, :t]
@@ -292,7 +338,15 @@ def release_stats(
         prod = resid[lag:] * resid[:-lag]
         rho = float(prod.mean()) / (std * std) if std > 0 else 0.0
         q += prod.size * rho * rho
-    return ReleaseStats(slope, slope_se, std, 1 / math.sqrt(2 * n), group_std, group_n, q, lags, n)
+    class_slope = {}
+    for name, mask in (classes or {}).items():
+        cx, cy = x[:, mask], y[:, mask]
+        cxx = float((cx * cx).sum())
+        if cxx > 0:
+            class_slope[name] = (float((cy * cx).sum()) / cxx, std / math.sqrt(cxx))
+    return ReleaseStats(
+        slope, slope_se, std, 1 / math.sqrt(2 * n), group_std, group_n, q, lags, n, resid, class_slope
+    )
 
 
 def _ratio(a: float, b: float) -> float:
@@ -324,7 +378,13 @@ def release_checks(name: str, s: ReleaseStats, stated_std: float, alpha_crit: fl
             z,
             abs(z) <= alpha_crit,
             power_at(EFFECT, s.slope_se, alpha_crit),
-            "slope of the release on its predicted clipped mean",
+            "slope of the release on its predicted clipped mean"
+            + (
+                "; by norm (own coordinates): "
+                + ", ".join(f"{k} {a:.3f} +- {se:.3f}" for k, (a, se) in s.class_slope.items())
+                if s.class_slope
+                else ""
+            ),
         )
     )
     ratio = _ratio(s.std, stated_std)
@@ -390,6 +450,96 @@ def multiplier_check(
         power_at(EFFECT, se, crit_one_sided),
         f"measured {mult:.4g} / accounted {account_sigma:.4g} (one-sided: fails only below)",
     )
+
+
+def _z_of_p(p: float) -> float:
+    """The two-sided normal z of p-value ``p`` (inf for 0)."""
+    return float(stats.norm.isf(max(p / 2, 1e-300))) if p > 0 else math.inf
+
+
+def joint_noise_check(releases: list[tuple[str, np.ndarray]], level: float) -> MeterCheck:
+    """The noise of every release at every step, together, against the covariance the mechanism claims.
+
+    ``releases``: (name, whitened residual (steps, coordinates)) of each release of the run, as
+    :func:`release_stats` makes it (C (y - x), C the strategy: under the claim, std_r z with z white across steps,
+    releases and coordinates: every release's noise comes from a stream of its own, and a correlated mechanism's
+    covariance std^2 C^{-1} C^{-T} is whitened away). Two families of tests, each exact under the claim:
+
+    * every pair of (release, step) rows: their cosine over the d coordinates, for two independent isotropic
+      Gaussian rows c sqrt(d - 1) / sqrt(1 - c^2) ~ t(d - 1) (null sd ~ 1 / sqrt d). Shared or reused noise shows
+      here: IME's g and g^2 streams drawn from one seed (the same step of two releases), a draw reused at another
+      step at any lag (the ``correlation`` check sees lags 1..LAGS of one release only), a correlated mechanism
+      whose noise is not C^{-1} z for the C it claims;
+    * every row's share of its release's total noise energy, ~ Beta(d / 2, (T - 1) d / 2): a step with more or
+      less noise than the others (the ``noise_std`` check pools the steps).
+
+    Bonferroni over all of them at ``level``. Power: a correlation of the stated size between any two rows is
+    caught with probability 0.99 (normal approximation of the cosine). A release without any noise has no
+    covariance to test and is left out (its ``noise_std`` check fails); a noise-free step of a noisy release fails
+    the energy test."""
+    names, rows, sizes = [], [], []
+    for name, r in releases:
+        r = np.asarray(r, dtype=np.float64)
+        if not (r != 0).any():  # a release without noise: nothing to correlate
+            continue
+        names += [f"{name}@{t + 1}" for t in range(len(r))]
+        rows.append(r)
+        sizes.append((name, len(r)))
+    if not rows or rows[0].shape[1] < 2:
+        what = f"no noise in {', '.join(n for n, _ in releases)}: nothing to test"
+        return MeterCheck("noise_covariance", "joint", math.nan, 0.0, None, True, None, what, what)
+    z = np.concatenate(rows)
+    m, d = z.shape
+    energy = (z * z).sum(1)
+    u = z / np.sqrt(np.maximum(energy, np.finfo(float).tiny))[:, None]  # a noise-free step: a zero row
+    cos = np.clip(u @ u.T, -1.0, 1.0)
+    iu = np.triu_indices(m, 1)
+    c = cos[iu]
+    with np.errstate(divide="ignore"):
+        t = np.abs(c) * math.sqrt(d - 1) / np.sqrt(np.maximum(1.0 - c * c, 0.0))
+    p_pair = 2 * stats.t.sf(t, d - 1)
+    p_var, ratio, counted, at = np.ones(m), np.ones(m), 0, 0
+    for _, k in sizes:
+        if k > 1:
+            e = energy[at : at + k]
+            share = e / e.sum()
+            beta = stats.beta(d / 2, (k - 1) * d / 2)
+            p_var[at : at + k] = 2 * np.minimum(beta.cdf(share), beta.sf(share))
+            ratio[at : at + k] = share * k  # 1 under the claim: a step's noise energy over its release's mean
+            counted += k
+        at += k
+    tests = len(p_pair) + counted
+    if not tests:
+        what = "one row: nothing to test"
+        return MeterCheck("noise_covariance", "joint", math.nan, 0.0, None, True, None, what, what)
+    crit = float(stats.norm.isf(level / (2 * tests)))
+    pair = int(np.argmin(p_pair)) if len(p_pair) else None
+    row = int(np.argmin(p_var))
+    z_pair = _z_of_p(float(p_pair[pair])) if pair is not None else 0.0
+    z_var = _z_of_p(float(p_var[row]))
+    rho99 = (crit + float(stats.norm.isf(0.01))) / math.sqrt(d)
+    what = ", ".join(f"{name} x {k}" for name, k in sizes) + (
+        f"; left out, noise-free: {', '.join(n for n, _ in releases if n not in dict(sizes))}"
+        if len(sizes) < len(releases)
+        else ""
+    )
+    largest = (
+        f"{abs(c[pair]):.3f} ({names[iu[0][pair]]} ~ {names[iu[1][pair]]})" if pair is not None else "n/a"
+    )
+    detail = (
+        f"{m} rows ({what}) over {d} coordinates: largest |corr| {largest}; a step's noise energy / its "
+        f"release's mean {ratio.min():.3f}..{ratio.max():.3f}; a correlation >= {rho99:.3f} between any two rows "
+        "is caught with power 0.99"
+    )
+    releases_seen = "+".join(name for name, _ in sizes)
+    if z_var > z_pair:
+        est, claimed, zw = float(ratio[row]), 1.0, z_var
+        detail += f"; worst: the noise energy of {names[row]}"
+        short = f"{releases_seen}, {m} rows; noise energy of {names[row]} x {est:.3f}"
+    else:
+        est, claimed, zw = (float(c[pair]) if pair is not None else 0.0), 0.0, z_pair
+        short = f"{releases_seen}, {m} rows; max |corr| {largest}"
+    return MeterCheck("noise_covariance", "joint", est, claimed, zw, zw <= crit, None, detail, short)
 
 
 def rate_check(drawn: int, eligible: int, q: float, crit: float) -> MeterCheck:
@@ -529,7 +679,8 @@ def meter_config(
     B = float(honest_sampler.expected_batch_size)
     strategy = plan.strategy.matrix() if plan.strategy is not None else None
     has_square = recs[0].noisy_square is not None
-    checks_count = 3 + 3 * (1 + has_square)  # sampling, multiplier, post-processing + 3 per release
+    # sampling, multiplier, noise covariance, post-processing + 3 per release
+    checks_count = 4 + 3 * (1 + has_square)
     crit = critical(alpha, checks_count)
     crit1 = critical(alpha, checks_count, two_sided=False)
     checks: list[MeterCheck] = []
@@ -548,10 +699,11 @@ def meter_config(
         [(rec.noisy * (rec.scale if rec.scale is not None else 1.0)).numpy().reshape(-1) for rec in recs]
     )
     x = np.stack([v.numpy().reshape(-1) for v in xs])
-    sg = release_stats(y, x, strategy, groups)
+    sg = release_stats(y, x, strategy, groups, task.class_masks())
     stated = recs[0].noise_std
     checks += release_checks("g", sg, stated, crit)
     parts = [(clip / B, sg.slope, sg.slope_se, sg.std, sg.std_se)]
+    whitened = [("g", sg.resid)]
     if has_square:
         y2 = np.stack([rec.noisy_square.numpy().reshape(-1) for rec in recs])
         x2 = np.stack([(m * m).numpy().reshape(-1) for m in means])
@@ -561,7 +713,9 @@ def meter_config(
         checks += release_checks("g^2", s2, stated2, crit)
         b_max = max(len(rec.idx) for rec in recs)
         parts.append(((2 * b_max - 1) * clip**2 / B**2, s2.slope, s2.slope_se, s2.std, s2.std_se))
+        whitened.append(("g^2", s2.resid))
     checks.insert(1, multiplier_check(parts, float(plan.account_sigma), crit1))
+    checks.append(joint_noise_check(whitened, alpha / checks_count))
     checks.append(_replay(run, recs, backend.params_before, backend.params[0].detach().clone()))
     return MeterResult(
         variant=run.variant.name,
@@ -600,12 +754,26 @@ class ModelMeterTask:
     """A model task for the real clipping engines: example i has input x_i = a (SHARED e_0 + sqrt(1 - SHARED^2)
     e_{1+i}) and loss <e_0, W x_i + b>, so its gradient is x_i on W's first row and 1 on the first bias: every example
     shares W[0, 0] and the bias b[0] and owns W[0, 1 + i]; W's second row and b[1] are never touched. ``a`` makes
-    the gradient norm MODEL_NORM C, so every example is clipped."""
+    the gradient norm MODEL_NORM C, so every example is clipped; with ``norms``, example i's loss is weighted so
+    that its gradient norm is NORMS[i % 4] C instead (MODEL_NORM C for the class far above C): the meter's
+    canaries below and near C."""
 
     name = "meter_model"
 
-    def __init__(self, n: int, clip: float, shared: float = SHARED, included: np.ndarray | None = None):
+    def __init__(
+        self,
+        n: int,
+        clip: float,
+        shared: float = SHARED,
+        included: np.ndarray | None = None,
+        norms: bool = False,
+    ):
         self.n = int(n)
+        weights = np.ones(self.n)
+        if norms:
+            per_class = np.array([1.0, *(f / MODEL_NORM for f in NORMS[1:])])
+            weights = per_class[norm_classes(self.n)]
+        self.weights = torch.as_tensor(weights, dtype=torch.float64)
         self.features = 1 + self.n
         self.shared = float(shared)
         # ||(x_i, 1)|| = MODEL_NORM C: a^2 + 1 = (MODEL_NORM C)^2
@@ -629,8 +797,8 @@ class ModelMeterTask:
 
     def get_batch(self, indices) -> dict:
         idx = torch.as_tensor(indices, dtype=torch.long)
-        keep = torch.ones(len(idx)) if self.included is None else self.included[idx].float()
-        return {"x": self.inputs(idx).float(), "keep": keep}
+        keep = self.weights[idx] * (1.0 if self.included is None else self.included[idx].double())
+        return {"x": self.inputs(idx).float(), "keep": keep.float()}
 
     def loss_per_example(self, forward, batch):
         return forward(batch["x"])[:, 0] * batch["keep"]
@@ -642,9 +810,10 @@ class ModelMeterTask:
         """The closed-form per-example gradients (weight, bias), float64, in the model's parameter order (not
         named per_example_grads: that would make the trainer take it for a vector task)."""
         x = self.inputs(idx)
-        keep = torch.ones(len(x), dtype=torch.float64)
+        idx = torch.as_tensor(idx, dtype=torch.long)
+        keep = self.weights[idx].clone()
         if self.included is not None:
-            keep = self.included[torch.as_tensor(idx, dtype=torch.long)].double()
+            keep = keep * self.included[idx].double()
         w = torch.zeros(len(x), 2, self.features, dtype=torch.float64)
         w[:, 0] = x * keep[:, None]
         b = torch.zeros(len(x), 2, dtype=torch.float64)
@@ -664,6 +833,16 @@ class ModelMeterTask:
         ):
             mask = np.zeros(size, dtype=bool)
             mask[idx] = True
+            out[name] = mask
+        return out
+
+    def class_masks(self) -> dict[str, np.ndarray]:
+        """Norm class -> its examples' own weights W[0, 1 + i], over the flattened (weight, bias)."""
+        cls = norm_classes(self.n)
+        out = {}
+        for k, name in enumerate(NORM_CLASSES):
+            mask = np.zeros(2 * self.features + 2, dtype=bool)
+            mask[1 + np.flatnonzero(cls == k)] = True
             out[name] = mask
         return out
 
@@ -693,9 +872,12 @@ class ModelRecorder:
         out = self.inner.release(idx, privatizer, scale)
         ctx = out.ctx
         flat = torch.cat([g.detach().double().reshape(-1) for g in ctx.noisy])
+        square = None
+        if ctx.noisy_square is not None:
+            square = torch.cat([g.detach().double().reshape(-1) for g in ctx.noisy_square])
         s = None if scale is None else torch.cat([v.detach().double().reshape(-1) for v in scale])
         self.records.append(
-            StepRecord(torch.as_tensor(idx).clone(), s, flat.clone(), None, ctx.noise_std, ctx)
+            StepRecord(torch.as_tensor(idx).clone(), s, flat.clone(), square, ctx.noise_std, ctx)
         )
         return out
 
@@ -758,7 +940,7 @@ def meter_model(
     for key, value in {**AUDIT_OVERRIDES, **fixed}.items():
         OmegaConf.update(cfg, key, value, force_add=True)
     clip = float(cfg.privacy.clip)
-    task = ModelMeterTask(n, clip)
+    task = ModelMeterTask(n, clip, norms=True)
     run = trainer.prepare(cfg, task)
     population = run.population.numpy()
     run, _, honest_sampler, eligible = run_controlled(
@@ -772,7 +954,8 @@ def meter_model(
     backend, plan = run.backend, run.plan
     recs = backend.records
     B = float(honest_sampler.expected_batch_size)
-    checks_count = 6
+    has_square = recs[0].noisy_square is not None
+    checks_count = 4 + 3 * (1 + has_square)  # as meter_config's
     crit = critical(alpha, checks_count)
     crit1 = critical(alpha, checks_count, two_sided=False)
     checks = [_sampling_check(recs, population, eligible, honest_sampler, task.n, crit)]
@@ -787,10 +970,22 @@ def meter_model(
         xs.append(((sg * f[:, None]).sum(0) / B).numpy())
         ys.append((rec.noisy * s).numpy())
     strategy = plan.strategy.matrix() if plan.strategy is not None else None
-    sg_stats = release_stats(np.stack(ys), np.stack(xs), strategy, task.groups())
+    sg_stats = release_stats(np.stack(ys), np.stack(xs), strategy, task.groups(), task.class_masks())
     checks += release_checks("g", sg_stats, recs[0].noise_std, crit)
     parts = [(clip / B, sg_stats.slope, sg_stats.slope_se, sg_stats.std, sg_stats.std_se)]
+    whitened = [("g", sg_stats.resid)]
+    if has_square:  # no scale: the privatizer refuses g^2 with scale-then-privatize
+        y2 = np.stack([rec.noisy_square.numpy() for rec in recs])
+        s2 = release_stats(y2, np.stack(xs) ** 2, strategy, task.groups())
+        p = backend.privatizer
+        checks += release_checks(
+            "g^2", s2, p.releases.noise_scale * p.sigma * p.releases.square_sensitivity(clip, B), crit
+        )
+        b_max = max(len(rec.idx) for rec in recs)
+        parts.append(((2 * b_max - 1) * clip**2 / B**2, s2.slope, s2.slope_se, s2.std, s2.std_se))
+        whitened.append(("g^2", s2.resid))
     checks.insert(1, multiplier_check(parts, float(plan.account_sigma), crit1))
+    checks.append(joint_noise_check(whitened, alpha / checks_count))
     final = [p.detach().clone() for p in backend.inner.params]
     checks.append(_replay_lists(cfg, run.schedule, recs, backend.params_before, final))
     return MeterResult(

@@ -369,6 +369,7 @@ class AuditResult:
             samp = m.check("sampling")
             meter = {
                 "meter": m.summary(),
+                "meter_joint": m.joint,
                 "meter_sigma_ratio": mult.estimate if mult else math.nan,
                 "meter_sensitivity": sens.estimate if sens else math.nan,
                 "meter_rate": samp.estimate / samp.claimed if samp and samp.claimed else math.nan,

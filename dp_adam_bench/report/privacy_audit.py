@@ -384,6 +384,8 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
     t_black = time.time() - t0 - t_white - t_model
     results += black
     df = pd.DataFrame([*(r.row() for r in results), *model])
+    if "meter_joint" in df:  # the black-box rows have no meter
+        df["meter_joint"] = df["meter_joint"].fillna("no meter (black-box)")
     gap = (df.gdp_epsilon_lower - df.audit_epsilon_lower).dropna()
     claims = _claims(results, model)
     family = len(SCORES) * len(FRACTIONS)
@@ -422,12 +424,20 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
         "(1,000 white-box, 500 black-box) can show at this confidence; a one-run audit cannot exceed it whatever the "
         "true epsilon.",
         f"Meter (dp_adam_bench.audit.meter): the same config on a task of N = {CANARIES + BACKGROUND} examples whose "
-        f"gradients it knows (norm 1e6 C, weight 0.95 on a coordinate every example shares, the rest on one of "
-        f"its own, so the square of the mean has IME's (2B - 1) cross term), {TRIALS} independent trials, the "
-        "table's steps; every release recorded and compared with the meter's own clipped mean, whitened by the "
+        f"gradients it knows (norms 1e6 C, 1.01 C, 0.99 C and C / 2 in turn, so that a wrong clip factor for "
+        "gradients near or below C moves the release; weight 0.95 on a coordinate every example shares, the rest "
+        "on one of its own, so the square of the mean has IME's (2B - 1) cross term), "
+        f"{TRIALS} independent trials, the table's steps; every release recorded and compared with the meter's "
+        "own clipped mean, whitened by the "
         "strategy C. Checks: sampling (support exact; rate z-test against the ledger's q), sensitivity (slope of "
         "each release on its predicted mean), noise_std (against the stated std; pooled and per coordinate "
-        "group), correlation (whitened residual, lags 1-10), multiplier (the joint noise multiplier, measured "
+        "group), correlation (whitened residual, lags 1-10), noise_covariance (column meter_joint: the whitened "
+        "noise of every release at every step together, against the covariance the mechanism claims, white "
+        "after whitening by C: the cosine of every pair of (release, step) rows over the coordinates, exact "
+        "t-test, and each step's share of its release's noise energy, exact beta test, Bonferroni over all; it "
+        "sees noise shared between IME's two releases or reused at any lag, and a step with more or less noise "
+        "than the others; the cell names the largest correlation or the worst step), multiplier (the joint "
+        "noise multiplier, measured "
         "stds and slopes with the meter's own sensitivities C / B and (2 B_max - 1) C^2 / B^2, against the "
         "accountant's sigma, one-sided), post_processing (the registered variant replayed on the releases alone "
         f"reproduces the parameters to 1e-12). Each check at level {ALPHA:g} / (checks in the row). meter_power: "
