@@ -278,3 +278,10 @@ def test_delta_at_or_above_one_over_n_is_named_and_a_half_is_refused(tmp_path):
             ConfigError, match=rf"privacy.delta={delta} >= 0.5 means nothing.*valid: 0 < privacy"
         ):
             cfg_of(*POISSON, f"privacy.delta={delta}")
+
+
+def test_the_privacy_command_refuses_a_meaningless_delta(capsys):
+    from dp_adam_bench.cli import main
+
+    assert main(["privacy", "epsilon", "--sigma", "1", "--q", "0.1", "--steps", "10", "--delta", "0.5"]) == 2
+    assert "--delta=0.5 >= 0.5 means nothing" in capsys.readouterr().err

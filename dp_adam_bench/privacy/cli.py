@@ -43,6 +43,9 @@ def _q(args) -> float:
 def _check_delta(delta: float) -> None:
     if not 0 < delta < 1:
         raise ValueError(f"--delta {delta} must be in (0, 1)")
+    from dp_adam_bench.privacy.accounting.checks import check_meaningful_delta
+
+    check_meaningful_delta(delta, "--delta")  # delta >= 1/2: every accountant says epsilon = 0, meaninglessly
 
 
 def _table(rows: list[tuple[str, str]]) -> str:
