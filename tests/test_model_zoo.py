@@ -90,3 +90,42 @@ def test_family_through_every_engine(name):
             assert "use " in why or "clipping" in why, f"{name}/{engine}: the refusal names no fix: {why}"
     assert found == expected, f"{name}: outcomes {found} differ from the README's table {expected}"
     assert found["bk"] == "exact", f"{name}: bk, the default engine, must train every family of the zoo"
+
+
+def _user_loss(name):
+    """The loss a user passes to make_private: ``loss_fn(output, labels)``, one value per example."""
+    lm = model_zoo.ZOO[name][2] is model_zoo.lm_loss
+
+    def loss_fn(output, labels):
+        logits = output.logits if hasattr(output, "logits") else output
+        if not lm:
+            return torch.nn.functional.cross_entropy(logits, labels, reduction="none")
+        logits, labels = logits[:, :-1], labels[:, 1:]
+        ce = torch.nn.functional.cross_entropy(
+            logits.transpose(1, 2), labels, reduction="none", ignore_index=-100
+        )
+        kept = (labels != -100).to(ce.dtype)
+        return (ce * kept).sum(1) / kept.sum(1).clamp(min=1)
+
+    return loss_fn
+
+
+@pytest.mark.parametrize("name", sorted(model_zoo.ZOO))
+def test_family_trains_through_make_private_with_bk(name):
+    """The user's path: make_private with the default engine, its self-check and probe on, two noisy steps."""
+    import dp_adam_bench as dab
+
+    model = _model(name).float()
+    data = model_zoo.batch(name, 16, seed=1)
+    if model_zoo.ZOO[name][2] is model_zoo.lm_loss:
+        data["labels"] = data["labels"].masked_fill(data["attention_mask"] == 0, -100)
+    dataset = [{k: v[i] for k, v in data.items()} for i in range(16)]
+    before = [p.detach().clone() for p in model.parameters()]
+    private = dab.make_private(
+        model, dataset, _user_loss(name), optimizer="adam", sigma=1.0, batch_size=8, steps=2, lr=1e-3, seed=0
+    )
+    while not private.done:
+        private.step()
+    assert private.self_check["max_rel_error"] < 1e-3
+    assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True))
+    private.close()
