@@ -13,6 +13,13 @@ from dp_adam_bench.tracking.sources import RUN_SOURCES
 from dp_adam_bench.tracking.wandb_dashboard import DashboardError
 from dp_adam_bench.tracking.wandb_source import WandbSourceError
 
+#: how a stopped sweep goes on (the line Ctrl-C prints instead of a traceback)
+RESUME_SWEEP = (
+    "launch the same command again to finish the sweep: complete runs are skipped, runs with a checkpoint in "
+    "their folder (train.checkpoint_every > 0) resume from it, the others start over"
+)
+RESUME_PRETRAIN = "run the same command again: the build resumes from its last checkpoint"
+
 
 def _train(argv: list[str]) -> int:
     from dp_adam_bench import train
@@ -264,6 +271,14 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]
     try:
         return int(args.func(args) or 0)
+    except KeyboardInterrupt as stop:  # Ctrl-C: one line, not a traceback (130: the shell's code for SIGINT)
+        from dp_adam_bench.train import interrupted_line
+
+        how = {"sweep": RESUME_SWEEP, "reproduce": RESUME_SWEEP, "pretrain": RESUME_PRETRAIN}.get(
+            args.cmd, f"{args.cmd} stopped before it finished"
+        )
+        print(interrupted_line(stop, how), file=sys.stderr)
+        return 130
     except (
         ValueError,
         ConfigError,

@@ -150,22 +150,47 @@ def iterate(items: Iterable, *, desc: str, total: int | None = None) -> Iterator
 class SweepProgress:
     """Runs done / total across every multirun command of a sweep, polled from the run store (the runs are child
     processes): one line on stderr each time the count changes, with the elapsed time and an ETA from the runs this
-    sweep completed. ``count()`` returns the number of complete runs."""
+    sweep completed. ``count()`` returns the number of complete runs.
 
-    def __init__(self, total: int, count: Callable[[], int], *, what: str = "sweep", every_s: float = 2.0):
+    ``setup``: for a sweep whose runs take seconds to work out (composing each run's config), a callable returning
+    ``(total, count)`` that the polling thread calls before its first line, while the runs already start;
+    ``total`` and ``count`` are then ignored. A ``setup`` that fails shows no lines (the sweep still runs)."""
+
+    def __init__(
+        self,
+        total: int | None,
+        count: Callable[[], int] | None,
+        *,
+        what: str = "sweep",
+        every_s: float = 2.0,
+        setup: Callable[[], tuple[int, Callable[[], int]]] | None = None,
+    ):
         import threading
 
-        self.total, self.count, self.what, self.every_s = int(total), count, what, every_s
+        self.what, self.every_s, self._setup = what, every_s, setup
         self.t0 = time.time()
-        self.initial = self.done = count()
+        self.total, self.count = (0, None) if setup else (int(total), count)
+        self.initial = self.done = None if setup else count()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
 
     def start(self) -> SweepProgress:
         if mode() != "off":
-            self._report()
+            if self._setup is None:
+                self._report()
             self._thread.start()
         return self
+
+    def _set_up(self) -> bool:
+        try:
+            total, self.count = self._setup()
+        except Exception as err:  # the runs themselves will say what is wrong with their configs
+            log.debug("sweep progress not counted: %s", err)
+            return False
+        self.total = int(total)
+        self.initial = self.done = self.count()
+        self._report()
+        return True
 
     def _report(self) -> None:
         elapsed = time.time() - self.t0
@@ -178,10 +203,14 @@ class SweepProgress:
         )
 
     def _poll(self) -> None:
+        if self._setup is not None and not self._set_up():
+            return
         while not self._stop.wait(self.every_s):
             self.update()
 
     def update(self) -> None:
+        if self.count is None:  # set-up not done (or failed): nothing to count
+            return
         done = self.count()
         if done != self.done:
             self.done = done

@@ -2,8 +2,10 @@
 
 Also ``dp-adam-bench train ...``. Hydra composes ``configs/``; every run writes one folder under
 ``runs/<experiment_name>/<run_id>/`` (see :mod:`dp_adam_bench.tracking.run_store`) and logs the same metrics to
-W&B (offline unless a key is set). A complete run folder is skipped unless ``train.force=true``, so a relaunched
-sweep only runs what is missing.
+W&B (offline unless a key is set). A complete run folder is skipped, and a run with a checkpoint in its folder
+resumes from it, so a relaunched sweep only runs what is missing; ``train.force=true`` reruns the run from scratch
+(complete or not, its checkpoint ignored and removed), ``train.resume=false`` starts an incomplete run afresh.
+Ctrl-C stops a run with one line saying how to go on (exit code 130).
 
 Data-parallel: ``torchrun --nproc_per_node=N -m dp_adam_bench.train ...`` (model tasks; see
 :mod:`dp_adam_bench.engine.distributed`). Rank 0 decides whether the run is complete, creates the folder and logs;
@@ -50,9 +52,13 @@ def train(cfg: DictConfig) -> dict | None:
     task's data, and the privacy plan (batch larger than the data set, a budget the run cannot meet, a noise
     mechanism that cannot fit in memory, ...)."""
     from dp_adam_bench.engine import distributed, trainer
+    from dp_adam_bench.engine.checkpoint import FILENAME as CHECKPOINT
 
     data = run_config(cfg)
     validate(data)
+    # force = from scratch: never resume (resume is an operational key, so the run id stays the same)
+    if data["train"].get("force"):
+        data["train"]["resume"] = False
     ddp = distributed.setup(data["train"].get("distributed", "auto"), data["train"].get("device", "auto"))
     root, name, rid = cfg.paths.runs or runs_dir(), data["experiment_name"], run_id(data)
     # rank 0 decides for all: its folder writes below must not change another rank's answer
@@ -88,6 +94,8 @@ def train(cfg: DictConfig) -> dict | None:
         trainer.run(run_cfg, RunFolder.folder(root, name, rid), lambda step, metrics: None, prepared=prepared)
         return None
     folder = RunFolder.create(root, name, data, lock=lock)
+    if data["train"].get("force"):  # a later resume must not pick up the replaced run's state
+        (folder.path / CHECKPOINT).unlink(missing_ok=True)
     print(f"run folder: {folder.path}", file=sys.stderr, flush=True)
     tags = [
         data["experiment_name"],
@@ -176,6 +184,22 @@ def ignored_overrides(cfg: DictConfig, overrides: list[str]) -> list[str]:
     ]
 
 
+def default_sampler_note(cfg: DictConfig, overrides: list[str]) -> str | None:
+    """A note when independent noise runs on the root config's default sampler, ``single_pass``: fixed-size batches
+    accounted without amplification by sampling (correct, but far from DP-SGD's Poisson accounting, which
+    ``make_private`` defaults to). None when the command line or an experiment preset chose the sampler."""
+    keys = {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}
+    if cfg.noise.kind != "independent" or keys & {"train.sampler", "experiment"}:
+        return None
+    if cfg.train.sampler != "single_pass":
+        return None
+    return (
+        "note: noise=independent on the default train.sampler=single_pass (cyclic fixed-size batches) is accounted "
+        "without amplification by sampling; for DP-SGD's Poisson accounting (make_private's default) set "
+        "train.sampler=poisson train.steps=N"
+    )
+
+
 def compose_error(overrides: list[str]) -> str | None:
     """Why Hydra cannot compose the config from these overrides, in one line naming the override and what is
     valid (an unknown option of a group, a key that is not a field, an override that does not parse); None when it
@@ -236,14 +260,31 @@ def cli() -> None:
     """``python -m dp_adam_bench.train`` and ``dp-adam-bench train``: Hydra's main, with Hydra's own refusals of a
     single run's overrides (an unknown option of a group, a key typo) as one line and exit code 2 like every
     config error, instead of Hydra's many lines and exit code 1. Multirun (``-m``) and Hydra's flags go to Hydra
-    as they are."""
+    as they are. Ctrl-C (KeyboardInterrupt) prints one line saying how to go on and exits with 130, the shell's
+    code for SIGINT, instead of a traceback."""
     argv = sys.argv[1:]
-    if argv and not any(a.startswith("-") for a in argv):
-        err = compose_error(argv)
-        if err:
-            print(f"config error: {err}", file=sys.stderr)
-            sys.exit(2)
-    main()
+    try:
+        if argv and not any(a.startswith("-") for a in argv):
+            err = compose_error(argv)
+            if err:
+                print(f"config error: {err}", file=sys.stderr)
+                sys.exit(2)
+        main()
+    except KeyboardInterrupt as stop:
+        print(interrupted_line(stop, RESUME_RUN), file=sys.stderr)
+        sys.exit(130)
+
+
+#: how a stopped run goes on (the line Ctrl-C prints instead of a traceback)
+RESUME_RUN = (
+    "run the same command again to go on: a complete run is skipped, a run with a checkpoint in its folder "
+    "(train.checkpoint_every > 0) resumes from it, any other starts over"
+)
+
+
+def interrupted_line(stop: KeyboardInterrupt, how: str) -> str:
+    """``interrupted (Ctrl-C): <how>``; a simulated kill (``train.stop_after``) says so instead of Ctrl-C."""
+    return f"interrupted ({str(stop) or 'Ctrl-C'}): {how}"
 
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")
@@ -258,6 +299,9 @@ def main(cfg: DictConfig) -> None:
     overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
     for line in ignored_overrides(cfg, overrides):
         print(line, file=sys.stderr)
+    note = default_sampler_note(cfg, overrides)
+    if note:
+        print(note, file=sys.stderr)
     try:
         train(cfg)
     except ConfigError as err:

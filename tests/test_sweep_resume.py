@@ -1,6 +1,7 @@
 """A sweep killed half-way and launched again ends with the same table as an uninterrupted one."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -50,8 +51,16 @@ def test_killed_joblib_sweep_relaunched_gives_the_same_table(tmp_path, monkeypat
     killed_at = len(complete_runs(b))
     assert 5 <= killed_at < 14, f"the kill came at {killed_at} complete runs"
 
-    subprocess.run(sweep_cmd(), env={**env, "DP_ADAM_BENCH_RUNS": str(b)}, check=True, capture_output=True)
+    again = subprocess.run(
+        sweep_cmd(), env={**env, "DP_ADAM_BENCH_RUNS": str(b)}, check=True, capture_output=True, text=True
+    )
     assert len(complete_runs(b)) == 14
+    # the relaunch (with config overrides) counts the runs the killed launch completed, and ends at 14/14
+    counts = [
+        tuple(map(int, m)) for m in re.findall(r"sweep ganesh_fig2: (\d+)/(\d+) runs complete", again.stderr)
+    ]
+    assert counts and {total for _, total in counts} == {14}, again.stderr[-2000:]
+    assert counts[0][0] >= killed_at and counts[-1][0] == 14, counts
 
     tables = []
     for root, out in ((a, tmp_path / "res_a"), (b, tmp_path / "res_b")):
