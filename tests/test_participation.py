@@ -90,6 +90,16 @@ def test_honest_runs_are_consistent_and_record_what_their_sampler_did(
         assert abs(p["rate_test"]["z"]) < Z_ALARM and "rate" in [c["check"] for c in p["checks"]]
 
 
+def test_checkable_at_any_step(tmp_path):
+    from dp_adam_bench.engine.session import PrivateTraining
+
+    session = PrivateTraining(trainer.build(cfg_of(*SINGLE_PASS)))
+    for _ in range(3):
+        assert session.check_participation()["steps"] == session.steps_done
+        session.step()
+    assert session.participation_report()["max_participations"] == 1
+
+
 def test_planted_single_pass_sensitivity_for_one_participation_is_caught(tmp_path, monkeypatch):
     """Issue 32 (a): a single pass of 2 epochs whose DP-MF sensitivity is computed for 1 participation."""
     from dp_adam_bench.privacy.sensitivity import strategy_sensitivity

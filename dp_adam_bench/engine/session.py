@@ -249,6 +249,7 @@ class PrivateTraining:
         (:func:`~dp_adam_bench.engine.participation.reconcile`): ``{"verdict": "consistent" | "MISMATCH: ...",
         "checks": [...], ...}``; the trainer puts it in the summary as ``participation``."""
         streams = self.privatizer.releases.streams if self.privatizer.sigma > 0 else 0
+        self.participation.observe_releases(self.privatizer.mechanisms)  # also before the first step
         self.participation.observe_generators([m._gen for m in self.privatizer.mechanisms])
         return reconcile(self.participation, self.plan, self.ledger, streams, self.steps_done)
 
