@@ -159,20 +159,16 @@ def test_the_api_refuses_what_the_cli_refuses(overrides, match):
         _refusal(**overrides)
 
 
-def test_a_loss_that_is_not_per_example_is_named():
-    """Named before the first step: the engine's self-check on a few examples already calls the loss."""
+@pytest.mark.parametrize("self_check", [True, False])
+def test_a_loss_that_is_not_per_example_is_named(self_check):
+    """Named before the first step, self-check or not: the engine's probe (engine/probe.py) on a few examples already
+    calls the loss."""
     _, dataset = tiny_data()
-    with pytest.raises(ValueError, match=r"one loss per example, shape \("):
+    with pytest.raises(dab.ConfigError, match=r"one loss per example, shape \("):
         dab.make_private(
             tiny_model(), dataset, lambda out, y: nn.functional.cross_entropy(out, y), optimizer="adam", sigma=1.0,
-            batch_size=16, steps=2, clipping="hooks",
+            batch_size=16, steps=2, clipping="hooks", self_check=self_check,
         )  # fmt: skip
-    private = dab.make_private(
-        tiny_model(), dataset, lambda out, y: nn.functional.cross_entropy(out, y), optimizer="adam", sigma=1.0,
-        batch_size=16, steps=2, clipping="hooks", self_check=False,
-    )  # fmt: skip
-    with pytest.raises(ValueError, match=r"one loss per example, shape \("):
-        private.step()
 
 
 def test_dict_datasets_call_the_model_with_keywords():
