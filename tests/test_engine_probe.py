@@ -60,7 +60,7 @@ def test_an_engine_that_differentiates_the_whole_model_passes_the_probe():
     eng = build_engine("loop", model, lambda f, b: CE(f(b["tok"]), b["y"]))
     tok, y = _tokens()[:4]
     record = probe(eng, {"tok": tok, "y": y})
-    assert record["examples"] == 4 and record["max_rel_error"] < 1e-5 and record["seconds"] > 0
+    assert record["examples"] == 1 and record["max_rel_error"] < 1e-5 and record["seconds"] > 0
     assert all(p.grad is None for p in model.parameters())
 
 

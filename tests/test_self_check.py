@@ -97,7 +97,7 @@ def test_cli_runs_record_the_check_and_it_changes_no_result(isolated_dirs, tiny_
     assert off["final_params_sha1"] == checked["final_params_sha1"]  # same run, same result
     # the engine probe runs whether the self-check does or not; the summary records the fp32 math settings
     for summary in (checked, off):
-        assert summary["engine_probe"]["examples"] == 4 and summary["engine_probe"]["max_rel_error"] < 1e-5
+        assert summary["engine_probe"]["examples"] == 1 and summary["engine_probe"]["max_rel_error"] < 1e-5
         assert summary["fp32_math"] == fp32_exact.settings() and summary["fp32_math"]["clipping"].startswith(
             "ieee"
         )
@@ -160,6 +160,10 @@ def test_a_resumed_run_carries_over_the_check_its_first_attempt_passed(isolated_
     assert len(calls) == 2 and "carried_over" not in fresh["self_check"]
     same = ("enabled", "examples", "max_rel_error", "norm_rel_error", "sum_rel_error", "tolerance")
     assert {k: check[k] for k in same} == {k: fresh["self_check"][k] for k in same}
+    # the engine probe, run before the check in the first attempt, is carried over with it
+    assert resumed["engine_probe"]["carried_over"]["checkpoint_step"] == 2
+    assert resumed["engine_probe"]["max_rel_error"] == fresh["engine_probe"]["max_rel_error"]
+    assert "carried_over" not in fresh["engine_probe"]
     assert resumed["final_params_sha1"] == fresh["final_params_sha1"]
 
 

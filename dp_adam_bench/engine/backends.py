@@ -158,15 +158,14 @@ class ModelBackend:
         record = self_check(self.engine, batch, clip, tol, autocast=self._autocast)
         return record | {"precision": self.precision}
 
-    def probe(self, population: torch.Tensor, settings) -> dict:
-        """The engine's unclipped sums and one example's norm against autograd on the first
-        ``train.self_check.examples`` examples (:mod:`dp_adam_bench.engine.probe`), whether or not the self-check
-        is on: refuses a parameter the engine does not see every use of."""
-        k = min(int((settings or {}).get("examples", DEFAULT_EXAMPLES)), len(population))
-        if k == 0:
+    def probe(self, population: torch.Tensor) -> dict:
+        """The engine's unclipped gradient and norm of the population's first example against autograd's
+        (:mod:`dp_adam_bench.engine.probe`), whether or not the self-check is on: refuses a parameter the engine
+        does not see every use of."""
+        if not len(population):
             return {"examples": 0}
-        batch = {name: v.to(self.device) for name, v in self.task.get_batch(population[:k]).items()}
-        return probe(self.engine, batch)
+        first = {k: v.to(self.device) for k, v in self.task.get_batch(population[:1]).items()}
+        return probe(self.engine, first)
 
     def clipped_fraction(self, clip: float | None) -> dict:
         """Diagnostic: the fraction of the last step's examples whose norm exceeded C (a collective under DDP)."""

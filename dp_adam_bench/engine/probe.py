@@ -8,27 +8,30 @@ silently missed: the engine reports per-example norms that are too low, so C no 
 contribution (issue 32: 2.26 instead of 2.39 for the size-one loop, float64). loop and functorch differentiate
 the whole model per example and see every use.
 
-Two comparisons with autograd, no clipping (``clip=None``: every clip factor is 1, so the engine's "clipped sum"
-is the plain sum of its per-example gradients):
+One engine pass on one example, no clipping (``clip=None``: the clip factor is 1, so the engine's "clipped sum"
+is its gradient of that example), against autograd's gradient of the same example's loss:
 
-1. **Per-parameter sums** on the probe batch (``k`` examples): the engine's sum of per-example gradients against
-   autograd's gradient of the summed loss, parameter by parameter; a missed use shows in the parameter it belongs
-   to (bk, hooks).
-2. **The norm of one example**: on a batch of one example the per-example norm the engine reports must be the norm
-   of that example's gradient. Ghost clipping takes its *sum* from a second, ordinary backward (which sees every
-   use), so only its norms are wrong; this comparison finds it, and Opacus' per-parameter ghost norms name the
-   parameter.
+1. **Per parameter**: a missed use shows in the parameter it belongs to (bk, hooks).
+2. **The norm**: the per-example norm the engine reports must be the norm of the example's gradient. Ghost
+   clipping takes its *sum* from a second, ordinary backward (which sees every use), so only its norms are
+   wrong; this comparison finds it, and Opacus' per-parameter ghost norms name the parameter.
 
 A parameter whose relative difference exceeds :func:`tolerance` is refused in one :class:`ConfigError` line naming
-it and the fix. The probe releases nothing (like the self-check, a diagnostic on a few private examples). Its cost
-is two engine passes (``k`` examples and one) and two ordinary backwards, run in fp32 outside autocast (which use
-reads which parameter does not depend on the precision).
+it and the fix. The probe releases nothing (like the self-check, a diagnostic on a private example). Cost: one
+engine pass and one ordinary backward on one example, in fp32 outside autocast (which use reads which parameter
+does not depend on the precision). Measured on the paper smokes (CPU, one thread, mean per run): 0.02 s on
+tang_fig1_cifar10's CNN (ghost), 0.01 s on tang_fig1_snli's BERT, 0.08 s on li_e2e's GPT-2, 0.10 s on
+ganesh_fig3's masked language model (bk; its self-check: 0.53 s). It runs on every attempt of a run except a
+resume that carries the self-check over under the same key (engine/self_check.py), which carries its record too.
+One example, not a batch: an outside use is a property of the model's code, seen in any example that reaches it;
+bugs that need two examples to show are the self-check's.
 
-What it cannot see: anything that keeps the *sum* right and the per-example split wrong beyond the first
-example — a forward that mixes examples (``h - h.mean(0)``) or an engine that swaps two examples' gradients; the
-self-check (:mod:`dp_adam_bench.engine.self_check`) compares every example with the size-one loop. It sees other
-engine defects that change a parameter's summed gradient or one example's norm (a rule dropping a bias gradient,
-norms scaled wrongly), though not by that name: its message says what differs and by how much.
+What it cannot see: anything that keeps one example's gradient right and gets the split of a batch wrong — a
+forward that mixes examples (``h - h.mean(0)``), an engine that swaps two examples' gradients; the self-check
+(:mod:`dp_adam_bench.engine.self_check`) compares every example with the size-one loop. A use of a parameter
+that the first example does not reach (a branch taken only for other inputs). It sees other engine defects that
+change one example's gradient or norm (a rule dropping a bias gradient, norms scaled wrongly), though not by that
+name: its message says what differs and by how much.
 
 :func:`neutral` is the forward both this probe and the self-check run in: the path training takes (train mode,
 so e.g. ``nn.TransformerEncoder`` never takes its eval-only nested-tensor fast path), with dropout neutralised
@@ -43,7 +46,6 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from dp_adam_bench.engine.grads import batch_len
 from dp_adam_bench.errors import ConfigError
 
 #: relative difference allowed in fp32 / fp64: the two sides differ only in summation order (~1e-6); a missed
@@ -137,53 +139,50 @@ def _ghost_norms(engine, one: dict) -> list[float] | None:
 
 
 def probe(engine, batch: dict) -> dict:
-    """Compare ``engine`` with autograd on ``batch`` (module docstring); returns the record for the summary, or
-    raises :class:`ConfigError` naming the first parameter whose gradient the engine gets wrong."""
+    """Compare ``engine`` with autograd on the first example of ``batch`` (module docstring); returns the record
+    for the summary, or raises :class:`ConfigError` naming the first parameter whose gradient the engine gets
+    wrong."""
     t0 = time.perf_counter()
     names = [n for n, p in engine.model.named_parameters() if p.requires_grad]
     one = {k: v[:1] for k, v in batch.items()}
     with neutral(engine.model), torch.autocast(engine.params[0].device.type, enabled=False):
-        got, ref = _clipped_sum(engine, batch).summed, _autograd(engine, batch)
-        got1, ref1 = _clipped_sum(engine, one), _autograd(engine, one)
-        total = float(torch.sqrt(sum(r.double().square().sum() for r in ref)))
-        errs = [_rel(g, r, FLOOR * total) for g, r in zip(got, ref, strict=True)]
-        norm1 = float(torch.sqrt(sum(r.double().square().sum() for r in ref1)))
-        norm_err = abs(float(got1.norms[0]) - norm1) / max(norm1, torch.finfo(torch.float64).tiny)
+        got, ref = _clipped_sum(engine, one), _autograd(engine, one)
+        norm = float(torch.sqrt(sum(r.double().square().sum() for r in ref)))
+        errs = [_rel(g, r, FLOOR * norm) for g, r in zip(got.summed, ref, strict=True)]
+        norm_err = abs(float(got.norms[0]) - norm) / max(norm, torch.finfo(torch.float64).tiny)
+        what = "the engine's gradient of one example differs from autograd's"
         bad = [
             i for i, (e, p) in enumerate(zip(errs, engine.params, strict=True)) if not e <= tolerance(p.dtype)
         ]
-        what = "its summed gradient on the probe batch differs from autograd's"
         if not bad and not norm_err <= tolerance(engine.params[0].dtype):
-            # per parameter on the one example: the engine's sum (bk, hooks), or Opacus' ghost norms (ghost)
-            ghost = _ghost_norms(engine, one)
+            ghost = _ghost_norms(
+                engine, one
+            )  # ghost: its sum is right, its norms are not; Opacus' name the part
             if ghost is not None:
                 errs = [
-                    abs(n - float(r.double().norm())) / max(float(r.double().norm()), FLOOR * norm1, 1e-300)
-                    for n, r in zip(ghost, ref1, strict=True)
+                    abs(n - float(r.double().norm())) / max(float(r.double().norm()), FLOOR * norm, 1e-300)
+                    for n, r in zip(ghost, ref, strict=True)
                 ]
-                what = "its per-example norm differs from the norm of autograd's gradient of one example"
-            else:
-                errs = [_rel(g, r, FLOOR * norm1) for g, r in zip(got1.summed, ref1, strict=True)]
-                what = "its gradient of one example differs from autograd's"
-            bad = [
-                i
-                for i, (e, p) in enumerate(zip(errs, engine.params, strict=True))
-                if not e <= tolerance(p.dtype)
-            ]
+                what = "the engine's norm of one example's gradient differs from autograd's"
+                bad = [
+                    i
+                    for i, (e, p) in enumerate(zip(errs, engine.params, strict=True))
+                    if not e <= tolerance(p.dtype)
+                ]
             if not bad:  # the norm is wrong but no parameter's gradient is: name no parameter
                 raise ConfigError(
-                    f"engine probe: train.clipping={engine.name} reports a per-example norm {float(got1.norms[0]):.6g}"
-                    f" where autograd's gradient of the same example has norm {norm1:.6g} (relative error "
+                    f"engine probe: train.clipping={engine.name} reports a per-example norm {float(got.norms[0]):.6g}"
+                    f" where autograd's gradient of the same example has norm {norm:.6g} (relative error "
                     f"{norm_err:.3g}), so C would not bound each example's contribution; stopped before any noise was "
                     "released. Use train.clipping=functorch"
                 )
     record = {
-        "examples": batch_len(batch),
+        "examples": 1,
         "max_rel_error": max([*errs, norm_err]),
         "tolerance": tolerance(engine.params[0].dtype),
         "seconds": time.perf_counter() - t0,
-        "note": "diagnostic: the engine's unclipped sums and one example's norm against autograd, on private "
-        "training examples, not part of the accounted release",
+        "note": "diagnostic: the engine's unclipped gradient and norm of one private training example against "
+        "autograd's, not part of the accounted release",
     }
     if bad:
         i = bad[0]

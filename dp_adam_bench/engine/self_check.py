@@ -7,22 +7,31 @@ norms and clipped sum for a few real training examples are compared with the loo
 the same model. A relative error above the tolerance stops the run, naming the engine and the error, before the
 first step; the error goes into the run summary either way.
 
-The check runs in eval mode (dropout would make the two computations differ; with the Opacus engines, which
-record activations only in train mode, the modules owning trainable parameters stay in train mode), under a
-forked random state (the run's random streams, hence its results and its resume, are unchanged), and releases
-nothing: its only outputs are whether the run starts and a floating-point error, a diagnostic recorded as such
-(computed on private examples, outside the accounted mechanism, like the clean-gradient diagnostics).
-``train.self_check.enabled=false``
-(``make_private(self_check=False)``) skips it, and the summary records that it was skipped.
+The check takes the path training takes: train mode (eval mode sent ``nn.TransformerEncoder`` down its nested-tensor
+fast path, where functorch crashes, issue 33), with dropout set to 0 and torch's MHA fast path off
+(:func:`dp_adam_bench.engine.probe.neutral`), under the training step's autocast (``train.precision=bf16``: engine
+and loop both in bf16 autocast, at a tolerance of at least :data:`BF16_TOLERANCE`), with TF32 off
+(:mod:`dp_adam_bench.engine.fp32_exact`), under a forked random state (the run's random streams, hence its results
+and its resume, are unchanged). It releases nothing: its only outputs are whether the run starts and a
+floating-point error, a diagnostic recorded as such (computed on private examples, outside the accounted
+mechanism, like the clean-gradient diagnostics). ``train.self_check.enabled=false``
+(``make_private(self_check=False)``) skips it, and the summary records that it was skipped; the engine probe
+(:mod:`dp_adam_bench.engine.probe`: parameters used outside their module) runs either way.
 
 A resumed run does not repeat a check that passed: the check compares the engine with the loop on the model as
 built before any training (the same weights and examples on every attempt), so a resume would recompute the same
-numbers. Every checkpoint carries the record of the check that passed with its :func:`carry_key` (the run's
-config identity, the check's settings, the engine, the device and the code, a hash of the package's source and
-torch's version); a resume that finds the same key in the checkpoint it will load takes that record, marked
+numbers, and that is not cheap (0.53 s a run on ganesh_fig3's masked language model, 23 runs in its smoke, twice
+each). Every checkpoint carries the record of the check that passed with its :func:`carry_key`: everything that
+defines what was checked — the run's config identity, the check's settings, the engine, the device, the package's
+source, the model's module tree and the source of every class the model and the task are made of, wherever it
+lives (:func:`model_digest`: a task defined outside the package included), and the versions of torch,
+transformers and opacus. A resume that finds the same key in the checkpoint it will load takes that record, marked
 ``carried_over`` with the checkpoint's step, instead of running the check again. Any difference in the key (a
-changed tolerance, another device, edited code, an older checkpoint without a record) runs the check as on a
-fresh start.
+changed tolerance, another device, edited code anywhere the model's classes live, a new library version, an older
+checkpoint without a record) runs the check as on a fresh start, and so does a model with a class whose source
+cannot be read (no key). What the key does not see: code the model calls that lives outside the top-level
+packages of its classes (a helper function in an unrelated local module), and data files the task reads (their
+content is the run config's business).
 """
 
 from __future__ import annotations
@@ -250,3 +259,13 @@ def carried_over(saved, key: dict, step: int) -> dict | None:
             "and code) and recorded in the checkpoint this attempt resumed from; not run again",
         },
     }
+
+
+def carried_probe(saved, step: int) -> dict | None:
+    """The engine probe's record (engine/probe.py) saved beside a check that :func:`carried_over` carries over
+    (the probe ran first in that attempt, on the same model, code and engine), marked ``carried_over``; None when
+    the checkpoint holds none (the probe then runs)."""
+    probe = saved.get("probe") if isinstance(saved, dict) else None
+    if not isinstance(probe, dict) or not probe.get("examples"):
+        return None
+    return {**probe, "carried_over": {"checkpoint_step": int(step)}}

@@ -36,7 +36,7 @@ from dp_adam_bench.engine.diagnostics import Diagnostics
 from dp_adam_bench.engine.fp32_exact import settings as fp32_settings
 from dp_adam_bench.engine.plan import PrivacyPlan, build_plan
 from dp_adam_bench.engine.seeds import RunSeeds
-from dp_adam_bench.engine.self_check import carried_over, carry_key, passed
+from dp_adam_bench.engine.self_check import carried_over, carried_probe, carry_key, passed
 from dp_adam_bench.engine.session import PrivateTraining
 from dp_adam_bench.errors import ConfigError
 from dp_adam_bench.optim.base import Variant
@@ -156,8 +156,6 @@ def prepare(cfg, task, folder: Path | None = None) -> Run:
         if not vector:
             clip = float(cfg.privacy.clip) if plan.noisy else None
             settings = cfg.train.get("self_check") or {}
-            # every use of every parameter seen by the engine (engine/probe.py): on every attempt, check or not
-            probed = backend.probe(population, settings)
             if settings.get("enabled", True):
                 fp = ckpt.fingerprint(_to_dict(cfg))
                 key = carry_key(fp, settings, backend.engine_name, backend.device, backend.model, task)
@@ -167,6 +165,10 @@ def prepare(cfg, task, folder: Path | None = None) -> Run:
                     else None
                 )
                 check = carried_over(found[1], key, found[0]) if found else None
+                probed = carried_probe(found[1], found[0]) if check else None
+            # every use of every parameter seen by the engine (engine/probe.py), self-check or not: on every
+            # attempt but a resume that carries over a check (and this probe) passed under the same key
+            probed = probed or backend.probe(population)
             check = check or backend.self_check(population, clip, settings)
     except Exception:
         backend.close()
@@ -177,9 +179,13 @@ def prepare(cfg, task, folder: Path | None = None) -> Run:
 
 
 def _check_to_carry(r: Run) -> dict | None:
-    """The checkpoint's ``self_check`` entry: the passed check (as first run) and its key, or None."""
+    """The checkpoint's ``self_check`` entry: the passed check (as first run), its key and the engine probe's
+    record, or None."""
     record = {k: v for k, v in r.self_check.items() if k != "carried_over"}
-    return {"key": r.self_check_key, "record": record} if r.self_check_key and passed(record) else None
+    if not (r.self_check_key and passed(record)):
+        return None
+    probe = {k: v for k, v in r.engine_probe.items() if k != "carried_over"}
+    return {"key": r.self_check_key, "record": record, "probe": probe}
 
 
 def _truncate_metrics(folder: Path, step: int) -> None:
