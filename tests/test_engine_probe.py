@@ -157,19 +157,28 @@ def test_the_checks_take_the_training_path_of_a_transformer_encoder(engine):
     private.step()
 
 
-def test_every_clipped_sum_runs_in_ieee_fp32_and_restores_the_callers_settings():
+def test_every_clipped_sum_runs_in_ieee_fp32_and_restores_the_callers_settings(monkeypatch):
     """The kernels that make norms and clipped sums run without TF32 (CUDA) or oneDNN's bf16 fp32 math (CPU),
-    whatever the user set; the user's settings are back afterwards, also after an exception."""
+    whatever the user set (bk: its rules, after a forward and backward at the user's settings; the others: all of
+    it); the user's settings are back afterwards, also after an exception."""
+    from dp_adam_bench.engine import bk
     if not fp32_exact.new_api():
         pytest.skip("torch < 2.9 has the legacy allow_tf32 flags only")
     ops = fp32_exact.OPS
     user = {("cuda", "matmul"): "tf32", ("cudnn", "conv"): "tf32", ("mkldnn", "matmul"): "bf16"}
     saved = {op: fp32_exact.op(*op).fp32_precision for op in ops}
-    seen = []
+    seen, in_rules = [], []
 
     def loss(forward, batch):
         seen.append(fp32_exact.settings())
         return CE(forward(batch["x"]), batch["y"])
+
+    def clip_factors(norms, clip):  # bk calls it between its rules' norms and sums
+        in_rules.append(fp32_exact.settings())
+        return original(norms, clip)
+
+    original = bk.clip_factors
+    monkeypatch.setattr(bk, "clip_factors", clip_factors)
 
     try:
         for op, value in user.items():
@@ -178,12 +187,15 @@ def test_every_clipped_sum_runs_in_ieee_fp32_and_restores_the_callers_settings()
         assert before["cuda.matmul"] == "tf32" and before["mkldnn.matmul"] == "bf16"
         x, y = _pairs()[:4]
         for engine in ("bk", "functorch", "ghost"):
+            seen.clear()
             eng = build_engine(engine, _net(), loss)
             eng.clipped_sum({"x": x, "y": y}, 0.5)
             eng.close()
             assert fp32_exact.settings() == before
-        assert len(seen) >= 3
-        assert all(s[f"{b}.{o}"] == "ieee" for s in seen for b, o in ops)
+            assert seen and all(s == (before if engine == "bk" else s) for s in seen)
+            if engine != "bk":
+                assert all(s[f"{b}.{o}"] == "ieee" for s in seen for b, o in ops)
+        assert len(in_rules) == 1 and all(in_rules[0][f"{b}.{o}"] == "ieee" for b, o in ops)
         with pytest.raises(RuntimeError, match="boom"), fp32_exact.ieee_fp32():
             raise RuntimeError("boom")
         assert fp32_exact.settings() == before

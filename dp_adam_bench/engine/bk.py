@@ -63,6 +63,7 @@ from dp_adam_bench.engine.bk_rules import Rule, adapter_for, rule_for
 from dp_adam_bench.engine.bk_rules.dense import GRAM_FACTOR, use_gram  # noqa: F401  (re-exported)
 from dp_adam_bench.engine.bk_rules.generic import GENERIC
 from dp_adam_bench.engine.broadcast import expand_primary
+from dp_adam_bench.engine.fp32_exact import ieee_fp32
 from dp_adam_bench.engine.grads import ClippedSum, GradEngine, batch_len, clip_factors
 
 MODES = ("auto", "gram", "instantiate")
@@ -200,6 +201,7 @@ class BKEngine(GradEngine):
     """
 
     name = "bk"
+    fp32_whole = False  # only the rules' norms and sums run in full fp32 (see _clipped_sum)
 
     def __init__(self, model: nn.Module, loss_per_example, mode: str = "auto"):
         if mode not in MODES:
@@ -390,7 +392,10 @@ class BKEngine(GradEngine):
             # computed in the parameters' precision, outside autocast (which would cast the matmuls down again);
             # the dense rules (Linear, convolutions: most of the captured memory) bring a chunk at a time to that
             # precision, the others their whole (small) captures
-            with torch.autocast(ref.device.type, enabled=False):
+            # full fp32 for the kernels that make norms and sums (TF32 would give the sums an error the norms never
+            # saw: engine/fp32_exact.py); the forward and backward above keep the user's settings, since both the
+            # norms and the sums are computed here from the same captures
+            with torch.autocast(ref.device.type, enabled=False), ieee_fp32():
                 for layer in self.layers:
                     calls = [call for call in layer.calls if call.grad is not None]
                     if layer.kind not in _CHUNKED_PRECISION:

@@ -13,11 +13,13 @@ The same holds for matmuls with ``torch.backends.cuda.matmul.allow_tf32`` (or
 (``torch.backends.mkldnn.*.fp32_precision = "bf16"``).
 
 :func:`ieee_fp32` turns all of these to full IEEE fp32 for the duration of a block and restores the caller's
-settings exactly afterwards; every engine's ``clipped_sum`` (:meth:`dp_adam_bench.engine.grads.GradEngine.clipped_sum`:
-forward, backward, norms and sums) runs inside it, so norms and sums agree to fp32 rounding whatever the device and
-whatever the user set. Under ``train.precision=bf16`` autocast still casts the forward's matmuls to bf16 (that is
-the claimed precision); the engine's norms and sums are fp32 from those bf16 captures. :func:`settings` is what a
-run records in ``summary.json`` (``fp32_math``).
+settings exactly afterwards. Every engine's ``clipped_sum`` (:meth:`dp_adam_bench.engine.grads.GradEngine.clipped_sum`:
+forward, backward, norms and sums) runs inside it, except bk's, which computes both its norms and its sums from the
+captured inputs and output gradients after one forward and one backward: only that part runs inside it (the forward
+and backward keep the user's TF32 speed; their rounding is in the captures both are computed from). So norms and
+sums agree to fp32 rounding whatever the device and whatever the user set. Under ``train.precision=bf16``
+autocast still casts the forward's matmuls to bf16 (that is the claimed precision); the engine's norms and sums are
+fp32 from those bf16 captures. :func:`settings` is what a run records in ``summary.json`` (``fp32_math``).
 
 torch >= 2.9 has per-backend, per-operation ``fp32_precision`` strings ("ieee", "tf32", "bf16", "none" = inherit)
 and refuses to *read* the legacy ``allow_tf32`` flags once the new ones were set inconsistently; both are handled:

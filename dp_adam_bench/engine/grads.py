@@ -29,6 +29,7 @@ The engines are selected by name through :data:`dp_adam_bench.engine.engines.ENG
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -101,6 +102,8 @@ class GradEngine:
 
     name = "engine"
     supports_scale = True
+    #: whether the whole of ``_clipped_sum`` (forward and backward too) runs in full fp32 (``ieee_fp32``)
+    fp32_whole = True
 
     def __init__(self, model: nn.Module, loss_per_example: Callable):
         from dp_adam_bench.engine.support import check_model
@@ -134,8 +137,9 @@ class GradEngine:
                 )
         if batch_len(batch) == 0:
             return zero_sum(self.params)
-        # norms and sums in the precision they claim: no TF32 / bf16 fp32 math in any kernel (engine/fp32_exact.py)
-        with ieee_fp32():
+        # norms and sums in the precision they claim: no TF32 / bf16 fp32 math in any kernel (engine/fp32_exact.py);
+        # an engine that makes both from captures of its forward and backward narrows this to that part itself
+        with ieee_fp32() if self.fp32_whole else contextlib.nullcontext():
             return self._clipped_sum(batch, clip, scale)
 
     def _clipped_sum(self, batch: dict, clip: float | None, scale: list[torch.Tensor] | None) -> ClippedSum:
