@@ -114,3 +114,21 @@ def test_the_default_single_pass_sampler_with_independent_noise_is_noted(overrid
     assert (note is not None) == noted
     if noted:
         assert "train.sampler=poisson" in note and "without amplification" in note
+
+
+def test_sweep_progress_set_up_in_its_thread_counts_from_there(monkeypatch, capsys):
+    """SweepProgress(setup=...): the first line comes from the thread once set-up returns (total, count), counting
+    the runs already complete; a set-up that fails shows nothing and stopping still works."""
+    from dp_adam_bench.progress import SweepProgress
+
+    monkeypatch.setenv("DP_ADAM_BENCH_PROGRESS", "lines")
+    counts = iter([2, 3])
+    tracker = SweepProgress(None, None, what="sweep x", every_s=3600, setup=lambda: (3, lambda: next(counts)))
+    tracker.start().stop()
+    assert [ln.split()[2] for ln in capsys.readouterr().err.strip().splitlines()] == ["2/3", "3/3"]
+
+    def broken():
+        raise ValueError("a config that does not compose")
+
+    SweepProgress(None, None, what="sweep y", every_s=3600, setup=broken).start().stop()
+    assert capsys.readouterr().err == ""
