@@ -36,19 +36,19 @@ def _meter(variant, noise, sampler, control=None, n=300, trials=8):
 def test_meter_task_gradients_share_one_coordinate_and_own_another():
     import torch
 
-    task = MeterTask(5, clip=2.0, trials=3, null=4)
-    g = task.per_example_grads(None, torch.tensor([1, 3, 4]))[0]
-    assert g.shape == (3, 3, 1 + 5 + 4)
-    norms = (
-        torch.tensor([1.01, 0.5, 1e6], dtype=torch.float64) * 2.0
-    )  # NORMS[i % 4] C: below, near, far above C
-    assert torch.allclose(g[:, :, 0], (norms * meter.SHARED)[:, None].expand(3, 3))
-    assert (g[0, :, 2] > 0).all() and (g[1, :, 4] > 0).all() and (g[2, :, 5] > 0).all()
-    assert g[:, :, 6:].abs().sum() == 0  # null coordinates are never touched
-    assert torch.allclose(g.norm(dim=-1), norms[:, None].expand(3, 3))
+    task = MeterTask(9, clip=2.0, trials=3, null=4)
+    g = task.per_example_grads(None, torch.tensor([0, 5, 6, 7, 8]))[0]
+    assert g.shape == (5, 3, 1 + 9 + 4)
+    # NORMS[i % 8] C: far above, just above, just below, half of C, far above again
+    norms = torch.tensor([1e6, 1.01, 0.99, 0.5, 1e6], dtype=torch.float64) * 2.0
+    assert torch.allclose(g[:, :, 0], (norms * meter.SHARED)[:, None].expand(5, 3))
+    assert all((g[k, :, 1 + i] > 0).all() for k, i in enumerate([0, 5, 6, 7, 8]))
+    assert g[:, :, 10:].abs().sum() == 0  # null coordinates are never touched
+    assert torch.allclose(g.norm(dim=-1), norms[:, None].expand(5, 3))
     masks = task.class_masks()
-    assert list(masks) == list(meter.NORM_CLASSES)
-    assert np.flatnonzero(masks["C / 2"].reshape(3, -1)[0]).tolist() == [1 + 3]  # example 3's own coordinate
+    assert list(masks) == list(meter.NORM_CLASSES.values())
+    assert np.flatnonzero(masks["C / 2"].reshape(3, -1)[0]).tolist() == [1 + 7]  # example 7's own coordinate
+    assert np.flatnonzero(masks["far above C"].reshape(3, -1)[2]).tolist() == [1, 2, 3, 4, 5, 9]
 
 
 @pytest.mark.parametrize(
@@ -314,9 +314,10 @@ def test_noise_reused_across_steps_beyond_the_lag_test_fails_the_joint_check(mon
     )
     r = _meter("adam", "independent", "poisson", trials=4)
     assert [(c.name, c.release) for c in r.failed] == [("noise_covariance", "joint")], r.describe()
-    assert ("g@1 ~ g@51" if bug == "reseeded_at_50" else "g@30 ~ g@31") in r.check(
-        "noise_covariance", "joint"
-    ).short
+    first, second = map(
+        int, re.search(r"g@(\d+) ~ g@(\d+)", r.check("noise_covariance", "joint").short).groups()
+    )
+    assert (second - first, first) == ((50, first) if bug == "reseeded_at_50" else (1, 30))
 
 
 def test_a_clip_factor_wrong_below_c_is_caught_with_canaries_below_c(monkeypatch):
@@ -328,7 +329,7 @@ def test_a_clip_factor_wrong_below_c_is_caught_with_canaries_below_c(monkeypatch
     monkeypatch.setattr(privatizer, "clip_factors", lambda norms, clip: clip / norms)
     r = _meter("adam", "independent", "poisson", trials=4)
     sens = r.check("sensitivity", "g")
-    assert not sens.passed and sens.estimate > 1.1, r.describe()
+    assert not sens.passed and sens.estimate > 1.05, r.describe()
     assert float(re.search(r"C / 2 ([0-9.]+)", sens.detail).group(1)) > 1.5, sens.detail
     monkeypatch.setattr(meter, "NORMS", (meter.NORMS[0],))
     assert _meter("adam", "independent", "poisson", trials=4).passed
@@ -406,7 +407,9 @@ def test_model_path_meter_sees_shared_ime_streams_and_a_clip_factor_wrong_below_
     honest = grads.clip_factors
     monkeypatch.setattr(grads, "clip_factors", lambda n, clip: honest(n, clip) if clip is None else clip / n)
     r = _meter_model("hooks", "adam", "independent", "poisson")
-    assert not r.check("sensitivity", "g").passed and r.check("sensitivity", "g").estimate > 1.1, r.describe()
+    assert not r.check("sensitivity", "g").passed and r.check("sensitivity", "g").estimate > 1.05, (
+        r.describe()
+    )
 
 
 def test_bias_gradients_escaping_clipping_fail_the_model_path_meter():

@@ -39,12 +39,12 @@ correct mechanism fails any check of a row with probability <= ALPHA). Its power
 (``EFFECT``: sigma, the sensitivity or q off by 10 %) is computed from the run's own standard errors and stated
 with the result; tests/test_meter.py plants such errors many times and checks the detection rate.
 
-Canaries share coordinates: each example's gradient is a vector of norm ``NORMS[i % 4]`` C (1e6 C, clipped to
-exactly C; 1.01 C; 0.99 C and C / 2, not clipped: a clip factor wrong near or below C moves the release) with weight
-``SHARED`` on one coordinate every example shares and the rest on a coordinate of its own, so the square of the
-mean has the cross term 2 x_shared x_i of every pair of examples, whence IME's (2B - 1) C^2 / B^2 sensitivity. The
-task has ``trials`` independent trials (the vector backend's trial dimension: the same batches, independent noise)
-so that a 100-step run has the stated power.
+Canaries share coordinates: each example's gradient is a vector of norm ``NORMS[i % 8]`` C (five in eight 1e6 C,
+clipped to exactly C; one each 1.01 C, 0.99 C and C / 2, the last two not clipped: a clip factor wrong near or below
+C moves the release) with weight ``SHARED`` on one coordinate every example shares and the rest on a coordinate of
+its own, so the square of the mean has the cross term 2 x_shared x_i of every pair of examples, whence IME's
+(2B - 1) C^2 / B^2 sensitivity. The task has ``trials`` independent trials (the vector backend's trial dimension:
+the same batches, independent noise) so that a 100-step run has the stated power.
 """
 
 from __future__ import annotations
@@ -65,13 +65,14 @@ from dp_adam_bench.errors import ConfigError
 SHARED = 0.95
 #: coordinates no example touches (pure noise)
 NULL_COORDS = 64
-#: the canaries' gradient norms, in units of C, by example (example i has NORMS[i % len(NORMS)]): far above C
-#: (clipped to exactly C, also after stp's per-coordinate scale), just above and just below C, and half of C (not
-#: clipped), so that a wrong clip factor for gradients near or below C (every gradient scaled to exactly C;
-#: min(1, C / n) written as C / n) moves the release away from the meter's prediction
-NORMS = (1e6, 1.01, 0.99, 0.5)
-#: the names of the norm classes, in the order of NORMS
-NORM_CLASSES = ("far above C", "just above C", "just below C", "C / 2")
+#: the canaries' gradient norms, in units of C, by example (example i has NORMS[i % len(NORMS)]): mostly far above C
+#: (clipped to exactly C, also after stp's per-coordinate scale), one in eight each just above and just below C and
+#: at half of C (not clipped), so that a wrong clip factor for gradients near or below C (every gradient scaled to
+#: exactly C; min(1, C / n) written as C / n) moves the release away from the meter's prediction. Five in eight far
+#: above C keep the square of the mean, so the stated power of IME's g^2 release, >= 0.99 on the table's rows
+NORMS = (1e6, 1e6, 1e6, 1e6, 1e6, 1.01, 0.99, 0.5)
+#: norm (in units of C) -> the name of its class
+NORM_CLASSES = {1e6: "far above C", 1.01: "just above C", 0.99: "just below C", 0.5: "C / 2"}
 #: independent trials of the meter task (same batches, independent noise)
 TRIALS = 16
 #: lags of the autocorrelation test
@@ -84,13 +85,20 @@ EFFECT = 0.10
 REPLAY_TOL = 1e-12
 
 
-def norm_classes(n: int) -> np.ndarray:
-    """The norm class of each of ``n`` examples (an index into NORMS)."""
-    return np.arange(int(n)) % len(NORMS)
+def example_norms(n: int) -> np.ndarray:
+    """The gradient norm of each of ``n`` canaries, in units of C."""
+    return np.asarray(NORMS, dtype=np.float64)[np.arange(int(n)) % len(NORMS)]
+
+
+def class_members(n: int) -> dict[str, np.ndarray]:
+    """Norm class -> the canaries (of ``n``) in it (classes with none left out)."""
+    norms = example_norms(n)
+    out = {name: np.flatnonzero(norms == value) for value, name in NORM_CLASSES.items()}
+    return {name: ids for name, ids in out.items() if len(ids)}
 
 
 class MeterTask:
-    """A vector task with known, parameter-free per-example gradients: example i is NORMS[i % 4] C (SHARED e_0 +
+    """A vector task with known, parameter-free per-example gradients: example i is NORMS[i % 8] C (SHARED e_0 +
     sqrt(1 - SHARED^2) e_{1+i}); NULL_COORDS coordinates after them are never touched. ``trials`` independent trials
     (parameters of shape (trials, 1 + n + NULL_COORDS), float64)."""
 
@@ -100,7 +108,7 @@ class MeterTask:
     def __init__(self, n: int, clip: float, trials: int = TRIALS, null: int = NULL_COORDS):
         self.n, self.trials, self.null = int(n), int(trials), int(null)
         self.dim = 1 + self.n + self.null
-        self.magnitudes = torch.as_tensor(np.asarray(NORMS)[norm_classes(self.n)] * float(clip))
+        self.magnitudes = torch.as_tensor(example_norms(self.n) * float(clip))
         self.own = math.sqrt(1.0 - SHARED**2)
 
     @property
@@ -128,11 +136,10 @@ class MeterTask:
 
     def class_masks(self) -> dict[str, np.ndarray]:
         """Norm class -> the examples' own coordinates of that class, over the flattened (trials, dim)."""
-        cls = norm_classes(self.n)
         out = {}
-        for k, name in enumerate(NORM_CLASSES):
+        for name, ids in class_members(self.n).items():
             mask = np.zeros((self.trials, self.dim), dtype=bool)
-            mask[:, 1 + np.flatnonzero(cls == k)] = True
+            mask[:, 1 + ids] = True
             out[name] = mask.reshape(-1)
         return out
 
@@ -452,6 +459,10 @@ def multiplier_check(
     )
 
 
+#: rows of the joint check's correlation matrix computed at a time
+_BLOCK = 1024
+
+
 def _z_of_p(p: float) -> float:
     """The two-sided normal z of p-value ``p`` (inf for 0)."""
     return float(stats.norm.isf(max(p / 2, 1e-300))) if p > 0 else math.inf
@@ -488,16 +499,31 @@ def joint_noise_check(releases: list[tuple[str, np.ndarray]], level: float) -> M
     if not rows or rows[0].shape[1] < 2:
         what = f"no noise in {', '.join(n for n, _ in releases)}: nothing to test"
         return MeterCheck("noise_covariance", "joint", math.nan, 0.0, None, True, None, what, what)
-    z = np.concatenate(rows)
-    m, d = z.shape
-    energy = (z * z).sum(1)
-    u = z / np.sqrt(np.maximum(energy, np.finfo(float).tiny))[:, None]  # a noise-free step: a zero row
-    cos = np.clip(u @ u.T, -1.0, 1.0)
-    iu = np.triu_indices(m, 1)
-    c = cos[iu]
-    with np.errstate(divide="ignore"):
-        t = np.abs(c) * math.sqrt(d - 1) / np.sqrt(np.maximum(1.0 - c * c, 0.0))
-    p_pair = 2 * stats.t.sf(t, d - 1)
+    u = np.concatenate(rows)
+    m, d = u.shape
+    energy = (u * u).sum(1)
+    u /= np.sqrt(np.maximum(energy, np.finfo(float).tiny))[
+        :, None
+    ]  # unit rows; a noise-free step: a zero row
+    # the largest |cosine| over the pairs, a block of rows at a time (the t-test's p-value falls with |cosine|, so
+    # the worst pair is the one with the largest): memory O(block x m), not O(m^2)
+    corr, pair = 0.0, None
+    for start in range(0, m - 1, _BLOCK):
+        g = u[start : start + _BLOCK] @ u[start:].T
+        g[np.tril_indices(len(g), 0, g.shape[1])] = 0.0  # each pair once, no row with itself
+        k = int(np.argmax(np.abs(g)))
+        i, j = divmod(k, g.shape[1])
+        if pair is None or abs(g[i, j]) > abs(corr):
+            corr, pair = float(np.clip(g[i, j], -1.0, 1.0)), (start + i, start + j)
+    pairs = m * (m - 1) // 2
+    p_pair = 1.0
+    if pairs:
+        t = (
+            abs(corr) * math.sqrt(d - 1) / math.sqrt(max(1.0 - corr * corr, 0.0))
+            if abs(corr) < 1
+            else math.inf
+        )
+        p_pair = float(2 * stats.t.sf(t, d - 1))
     p_var, ratio, counted, at = np.ones(m), np.ones(m), 0, 0
     for _, k in sizes:
         if k > 1:
@@ -508,14 +534,13 @@ def joint_noise_check(releases: list[tuple[str, np.ndarray]], level: float) -> M
             ratio[at : at + k] = share * k  # 1 under the claim: a step's noise energy over its release's mean
             counted += k
         at += k
-    tests = len(p_pair) + counted
+    tests = pairs + counted
     if not tests:
         what = "one row: nothing to test"
         return MeterCheck("noise_covariance", "joint", math.nan, 0.0, None, True, None, what, what)
     crit = float(stats.norm.isf(level / (2 * tests)))
-    pair = int(np.argmin(p_pair)) if len(p_pair) else None
     row = int(np.argmin(p_var))
-    z_pair = _z_of_p(float(p_pair[pair])) if pair is not None else 0.0
+    z_pair = _z_of_p(p_pair) if pairs else 0.0
     z_var = _z_of_p(float(p_var[row]))
     rho99 = (crit + float(stats.norm.isf(0.01))) / math.sqrt(d)
     what = ", ".join(f"{name} x {k}" for name, k in sizes) + (
@@ -523,9 +548,7 @@ def joint_noise_check(releases: list[tuple[str, np.ndarray]], level: float) -> M
         if len(sizes) < len(releases)
         else ""
     )
-    largest = (
-        f"{abs(c[pair]):.3f} ({names[iu[0][pair]]} ~ {names[iu[1][pair]]})" if pair is not None else "n/a"
-    )
+    largest = f"{abs(corr):.3f} ({names[pair[0]]} ~ {names[pair[1]]})" if pairs else "n/a"
     detail = (
         f"{m} rows ({what}) over {d} coordinates: largest |corr| {largest}; a step's noise energy / its "
         f"release's mean {ratio.min():.3f}..{ratio.max():.3f}; a correlation >= {rho99:.3f} between any two rows "
@@ -537,7 +560,7 @@ def joint_noise_check(releases: list[tuple[str, np.ndarray]], level: float) -> M
         detail += f"; worst: the noise energy of {names[row]}"
         short = f"{releases_seen}, {m} rows; noise energy of {names[row]} x {est:.3f}"
     else:
-        est, claimed, zw = (float(c[pair]) if pair is not None else 0.0), 0.0, z_pair
+        est, claimed, zw = corr, 0.0, z_pair
         short = f"{releases_seen}, {m} rows; max |corr| {largest}"
     return MeterCheck("noise_covariance", "joint", est, claimed, zw, zw <= crit, None, detail, short)
 
@@ -755,7 +778,7 @@ class ModelMeterTask:
     e_{1+i}) and loss <e_0, W x_i + b>, so its gradient is x_i on W's first row and 1 on the first bias: every example
     shares W[0, 0] and the bias b[0] and owns W[0, 1 + i]; W's second row and b[1] are never touched. ``a`` makes
     the gradient norm MODEL_NORM C, so every example is clipped; with ``norms``, example i's loss is weighted so
-    that its gradient norm is NORMS[i % 4] C instead (MODEL_NORM C for the class far above C): the meter's
+    that its gradient norm is NORMS[i % 8] C instead (MODEL_NORM C for the class far above C): the meter's
     canaries below and near C."""
 
     name = "meter_model"
@@ -771,8 +794,7 @@ class ModelMeterTask:
         self.n = int(n)
         weights = np.ones(self.n)
         if norms:
-            per_class = np.array([1.0, *(f / MODEL_NORM for f in NORMS[1:])])
-            weights = per_class[norm_classes(self.n)]
+            weights = np.minimum(example_norms(self.n), MODEL_NORM) / MODEL_NORM
         self.weights = torch.as_tensor(weights, dtype=torch.float64)
         self.features = 1 + self.n
         self.shared = float(shared)
@@ -838,11 +860,10 @@ class ModelMeterTask:
 
     def class_masks(self) -> dict[str, np.ndarray]:
         """Norm class -> its examples' own weights W[0, 1 + i], over the flattened (weight, bias)."""
-        cls = norm_classes(self.n)
         out = {}
-        for k, name in enumerate(NORM_CLASSES):
+        for name, ids in class_members(self.n).items():
             mask = np.zeros(2 * self.features + 2, dtype=bool)
-            mask[1 + np.flatnonzero(cls == k)] = True
+            mask[1 + ids] = True
             out[name] = mask
         return out
 

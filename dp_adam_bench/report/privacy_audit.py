@@ -424,7 +424,7 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
         "(1,000 white-box, 500 black-box) can show at this confidence; a one-run audit cannot exceed it whatever the "
         "true epsilon.",
         f"Meter (dp_adam_bench.audit.meter): the same config on a task of N = {CANARIES + BACKGROUND} examples whose "
-        f"gradients it knows (norms 1e6 C, 1.01 C, 0.99 C and C / 2 in turn, so that a wrong clip factor for "
+        "gradients it knows (norm 1e6 C, one in eight 1.01 C, 0.99 C or C / 2, so that a wrong clip factor for "
         "gradients near or below C moves the release; weight 0.95 on a coordinate every example shares, the rest "
         "on one of its own, so the square of the mean has IME's (2B - 1) cross term), "
         f"{TRIALS} independent trials, the table's steps; every release recorded and compared with the meter's "
