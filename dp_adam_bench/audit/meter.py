@@ -502,9 +502,8 @@ def joint_noise_check(releases: list[tuple[str, np.ndarray]], level: float) -> M
     u = np.concatenate(rows)
     m, d = u.shape
     energy = (u * u).sum(1)
-    u /= np.sqrt(np.maximum(energy, np.finfo(float).tiny))[
-        :, None
-    ]  # unit rows; a noise-free step: a zero row
+    # unit rows (a noise-free step stays a zero row)
+    u /= np.sqrt(np.maximum(energy, np.finfo(float).tiny))[:, None]
     # the largest |cosine| over the pairs, a block of rows at a time (the t-test's p-value falls with |cosine|, so
     # the worst pair is the one with the largest): memory O(block x m), not O(m^2)
     corr, pair = 0.0, None
