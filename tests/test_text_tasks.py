@@ -398,14 +398,21 @@ def test_bk_matches_loop_on_prepared_mlm_and_opacus_refuses_it(fixtures):
     with pytest.raises(NotImplementedError, match="tying"):
         eng.clipped_sum(batch, 1.0)
     eng.close()
-    with pytest.raises(ValueError, match="parameter tying is not supported by the bk"):
-        build_engine("bk", tied, task.loss_per_example)
+    eng = build_engine("bk", tied, task.loss_per_example)  # refused once both uses of the weight run
+    with pytest.raises(ValueError, match="are the same parameter, used by two modules in one forward"):
+        eng.clipped_sum(batch, 1.0)
+    eng.close()
 
 
-def test_oracle_catches_missing_position_ids(fixtures):
-    """Sensitivity of the oracle tests: leave position_ids out (transformers then builds a (1, T) tensor) and the
-    hooks engine's norms are silently wrong while ghost clipping fails. If this test ever fails, Opacus handles
-    broadcast position ids now and the explicit ids are merely harmless."""
+def test_broadcast_position_ids_are_exact_and_the_oracle_sees_them_without_the_expansion(
+    fixtures, monkeypatch
+):
+    """Leave position_ids out (transformers then builds one (1, T) row for the whole batch): every layer-wise engine
+    expands it per example (engine/broadcast.py) and matches the loop. Sensitivity of the oracle tests: with that
+    expansion switched off, Opacus' hooks are silently wrong on the position embedding (and ghost clipping
+    fails), as they were before it existed."""
+    from dp_adam_bench.engine import broadcast
+
     task = SnliBert(snli_cfg(fixtures, freeze_pretrained=False, reinit_std=None), trials=1, seed=0)
     torch.manual_seed(0)
     model = task.build_model()
@@ -420,12 +427,12 @@ def test_oracle_catches_missing_position_ids(fixtures):
         )
 
     clip = _median_norm(model, task, batch)
-    _oracle_check(model, task.loss_per_example, batch, clip=clip)  # with explicit ids: exact
+    _oracle_check(model, loss_without_position_ids, batch, clip=clip)  # bk, ghost, hooks: exact
+    monkeypatch.setattr(broadcast, "expand_primary", lambda *a, **k: None)
     for name in ("hooks", "ghost"):
         # a mismatch (AssertionError) or an Opacus shape error ((1, T) activations against (B, ...) backprops)
         with pytest.raises((AssertionError, RuntimeError)):
             _oracle_check(model, loss_without_position_ids, batch, clip=clip, engines=(name,))
-    # the materialised per-example gradient of the position embedding is silently wrong (batch dimension 1)
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     eng = build_engine("hooks", model, loss_without_position_ids)
     grads = dict(zip(names, eng.per_example_grads(batch), strict=True))

@@ -364,7 +364,9 @@ class BKEngine(GradEngine):
         finally:
             self._anchor = None
         if losses.shape != (b,):
-            raise ValueError(f"bk clipping: loss_per_example returned shape {tuple(losses.shape)}, want ({b},)")
+            raise ValueError(
+                f"bk clipping: loss_per_example returned shape {tuple(losses.shape)}, want ({b},)"
+            )
         torch.autograd.grad(losses.sum(), [anchor], allow_unused=True)
 
     def _clipped_sum(self, batch, clip, scale):

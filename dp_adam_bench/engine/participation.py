@@ -88,9 +88,10 @@ class ParticipationLedger:
 
     def __init__(self, n: int, generators=()):
         self.n = int(n)
-        self.count = torch.zeros(self.n, dtype=torch.int32)
-        self.last = torch.zeros(self.n, dtype=torch.int32)
-        self.min_gap = torch.full((self.n,), _NO_GAP, dtype=torch.int32)
+        # bookkeeping of indices, on the CPU whatever the model's device (the sampler's indices are CPU tensors)
+        self.count = torch.zeros(self.n, dtype=torch.int32, device="cpu")
+        self.last = torch.zeros(self.n, dtype=torch.int32, device="cpu")
+        self.min_gap = torch.full((self.n,), _NO_GAP, dtype=torch.int32, device="cpu")
         self.steps = 0
         self.unobserved = 0  # steps taken before the ledger existed (resumed from an older checkpoint)
         self.drawn = 0
@@ -122,7 +123,7 @@ class ParticipationLedger:
             if bool(seen.any()):
                 again = unique[seen]
                 self.min_gap[again] = torch.minimum(self.min_gap[again], step - prev[seen])
-            self.count.index_add_(0, idx, torch.ones(idx.numel(), dtype=torch.int32))
+            self.count.index_add_(0, idx, torch.ones(idx.numel(), dtype=torch.int32, device="cpu"))
             self.last[unique] = step
         self.steps = step
 
@@ -212,7 +213,7 @@ def bernoulli_draws(sampler, first: int, last: int) -> int:
     """Bernoulli trials of a Poisson-type sampler over steps ``first+1 .. last``: N per step, or under cyclic
     Poisson the size of group t mod b at step t (0-based)."""
     if getattr(sampler, "kind", "") == "cyclic_poisson":
-        sizes = torch.tensor([len(g) for g in sampler.groups], dtype=torch.int64)
+        sizes = torch.tensor([len(g) for g in sampler.groups], dtype=torch.int64, device="cpu")
         return int(sizes[torch.arange(first, last) % sampler.cycle_length].sum())
     return sampler.n * (last - first)
 

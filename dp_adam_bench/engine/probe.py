@@ -132,7 +132,10 @@ def _ghost_norms(engine, one: dict) -> list[float] | None:
         return None
     try:
         engine.loss_per_example(gsm, one).sum().backward()
-        return [float(getattr(p, "_norm_sample", torch.zeros(1)).reshape(-1)[0]) for p in engine.params]
+        return [
+            float(getattr(p, "_norm_sample", torch.zeros(1, device=p.device)).reshape(-1)[0])
+            for p in engine.params
+        ]
     finally:
         for p in engine.params:
             p.grad = None
