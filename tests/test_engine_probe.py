@@ -162,6 +162,7 @@ def test_every_clipped_sum_runs_in_ieee_fp32_and_restores_the_callers_settings(m
     whatever the user set (bk: its rules, after a forward and backward at the user's settings; the others: all of
     it); the user's settings are back afterwards, also after an exception."""
     from dp_adam_bench.engine import bk
+
     if not fp32_exact.new_api():
         pytest.skip("torch < 2.9 has the legacy allow_tf32 flags only")
     ops = fp32_exact.OPS
