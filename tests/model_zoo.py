@@ -38,54 +38,40 @@ def _lm(b, g):
     return {**batch, "labels": batch["input_ids"].clone()}
 
 
-def _bert():
-    from transformers import BertConfig, BertForSequenceClassification
+def _hf(config: str, model: str, **kwargs):
+    """A randomly initialised ``transformers.<model>`` built from ``transformers.<config>(**kwargs)``."""
 
-    cfg = BertConfig(
-        vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
-        max_position_embeddings=32, num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-    )  # fmt: skip
-    return BertForSequenceClassification(cfg)
+    def build():
+        import transformers
 
+        return getattr(transformers, model)(getattr(transformers, config)(**kwargs))
 
-def _distilbert():
-    from transformers import DistilBertConfig, DistilBertForSequenceClassification
-
-    cfg = DistilBertConfig(
-        vocab_size=VOCAB, dim=16, n_layers=2, n_heads=2, hidden_dim=32, max_position_embeddings=32, num_labels=3,
-        dropout=0.0, attention_dropout=0.0, seq_classif_dropout=0.0,
-    )  # fmt: skip
-    return DistilBertForSequenceClassification(cfg)
+    return build
 
 
-def _roberta():
-    from transformers import RobertaConfig, RobertaForSequenceClassification
-
-    cfg = RobertaConfig(
-        vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
-        max_position_embeddings=40, num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-    )  # fmt: skip
-    return RobertaForSequenceClassification(cfg)
-
-
-def _gpt2():
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    cfg = GPT2Config(
-        vocab_size=VOCAB, n_embd=16, n_layer=2, n_head=2, n_positions=32, resid_pdrop=0.0, embd_pdrop=0.0,
-        attn_pdrop=0.0, tie_word_embeddings=False,
-    )  # fmt: skip
-    return GPT2LMHeadModel(cfg)
-
-
-def _llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=32, tie_word_embeddings=False,
-    )  # fmt: skip
-    return LlamaForCausalLM(cfg)
+_NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+_ENCODER = {"vocab_size": VOCAB, "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2}
+_bert = _hf(
+    "BertConfig", "BertForSequenceClassification", **_ENCODER, **_NO_DROPOUT, intermediate_size=32,
+    max_position_embeddings=32, num_labels=3,
+)  # fmt: skip
+_distilbert = _hf(
+    "DistilBertConfig", "DistilBertForSequenceClassification", vocab_size=VOCAB, dim=16, n_layers=2, n_heads=2,
+    hidden_dim=32, max_position_embeddings=32, num_labels=3, dropout=0.0, attention_dropout=0.0,
+    seq_classif_dropout=0.0,
+)  # fmt: skip
+_roberta = _hf(
+    "RobertaConfig", "RobertaForSequenceClassification", **_ENCODER, **_NO_DROPOUT, intermediate_size=32,
+    max_position_embeddings=40, num_labels=3,
+)  # fmt: skip
+_gpt2 = _hf(
+    "GPT2Config", "GPT2LMHeadModel", vocab_size=VOCAB, n_embd=16, n_layer=2, n_head=2, n_positions=32,
+    resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=False,
+)  # fmt: skip
+_llama = _hf(
+    "LlamaConfig", "LlamaForCausalLM", vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+    num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32, tie_word_embeddings=False,
+)  # fmt: skip
 
 
 class T5EncoderClassifier(nn.Module):
@@ -109,14 +95,10 @@ class T5EncoderClassifier(nn.Module):
         return self.head((h * m).sum(1) / m.sum(1))
 
 
-def _vit():
-    from transformers import ViTConfig, ViTForImageClassification
-
-    cfg = ViTConfig(
-        image_size=IMAGE, patch_size=8, num_channels=3, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-        intermediate_size=32, num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-    )  # fmt: skip
-    return ViTForImageClassification(cfg)
+_vit = _hf(
+    "ViTConfig", "ViTForImageClassification", image_size=IMAGE, patch_size=8, num_channels=3, hidden_size=16,
+    num_hidden_layers=2, num_attention_heads=2, intermediate_size=32, num_labels=3, **_NO_DROPOUT,
+)  # fmt: skip
 
 
 def _images(b, g):
@@ -126,16 +108,13 @@ def _images(b, g):
     }
 
 
-def _resnet():
-    """Hugging Face's ResNet (BatchNorm in every block, as torchvision's): refused as built, trains after
-    ``fix_model`` swaps BatchNorm for GroupNorm. (torchvision's PyPI wheels are built for CUDA torch and do not load
-    beside the CPU torch this suite installs.)"""
-    from transformers import ResNetConfig, ResNetForImageClassification
-
-    cfg = ResNetConfig(
-        num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic", num_labels=3,
-    )  # fmt: skip
-    return ResNetForImageClassification(cfg)
+# Hugging Face's ResNet (BatchNorm in every block, as torchvision's): refused as built, trains after fix_model swaps
+# BatchNorm for GroupNorm (torchvision's PyPI wheels are built for CUDA torch and do not load beside the CPU torch
+# this suite installs; test_model_zoo runs torchvision's ResNet-18 where it loads)
+_resnet = _hf(
+    "ResNetConfig", "ResNetForImageClassification", num_channels=3, embedding_size=8, hidden_sizes=[8, 16],
+    depths=[1, 1], layer_type="basic", num_labels=3,
+)  # fmt: skip
 
 
 class LogitScaleNet(nn.Module):

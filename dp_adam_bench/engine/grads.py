@@ -156,9 +156,14 @@ class GradEngine:
 
     def mean_grad(self, batch: dict) -> list[torch.Tensor]:
         """Plain gradient of the mean loss (no per-example work, hooks off): for public side information."""
+        return self.plain_grad(batch, "mean")
+
+    def plain_grad(self, batch: dict, reduce: str) -> list[torch.Tensor]:
+        """Autograd's gradient of the ``reduce`` (``mean`` or ``sum``) of the per-example losses, hooks off."""
         self._hooks(False)
         try:
-            loss = self.loss_per_example(self.model, batch).mean()
+            losses = self.loss_per_example(self.model, batch)
+            loss = losses.mean() if reduce == "mean" else losses.sum()
             grads = torch.autograd.grad(loss, self.params, allow_unused=True)
         finally:
             self._hooks(True)

@@ -102,13 +102,7 @@ def neutral(model: nn.Module):
 
 def _autograd(engine, batch: dict) -> list[torch.Tensor]:
     """Autograd's gradient of the summed loss of ``batch`` (the engine's hooks off)."""
-    engine._hooks(False)
-    try:
-        loss = engine.loss_per_example(engine.model, batch).sum()
-        grads = torch.autograd.grad(loss, engine.params, allow_unused=True)
-    finally:
-        engine._hooks(True)
-    return [g if g is not None else torch.zeros_like(p) for g, p in zip(grads, engine.params, strict=True)]
+    return engine.plain_grad(batch, "sum")
 
 
 def _clipped_sum(engine, batch: dict):
