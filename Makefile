@@ -14,7 +14,7 @@ JOBS_PER_GPU ?=
 export WANDB_MODE ?= offline
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: install reproduce-table pretrain test bench bench-gpu lint format clean-runs
+.PHONY: install reproduce-table pretrain test bench bench-gpu gpu-check gpu-check-cpu lint format clean-runs
 
 install: $(STAMP)
 
@@ -52,6 +52,18 @@ bench: $(STAMP)
 # on a CUDA machine: the GPU benchmark (benchmarks/bench_gpu.py --device cuda -> results_gpu.csv), then the README
 bench-gpu: $(STAMP)
 	$(PY) benchmarks/run_all.py --only gpu
+
+# GPU proof in one command (issue 34; benchmarks/README.md "GPU check"): on a lent GPU machine, with no network,
+#   bash .gpudata/on_device.sh make gpu-check     (.whl and .gpudata from ../shared/gpu/prepare_device.sh)
+# writes benchmarks/gpu_check/ (report.md + raw files) and benchmarks/results_gpu.csv in at most 8 minutes. It uses
+# the machine's python3 (its CUDA torch) unless a .venv is there, and needs no install step.
+GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
+gpu-check:
+	$(GPU_PY) benchmarks/gpu_check.py --device cuda $(GPU_CHECK_ARGS)
+
+# the same command on this CPU, tiny sizes, CUDA-only parts skipped: its report goes to /tmp, never benchmarks/
+gpu-check-cpu: $(STAMP)
+	$(PY) benchmarks/gpu_check.py --device cpu --quick --out /tmp/gpu_check_cpu $(GPU_CHECK_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

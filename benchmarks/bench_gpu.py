@@ -17,8 +17,17 @@ the ``e2e_gpt2`` task's model) at T = 128, B = 32 and 64. Modes (``MODES``), all
 Timing: ``--warmup`` steps, then each of ``--steps`` steps timed between two ``torch.cuda.synchronize()`` calls;
 the median is reported. Memory: ``torch.cuda.max_memory_allocated`` over the warm-up and timed steps, after the
 model, optimizer and batch are on the card (so it includes them). Every configuration runs in this one process, in
-order, with the allocator's cache emptied and its peak reset in between; an out-of-memory error is a row with a
-note, not a failure. Each row carries the device name and the torch, CUDA and Opacus versions. Where bk's memory
+order, with the allocator's cache emptied and its peak reset in between. Each row is appended to the CSV as soon
+as it is measured, so a run stopped part-way keeps every row before; any error in a row (out of memory or any
+other exception) is that row's note, and the run goes on. Each row carries the device name and the torch, CUDA and
+Opacus versions (Opacus is imported only when an Opacus mode is asked for).
+
+Precision flags: every mode runs under the same process-wide fp32 math settings (``--fp32-math``: ``ieee``, full
+fp32 for matmuls and cuDNN convolutions, the default; or ``tf32``), set once before the first row and recorded in
+each row (``fp32_math``, :func:`dp_adam_bench.engine.fp32_exact.settings`). The engines make their per-example
+norms and clipped sums in IEEE fp32 whatever these say (``engine/fp32_exact.py``: bk only its rules, the others
+their whole clipped sum), which is part of their cost; before, cuDNN's default TF32 sped up the non-private CNN5
+step only, so its ratios partly measured precision. Where bk's memory
 goes: its rows add the bytes of inputs and output gradients its layers hold after the backward
 (``bk_captured_gib``) and of the per-example gradients it keeps until the clipped sum (``bk_per_example_gib``).
 
@@ -28,14 +37,17 @@ machine without a GPU (no memory column; its numbers are not the GPU's) and writ
     python benchmarks/bench_gpu.py --device cuda                     # all rows -> benchmarks/results_gpu.csv
     python benchmarks/bench_gpu.py --device cuda --precision fp32 bf16
     python benchmarks/bench_gpu.py --device cuda --rows cnn5_B2048 --modes nonprivate bk
+    python benchmarks/bench_gpu.py --device cuda --fp32-math tf32 --append    # TF32 rows after the others
     python benchmarks/bench_gpu.py --device cpu --quick --out /tmp/gpu.csv    # the code paths, tiny shapes
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import datetime as dt
 import gc
+import math
 import statistics
 import sys
 import time
@@ -71,6 +83,8 @@ COLUMNS = [
     "warmup",
     "steps",
     "notes",
+    # the process's fp32 math settings (fp32_exact.settings()), the same for every mode of the run
+    "fp32_math",
     # bk rows: where its extra memory goes (BKEngine.memory, last micro-batch): the inputs and output gradients
     # its layers hold after the backward, and the per-example gradients it keeps until the clipped sum
     "bk_captured_gib",
@@ -189,27 +203,85 @@ def run_config(spec: dict) -> dict:
     return out
 
 
-def device_info(device) -> dict:
-    import opacus
+def device_info(device, modes) -> dict:
+    """Device name and versions; Opacus' version only when an Opacus mode runs (it is imported for them only)."""
     import torch
 
+    opacus_version = ""
+    if any(m.startswith("opacus_") for m in modes):
+        import opacus
+
+        opacus_version = opacus.__version__
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else be.cpu_name()
     return {
         "device": device.type,
         "device_name": name,
         "torch_version": torch.__version__,
         "cuda_version": torch.version.cuda or "",
-        "opacus_version": opacus.__version__,
+        "opacus_version": opacus_version,
     }
 
 
+def set_fp32_math(kind: str) -> str:
+    """Set the process's fp32 math for every mode alike (``ieee``: full fp32 matmuls and convolutions; ``tf32``:
+    TF32 on CUDA matmuls and cuDNN; oneDNN on the CPU stays IEEE either way); returns the settings as recorded."""
+    import torch
+
+    from dp_adam_bench.engine import fp32_exact
+
+    if fp32_exact.new_api():
+        for backend, name in fp32_exact.OPS:
+            fast = kind == "tf32" and backend != "mkldnn"
+            fp32_exact.op(backend, name).fp32_precision = "tf32" if fast else "ieee"
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = kind == "tf32"
+        torch.backends.cudnn.allow_tf32 = kind == "tf32"
+    return "; ".join(f"{k}={v}" for k, v in fp32_exact.settings().items() if k != "clipping")
+
+
+def error_note(err: BaseException) -> str:
+    """One line for a row's note: out of memory, or the exception's type and first line."""
+    import torch
+
+    if isinstance(err, torch.cuda.OutOfMemoryError):
+        return "out of memory"
+    first = (str(err).strip().splitlines() or [""])[0][:200]
+    return f"error: {type(err).__name__}: {first}"
+
+
+class RowWriter:
+    """Appends each measured row to the CSV at once (header first when the file is new or not appended to)."""
+
+    def __init__(self, path: Path, append: bool):
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not (append and path.exists() and path.stat().st_size > 0):
+            with open(path, "w", newline="") as fh:
+                csv.DictWriter(fh, fieldnames=COLUMNS).writeheader()
+
+    def write(self, row: dict) -> None:
+        with open(self.path, "a", newline="") as fh:
+            csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="ignore").writerow(row)
+            fh.flush()
+
+
 def measure(
-    row_names, modes, precisions, device_name: str, warmup: int, steps: int, quick: bool
+    row_names,
+    modes,
+    precisions,
+    device_name: str,
+    warmup: int,
+    steps: int,
+    quick: bool,
+    fp32_math: str = "",
+    writer: RowWriter | None = None,
 ) -> list[dict]:
+    """Every (row, precision, mode) in order; each row gets its ratios to the non-private row measured before it
+    (same model, B, micro-batch and precision) and is handed to ``writer`` at once."""
     import torch
 
     device = torch.device(device_name)
-    info = device_info(device)
+    info = device_info(device, modes)
     rows = []
     for name in row_names:
         row = ROWS[name]
@@ -235,15 +307,23 @@ def measure(
                 notes = "" if phys == b else f"{-(-b // phys)} micro-batches"
                 try:
                     got = run_config(spec)
-                except torch.cuda.OutOfMemoryError:
+                except Exception as err:  # any error is this row's note; the next rows still run
                     got = {
                         "median_step_ms": float("nan"),
                         "peak_mem_gib": float("nan"),
                         "physical_batch_size": phys,
                     }
-                    notes = (notes + "; " if notes else "") + "out of memory"
+                    notes = (notes + "; " if notes else "") + error_note(err)
+                    print(f"{name} {mode} {precision}: {error_note(err)}", flush=True)
+                    gc.collect()
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
                 out = {**base, **got, **info, "warmup": warmup, "steps": steps, "notes": notes}
+                out["fp32_math"] = fp32_math
                 out["date"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+                add_ratios([*rows, out], only=out)
+                if writer is not None:
+                    writer.write(out)
                 print(
                     f"{name} {mode} {precision}: {out['median_step_ms']:.1f} ms, peak {out['peak_mem_gib']:.2f} GiB",
                     flush=True,
@@ -252,14 +332,15 @@ def measure(
     return rows
 
 
-def add_ratios(rows: list[dict]) -> list[dict]:
-    """Each row's time and memory over the non-private row of the same (model, B, physical batch, precision)."""
+def add_ratios(rows: list[dict], only: dict | None = None) -> list[dict]:
+    """Each row's time and memory over the non-private row of the same (model, B, physical batch, precision);
+    ``only``: set that row's ratios only (from the rows before it)."""
     base = {
         (r["model"], r["batch_size"], r["physical_batch_size"], r["precision"]): r
         for r in rows
         if r["mode"] == "nonprivate"
     }
-    for r in rows:
+    for r in rows if only is None else [only]:
         ref = base.get((r["model"], r["batch_size"], r["physical_batch_size"], r["precision"]))
         r["ratio_to_nonprivate"] = r["median_step_ms"] / ref["median_step_ms"] if ref else float("nan")
         r["ratio_mem_to_nonprivate"] = r["peak_mem_gib"] / ref["peak_mem_gib"] if ref else float("nan")
@@ -276,6 +357,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=10, help="timed steps (the median is reported)")
     parser.add_argument("--quick", action="store_true", help="B <= 16 and tiny models: the code paths only")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument(
+        "--append",
+        action="store_true",
+        help="append to --out (a re-run's rows come after, and win in the README)",
+    )
+    parser.add_argument(
+        "--fp32-math",
+        choices=("ieee", "tf32"),
+        default="ieee",
+        help="fp32 math of every mode alike: ieee (full fp32, the default) or tf32 (CUDA matmuls and cuDNN)",
+    )
     args = parser.parse_args(argv)
 
     import pandas as pd
@@ -302,17 +394,30 @@ def main(argv: list[str] | None = None) -> None:
     if device.type == "cpu":
         torch.set_num_threads(be._threads())
     start = time.perf_counter()
-    rows = add_ratios(
-        measure(args.rows, args.modes, args.precision, args.device, args.warmup, args.steps, args.quick)
+    fp32_math = set_fp32_math(args.fp32_math)
+    print(f"fp32 math of every mode: {fp32_math}", flush=True)
+    writer = RowWriter(args.out, args.append)
+    rows = measure(
+        args.rows,
+        args.modes,
+        args.precision,
+        args.device,
+        args.warmup,
+        args.steps,
+        args.quick,
+        fp32_math=fp32_math,
+        writer=writer,
     )
     df = pd.DataFrame(rows, columns=COLUMNS)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    df.to_csv(args.out, index=False)
-    print(df.drop(columns=["torch_version", "cuda_version", "opacus_version", "date"]).to_string(index=False))
+    shown = df.drop(columns=["torch_version", "cuda_version", "opacus_version", "date", "fp32_math"])
+    print(shown.to_string(index=False))
     print(
         f"{len(df)} rows in {time.perf_counter() - start:.0f} s on {rows[0]['device_name'] if rows else '-'}; "
         f"wrote {args.out}"
     )
+    failed = [r for r in rows if isinstance(r["median_step_ms"], float) and math.isnan(r["median_step_ms"])]
+    if failed:
+        print(f"{len(failed)} row(s) not measured (see their notes)", flush=True)
 
 
 if __name__ == "__main__":

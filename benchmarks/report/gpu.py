@@ -29,8 +29,42 @@ TARGETS = (
 )
 
 
+#: how to run the one-command GPU check (benchmarks/gpu_check.py, issue 34) on a lent machine, and what it writes
+GPU_CHECK = [
+    "### GPU check: everything a GPU user leans on, in one command (`make gpu-check`)",
+    "",
+    "`benchmarks/gpu_check.py` runs, on one GPU in at most 8 minutes (`--budget`, default 450 s, plus the "
+    "wheels' install), each part in its own process with its own time limit, and writes its result as soon as the "
+    "part ends, so a part that fails or hangs loses nothing else: the test suite on CUDA (`pytest -n <cores>`, "
+    "pass / fail counts), this benchmark (every row and mode, fp32 and bf16, into `results_gpu.csv`), the TF32 "
+    "check on cuDNN convolutions (each clipped contribution's norm <= C, with the engines' IEEE guard off as the "
+    "control), the conformance cases through bk under bf16 and the self-check on CNN5 / BERT-base / GPT-2 small, "
+    "the fp32 conformance grid, a paper-profile run of each CIFAR-10 table (30 steps), pretraining for 6 steps, "
+    "NCCL on one GPU, gloo with 2 ranks, and `sweep --jobs 2` placing two workers on the GPU. It writes "
+    "`benchmarks/gpu_check/report.md` (one row per part: status, seconds, a one-line result) and the raw files "
+    "beside it (`results.json`, each part's log, the JUnit XML, the checks' JSON, `bench_gpu.csv`).",
+    "",
+    "On a lent GPU machine (no network, torch with CUDA installed): prepare here once with "
+    "`bash ../shared/gpu/prepare_device.sh` (wheels in `.whl/`, data and `on_device.sh` in `.gpudata/`), send "
+    "`.whl` and `.gpudata` along, and run there, from the repository's root:",
+    "",
+    "```bash",
+    "bash .gpudata/on_device.sh python3 benchmarks/gpu_check.py --device cuda   # = make gpu-check",
+    "bash .gpudata/on_device.sh python3 benchmarks/gpu_check.py --device cuda --parts suite   # a part again",
+    "```",
+    "",
+    "Then commit `benchmarks/gpu_check/` and `benchmarks/results_gpu.csv` and run "
+    "`python benchmarks/run_all.py --readme-only`. On a machine without a GPU, "
+    "`python benchmarks/gpu_check.py --device cpu --quick --out /tmp/gc` (`make gpu-check-cpu`) runs the same "
+    'commands at tiny sizes, the CUDA-only part reported as "skipped: no CUDA"; a CPU run refuses to write '
+    "`benchmarks/gpu_check/` or `results_gpu.csv` (`tests/test_gpu_check.py`).",
+    "",
+]
+
+
 def section(bench_dir: Path, bench: Bench, prov: dict, df: pd.DataFrame | None) -> list[str]:
-    """The README section of the GPU benchmark: its CSV, ratio table and verdicts, or how to produce them."""
+    """The README section of the GPU benchmark: its CSV, ratio table and verdicts, or how to produce them; then
+    how to run the GPU check."""
     lines = [f"## {bench.title}: `{bench.csv}`", ""]
     if df is None:
         return lines + [
@@ -39,6 +73,7 @@ def section(bench_dir: Path, bench: Bench, prov: dict, df: pd.DataFrame | None) 
             f"cuda`) writes `{bench.csv}`, then `python benchmarks/run_all.py --readme-only` puts it here. "
             + TARGETS,
             "",
+            *GPU_CHECK,
         ]
     lines += [
         provenance_line(bench_dir, bench.csv, prov, df, COMMAND),
@@ -55,7 +90,7 @@ def section(bench_dir: Path, bench: Bench, prov: dict, df: pd.DataFrame | None) 
         "memory. 'MISSED xF' gives the miss factor F = measured / target.",
         "",
     ]
-    return lines + ratio_table(df)
+    return lines + ratio_table(df) + GPU_CHECK
 
 
 def _last(g: pd.DataFrame, mode: str) -> pd.Series | None:
