@@ -289,7 +289,7 @@ def _verify_runs(experiments: Callable[[Ctx], list[str]], world: int = 1) -> Cal
                 check = s.get("self_check") or {}
                 lines.append(
                     f"{exp}: {s['steps']} steps, {s.get('clipping')}, world {s.get('world_size')}, "
-                    f"test_accuracy {s['metrics'].get('test_accuracy', float('nan')):.3f}, self-check "
+                    f"test_accuracy {s['metrics'].get('test_accuracy', float('nan')):.1f}, self-check "
                     f"{check.get('max_rel_error', float('nan')):.2g}"
                 )
                 if s.get("world_size") != world or s["steps"] < 1:
@@ -300,7 +300,14 @@ def _verify_runs(experiments: Callable[[Ctx], list[str]], world: int = 1) -> Cal
 
 
 def _pretrain(ctx: Ctx) -> list[list[str]]:
-    over = {"steps": 6, "eval_every": 0, "checkpoint_every": 0, "log_every": 2, "val_blocks": 4}
+    over = {
+        "steps": 6,
+        "warmup_steps": 1,
+        "eval_every": 0,
+        "checkpoint_every": 0,
+        "log_every": 2,
+        "val_blocks": 4,
+    }
     if ctx.quick:
         over |= {
             "n_layer": 1,
