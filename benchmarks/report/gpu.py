@@ -56,8 +56,8 @@ GPU_CHECK = [
     "Then commit `benchmarks/gpu_check/` and `benchmarks/results_gpu.csv` and run "
     "`python benchmarks/run_all.py --readme-only`. On a machine without a GPU, "
     "`python benchmarks/gpu_check.py --device cpu --quick --out /tmp/gc` (`make gpu-check-cpu`) runs the same "
-    'commands at tiny sizes, the CUDA-only part reported as "skipped: no CUDA"; a CPU run refuses to write '
-    "`benchmarks/gpu_check/` or `results_gpu.csv` (`tests/test_gpu_check.py`).",
+    "commands at tiny sizes (NCCL's part as gloo, the sweep as a dry run; about 90 s on 2 cores); a CPU run "
+    "refuses to write `benchmarks/gpu_check/` or `results_gpu.csv` (`tests/test_gpu_check.py`).",
     "",
 ]
 
