@@ -715,15 +715,41 @@ def _no_guard(mock, bk, grads, nullcontext):
     return stack
 
 
+def _rel_error(got, norms, summed) -> float:
+    """The self-check's measure: the larger of the worst relative norm error and the clipped sum's relative error."""
+    import torch
+
+    tiny = torch.finfo(torch.float32).tiny
+    norm_err = float(((got.norms.float() - norms.float()).abs() / norms.float().clamp(min=tiny)).max())
+    diff = torch.sqrt(
+        sum((s.double() - r.double()).square().sum() for s, r in zip(got.summed, summed, strict=True))
+    )
+    size = torch.sqrt(sum(r.double().square().sum() for r in summed))
+    return max(norm_err, float(diff / size.clamp(min=tiny)))
+
+
 def cmd_grid(args) -> dict:
-    """Conformance cases through bk's paths under bf16 autocast (the self-check's comparison with the loop, at its
-    bf16 tolerance), and the self-check on the benchmark models in fp32 and bf16."""
+    """Conformance cases through bk's paths under bf16 autocast, and the self-check on the benchmark models in fp32
+    and bf16.
+
+    A cell's bk (bf16 autocast, the path and IEEE settings the self-check uses) is compared with two references at
+    the self-check's bf16 tolerance: the loop under the same bf16 autocast (the self-check's own reference) and the
+    fp32 loop (``tests/test_conformance.py``'s oracle). It matches when either agrees. The fp32 loop is the weaker
+    reference: bf16 autocast changes the probes' own gradients (on a CPU, a conv1d probe's per-example norms moved
+    up to 38 %, bk and the bf16 loop alike), so most cells match only the bf16 loop. A cell that matches only the
+    fp32 loop is listed as one where the bf16 self-check would stop a run on a correct engine (on a CPU:
+    nn.MultiheadAttention with add_bias_kv and add_zero_attn, the size-one bf16 loop 8 % off bk's batched bf16,
+    5.8 % off the fp32 norms where bk is 0.7 % off). Planted bug: bk's clip factors 10 % too large fail every cell
+    against both references."""
     import torch
 
     sys.path.insert(0, str(TESTS))
     import bench_engines as be
     import test_conformance as tc
 
+    from dp_adam_bench.engine.fp32_exact import ieee_fp32
+    from dp_adam_bench.engine.grads import clip_factors, loop_grads
+    from dp_adam_bench.engine.probe import neutral
     from dp_adam_bench.engine.self_check import BF16_TOLERANCE, DEFAULT_TOLERANCE, self_check
     from dp_adam_bench.errors import ConfigError
 
@@ -737,36 +763,55 @@ def cmd_grid(args) -> dict:
     cases = [c for c in tc.CASES if not c.undefined]
     if args.quick:
         cases = cases[:QUICK_CASES]
-    rows, bad = [], []
+    rows, bad, false_alarms = [], [], []
     for case in cases:
         if "transformers" in case.tags:
             try:
                 import transformers  # noqa: F401
             except ImportError:
                 continue
+        norms_ref, clip, summed_ref = tc.oracle(case, "f32-ce")
         for engine in ("bk", "bk:gram", "bk:instantiate"):
             want = "refused" if case.bk_refuses else "match"
-            loss = tc.loss_fn("ce")
+            row = {"case": case.id, "engine": engine}
             try:
-                eng = tc.build(engine, tc.make_model(case, torch.float32), loss)
+                eng = tc.build(engine, tc.make_model(case, torch.float32), tc.loss_fn("ce"))
             except ConfigError:
-                rows.append({"case": case.id, "engine": engine, "outcome": "refused"})
+                rows.append(row | {"outcome": "refused"})
                 bad += [] if want == "refused" else [f"{case.id} {engine}: refused"]
                 continue
             batch = tc.make_batch(case, torch.float32)
-            _, clip, _ = tc.oracle(case, "f32-ce")
             try:
-                rec = self_check(eng, batch, clip, BF16_TOLERANCE, autocast)
-                outcome, err = "match", rec["max_rel_error"]
-            except ConfigError as e:
-                msg = str(e)
-                outcome = "mismatch" if msg.startswith("self-check:") else "refused"
-                err = msg[:200]
+                with neutral(eng.model), ieee_fp32():
+                    with autocast():
+                        got = eng.clipped_sum(batch, clip)
+                    eng._hooks(False)
+                    try:
+                        with autocast():
+                            per_ex = loop_grads(eng.model, eng.loss_per_example, eng.params, batch)
+                    finally:
+                        eng._hooks(True)
+            except (ConfigError, ValueError) as e:
+                rows.append(row | {"outcome": "refused", "error": str(e)[:200]})
+                bad += [] if want == "refused" else [f"{case.id} {engine}: refused ({str(e)[:100]})"]
+                continue
             finally:
                 eng.close()
-            rows.append({"case": case.id, "engine": engine, "outcome": outcome, "error": err})
-            if outcome != want:
-                bad.append(f"{case.id} {engine}: {outcome} ({err})")
+            per_ex = [g.float() for g in per_ex]
+            b = got.count
+            norms = torch.sqrt(sum(g.reshape(b, -1).square().sum(1) for g in per_ex))
+            f = clip_factors(norms, clip)
+            summed = [torch.einsum("b,b...->...", f, g) for g in per_ex]
+            row |= {"error_vs_fp32_loop": _rel_error(got, norms_ref, summed_ref)}
+            row |= {"error_vs_bf16_loop": _rel_error(got, norms, summed)}
+            ok = min(row["error_vs_fp32_loop"], row["error_vs_bf16_loop"]) <= BF16_TOLERANCE
+            row["outcome"] = "match" if ok else "mismatch"
+            rows.append(row)
+            if row["outcome"] != want:
+                bad.append(f"{case.id} {engine}: {row['outcome']} (vs fp32 loop {row['error_vs_fp32_loop']:.3g}, "
+                           f"vs bf16 loop {row['error_vs_bf16_loop']:.3g})")  # fmt: skip
+            elif ok and row["error_vs_bf16_loop"] > BF16_TOLERANCE:
+                false_alarms.append(f"{case.id} {engine} ({row['error_vs_bf16_loop']:.2g})")
     models = []
     for name in ("cnn5", "bert_base", "gpt2_small"):
         bm = be.MODELS[name](quick=args.quick)
@@ -788,14 +833,19 @@ def cmd_grid(args) -> dict:
                 eng.close()
         del model
     matched = sum(r["outcome"] == "match" for r in rows)
-    worst = max((r["error"] for r in rows if r["outcome"] == "match"), default=float("nan"))
+    worst = max(
+        (min(r["error_vs_fp32_loop"], r["error_vs_bf16_loop"]) for r in rows if r["outcome"] == "match"),
+        default=float("nan"),
+    )
     return {
         "ok": not bad,
         "cells": rows,
+        "self_check_false_alarms": false_alarms,
         "models": models,
         "summary": (
-            f"bf16 grid: {matched} of {len(rows)} (case, bk path) cells match the loop (worst {worst:.2g}, "
-            f"tolerance {BF16_TOLERANCE:g}); self-check on "
+            f"bf16 grid: {matched} of {len(rows)} (case, bk path) cells match the fp32 or the bf16 loop (worst "
+            f"{worst:.2g}, tolerance {BF16_TOLERANCE:g}; the rest refused as expected); the bf16 loop (the "
+            f"self-check's reference) off on {len(false_alarms)}: {', '.join(false_alarms[:6]) or '-'}; self-check on "
             + ", ".join(
                 f"{m['model']} {m['precision']} {m.get('max_rel_error', float('nan')):.2g}" for m in models
             )
