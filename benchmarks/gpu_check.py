@@ -20,7 +20,8 @@ part that fails or hangs, or the whole command being killed, loses nothing measu
   control, which shows whether TF32 would have broken the bound on this card;
 * ``grid_bf16``: the conformance grid's layer cases through bk (auto, Gram, instantiate) under bf16 autocast, and
   the engine self-check on the benchmark models (CNN5, BERT-base, GPT-2 small) in fp32 and bf16;
-* ``conformance``: the fp32 / fp64 conformance grid (``tests/test_conformance.py``) on this device;
+* ``conformance``: the fp32 / fp64 conformance grid (``tests/test_conformance.py``) on this device: its counts
+  read from the suite's JUnit XML when the suite ran it, else its own pytest run;
 * ``paper_cifar10``: a short paper-profile run of each CIFAR-10 table (B = 2048, ghost clipping, a few dozen
   steps, the run's self-check and summary);
 * ``pretrain``: pretraining ``gpt2_arxiv`` on this device for a few steps;
@@ -155,30 +156,37 @@ def _pytest(ctx: Ctx, xml: str, *args: str) -> list[str]:
     ]
 
 
-def junit_counts(path: Path) -> dict:
-    """Counts and failing test ids from a JUnit XML file (pytest's)."""
-    root = ET.parse(path).getroot()
-    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
-    counts = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
-    counts["passed"] = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
-    counts["failing"] = [
-        f"{case.get('classname')}::{case.get('name')}"
-        for case in root.iter("testcase")
-        if case.find("failure") is not None or case.find("error") is not None
-    ]
+def junit_counts(path: Path, module: str | None = None) -> dict:
+    """Counts and failing test ids from a JUnit XML file (pytest's), of the tests of ``module`` only if given."""
+    counts = {"tests": 0, "passed": 0, "failures": 0, "errors": 0, "skipped": 0, "failing": []}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        name = f"{case.get('classname')}::{case.get('name')}"
+        if module is not None and module not in str(case.get("classname")):
+            continue
+        counts["tests"] += 1
+        kind = next((k for k in ("error", "failure", "skipped") if case.find(k) is not None), None)
+        counts[{"error": "errors", "failure": "failures", "skipped": "skipped", None: "passed"}[kind]] += 1
+        if kind in ("error", "failure"):
+            counts["failing"].append(name)
     return counts
 
 
-def _verify_junit(xml: str) -> Callable[[Ctx, str], str]:
+def _verify_junit(xml: str, module: str | None = None) -> Callable[[Ctx, str], str]:
     def verify(ctx: Ctx, log: str) -> str:
         path = ctx.out / xml
+        if module is not None and not path.is_file():  # the suite's run of the module's tests
+            path, xml_used = ctx.out / "suite.xml", "suite.xml"
+        else:
+            xml_used = xml
         if not path.is_file():
             raise PartFailed(f"no {xml} (pytest did not finish)")
-        c = junit_counts(path)
+        c = junit_counts(path, module)
         line = (
             f"{c['passed']} passed, {c['failures']} failed, {c['errors']} errors, {c['skipped']} skipped "
             f"of {c['tests']}" + ("" if ctx.xdist else " (pytest-xdist missing: serial)")
         )
+        if xml_used != xml:
+            line += f" (from {xml_used})"
         if c["failures"] or c["errors"] or not c["tests"]:
             shown = ", ".join(c["failing"][:20]) + (" ..." if len(c["failing"]) > 20 else "")
             raise PartFailed(f"{line}: {shown}")
@@ -194,6 +202,11 @@ def _suite(ctx: Ctx) -> list[list[str]]:
 
 
 def _conformance(ctx: Ctx) -> list[list[str]]:
+    """The grid's own pytest run, unless the suite's JUnit XML already holds its tests (then its counts are read
+    from there: the suite ran them on this device)."""
+    suite = ctx.out / "suite.xml"
+    if suite.is_file() and junit_counts(suite, "test_conformance")["tests"]:
+        return []
     pick = ["-k", "linear-2d"] if ctx.quick else []
     return [_pytest(ctx, "conformance.xml", "tests/test_conformance.py", *pick)]
 
@@ -402,8 +415,8 @@ def _env(ctx: Ctx) -> list[list[str]]:
 
 PARTS = [
     Part("env", "device, versions, fp32 math", 60, _env, _verify_json("env.json")),
-    Part("suite", "the test suite on this device (pytest -n)", 210, _suite, _verify_junit("suite.xml")),
-    Part("bench_gpu", "bench_gpu.py: every row and mode, fp32 and bf16", 180, _bench, _verify_bench),
+    Part("suite", "the test suite on this device (pytest -n)", 180, _suite, _verify_junit("suite.xml")),
+    Part("bench_gpu", "bench_gpu.py: every row and mode, fp32 and bf16", 150, _bench, _verify_bench),
     Part(
         "tf32_conv",
         "TF32 on: clipped contributions' norms <= C (CNN5, bk / ghost / hooks)",
@@ -423,7 +436,7 @@ PARTS = [
         "conformance grid fp32 / fp64 (tests/test_conformance.py)",
         90,
         _conformance,
-        _verify_junit("conformance.xml"),
+        _verify_junit("conformance.xml", "test_conformance"),
     ),  # fmt: skip
     Part(
         "paper_cifar10",

@@ -101,6 +101,30 @@ def test_the_budget_skips_the_parts_it_cannot_start(tmp_path):
     assert second.status.startswith("skipped: time budget spent")
 
 
+SUITE_XML = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" tests="4">
+<testcase classname="tests.test_conformance" name="test_grid[f32-ce-linear]"/>
+<testcase classname="tests.test_conformance" name="test_grid[f32-ce-conv]"><failure message="x"/></testcase>
+<testcase classname="tests.test_conformance" name="test_grid[f64-ce-rnn]"><skipped message="y"/></testcase>
+<testcase classname="tests.test_ddp" name="test_two_ranks"><error message="z"/></testcase>
+</testsuite></testsuites>"""
+
+
+def test_the_conformance_part_reads_the_suites_run_of_the_grid(tmp_path):
+    ctx = _ctx(tmp_path, "cuda")
+    (ctx.out / "suite.xml").write_text(SUITE_XML)
+    (part,) = [p for p in gc.PARTS if p.name == "conformance"]
+    assert part.commands(ctx) == []  # no second run of the grid
+    header = {"device_name": "-", "torch": "-", "commit": "-", "started": "-", "budget_s": 60, "command": "t"}
+    (res,) = gc.run_parts([part], ctx, 60, header)
+    assert res.status == "FAILED"
+    assert res.summary.startswith(
+        "1 passed, 1 failed, 0 errors, 1 skipped of 3 (pytest-xdist missing: serial)"
+    )
+    assert "(from suite.xml): tests.test_conformance::test_grid[f32-ce-conv]" in res.summary
+    every = gc.junit_counts(ctx.out / "suite.xml")
+    assert (every["tests"], every["errors"], every["failing"][-1]) == (4, 1, "tests.test_ddp::test_two_ranks")
+
+
 def test_a_cpu_run_writes_neither_the_committed_report_nor_results_gpu_csv(tmp_path, capsys):
     def stamp(path):
         return path.stat().st_mtime_ns if path.exists() else None
