@@ -32,12 +32,13 @@ part that fails or hangs, or the whole command being killed, loses nothing measu
 * ``sweep_jobs``: ``dp-adam-bench sweep --jobs 2`` placing two joblib workers on the one GPU (their slot files
   and every run's summary are checked).
 
-``--budget`` (seconds, default 450) bounds the whole: a part starts only with at least ``MIN_PART_S`` left and runs
-at most min(its limit, what is left); the parts not started are reported as skipped for time, to run next with
-``--parts``. At its limit a part gets SIGINT (pytest then writes the JUnit XML of the tests it ran), then SIGKILL
-``GRACE_S`` later. Without CUDA a part marked ``cuda_only`` is reported as "skipped: no CUDA" (none is: on a CPU,
-NCCL's part runs gloo); ``--quick`` shrinks the sizes (tiny models, a few steps, one test file for the suite) and
-runs the sweep as ``--dry-run``. Every part at quick sizes took about 90 s on 2 CPU cores.
+``--budget`` (seconds, default 450) bounds the whole: a part starts only with at least ``MIN_PART_S`` left and
+runs at most min(its limit, what is left); the parts not started are reported as skipped for time, to run next
+with ``--parts`` (which keeps the other parts' results in the report folder). At its limit a part gets SIGINT
+(pytest then writes the JUnit XML of the tests it ran), then SIGKILL ``GRACE_S`` later. Without CUDA a part marked
+``cuda_only`` is reported as "skipped: no CUDA" (none is: on a CPU, NCCL's part runs gloo); ``--quick`` shrinks
+the sizes (tiny models, a few steps, one test file for the suite) and runs the sweep as ``--dry-run``. Every part
+at quick sizes took about 90 s on 2 CPU cores.
 """
 
 from __future__ import annotations
@@ -531,9 +532,20 @@ def run_part(part: Part, ctx: Ctx, env: dict, left: float) -> Result:
     return res
 
 
+def _merged(results: list[Result], earlier: list[dict]) -> list[Result]:
+    """This run's results, with an earlier run's (``--parts``: a rerun of some parts) for the parts not rerun, in
+    the order of :data:`PARTS`."""
+    now = {r.name: r for r in results}
+    before = {d["name"]: Result(**d) for d in earlier if d["name"] not in now}
+    order = [p.name for p in PARTS] + [n for n in [*now, *before] if n not in {p.name for p in PARTS}]
+    return [now.get(n) or before[n] for n in order if n in now or n in before]
+
+
 def write_report(ctx: Ctx, results: list[Result], header: dict) -> None:
+    results = _merged(results, header.get("earlier", []))
+    shown = {k: v for k, v in header.items() if k != "earlier"}
     (ctx.out / "results.json").write_text(
-        json.dumps({**header, "parts": [r.__dict__ for r in results]}, indent=1)
+        json.dumps({**shown, "parts": [r.__dict__ for r in results]}, indent=1)
     )
     lines = [
         "# GPU check (issue 34)",
@@ -548,6 +560,18 @@ def write_report(ctx: Ctx, results: list[Result], header: dict) -> None:
     for r in results:
         summary = r.summary.replace("|", "\\|").replace("\n", " ")
         lines.append(f"| {r.name} | {r.what} | {r.status} | {r.seconds:.0f} | {r.limit_s:.0f} | {summary} |")
+    again = [r.name for r in results if r.status != "passed"]
+    if again:
+        quick = " --quick" if ctx.quick else ""
+        lines += [
+            "",
+            f"Not passed: {', '.join(again)}. Again, keeping the other parts' results here: `python "
+            f"benchmarks/gpu_check.py --device {ctx.device}{quick} --parts {' '.join(again)}`"
+            + ("" if ctx.out.resolve() == OUT.resolve() else f" `--out {ctx.out}`")
+            + ".",
+        ]
+    if header.get("earlier"):
+        lines += ["", "Parts not rerun by this command keep an earlier run's result (its `results.json`)."]
     lines += [
         "",
         "Raw files beside this one: `results.json`, one `<part>.log` per part (its commands first), `suite.xml` / "
@@ -966,9 +990,14 @@ def main(argv: list[str] | None = None) -> int:
         xdist_ok = True
     except ImportError:
         xdist_ok = False
-    if args.out.exists():
+    earlier = []
+    if (
+        args.parts is not None and (args.out / "results.json").is_file()
+    ):  # a rerun of some parts: keep the rest
+        earlier = json.loads((args.out / "results.json").read_text()).get("parts", [])
+    elif args.out.exists():
         shutil.rmtree(args.out)
-    args.out.mkdir(parents=True)
+    args.out.mkdir(parents=True, exist_ok=True)
     work = args.work or Path(tempfile.mkdtemp(prefix="gpu_check_"))
     work.mkdir(parents=True, exist_ok=True)
     ctx = Ctx(
@@ -981,7 +1010,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parts = [p for p in PARTS if args.parts is None or p.name in args.parts]
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    header = _header(ctx, argv, args.budget, started)
+    header = _header(ctx, argv, args.budget, started) | {"earlier": earlier}
     results = run_parts(parts, ctx, args.budget, header)
     failed = [r.name for r in results if r.status in ("FAILED", "TIMED OUT")]
     print(f"[gpu-check] report: {ctx.out / 'report.md'}; {len(failed)} part(s) failed: {failed}", flush=True)

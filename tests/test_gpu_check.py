@@ -101,6 +101,21 @@ def test_the_budget_skips_the_parts_it_cannot_start(tmp_path):
     assert second.status.startswith("skipped: time budget spent")
 
 
+def test_a_rerun_of_some_parts_keeps_the_others_results(tmp_path):
+    ctx = _ctx(tmp_path)
+    earlier = [gc.Result("suite", "s", "passed", 90.0, 180, "9 passed").__dict__]
+    earlier += [gc.Result("bench_gpu", "b", "TIMED OUT", 150.0, 150, "rows so far").__dict__]
+    header = {"device_name": "-", "torch": "-", "commit": "-", "started": "-", "budget_s": 60, "command": "t"}
+    again = gc.Part("bench_gpu", "b", 30, _py("print('ok')"), _says("ok"))
+    gc.run_parts([again], ctx, 60, header | {"earlier": earlier})
+    saved = json.loads((ctx.out / "results.json").read_text())
+    assert [(p["name"], p["status"]) for p in saved["parts"]] == [
+        ("suite", "passed"),
+        ("bench_gpu", "passed"),
+    ]
+    assert "earlier" not in saved and "keep an earlier run's result" in (ctx.out / "report.md").read_text()
+
+
 SUITE_XML = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" tests="4">
 <testcase classname="tests.test_conformance" name="test_grid[f32-ce-linear]"/>
 <testcase classname="tests.test_conformance" name="test_grid[f32-ce-conv]"><failure message="x"/></testcase>
