@@ -584,14 +584,18 @@ def write_report(ctx: Ctx, results: list[Result], header: dict) -> None:
 def _header(ctx: Ctx, argv: list[str], budget: float, started: str) -> dict:
     import torch
 
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True
-    )
+    try:  # a copied working tree (a lent machine) may have no .git, or no git
+        done = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True
+        )
+        commit = done.stdout.strip()
+    except OSError:
+        commit = ""
     name = torch.cuda.get_device_name(0) if ctx.cuda else "CPU"
     return {
         "device_name": name,
         "torch": torch.__version__,
-        "commit": commit.stdout.strip() or "unknown",
+        "commit": commit or "unknown (no git here)",
         "started": started,
         "budget_s": budget,
         "elapsed_s": 0.0,
