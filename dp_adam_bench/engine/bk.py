@@ -65,6 +65,7 @@ from dp_adam_bench.engine.bk_rules.generic import GENERIC
 from dp_adam_bench.engine.broadcast import expand_primary
 from dp_adam_bench.engine.fp32_exact import ieee_fp32
 from dp_adam_bench.engine.grads import ClippedSum, GradEngine, batch_len, clip_factors
+from dp_adam_bench.engine.support import own_trainable
 
 MODES = ("auto", "gram", "instantiate")
 
@@ -212,17 +213,17 @@ class BKEngine(GradEngine):
         #: diagnostic, of the last clipped_sum: ``captured_bytes`` (inputs and output gradients held after the
         #: backward) and ``per_example_bytes`` (per-example gradients kept until the clipped sum)
         self.memory: dict[str, int] = {"captured_bytes": 0, "per_example_bytes": 0}
-        self.dtype = self.params[0].dtype if self.params else torch.float32
-        self._tied = _tied(model)
-        self.layers: list[_Layer] = []
         if not self.params:
             raise ValueError(
                 "bk clipping: the model has no trainable parameters (requires_grad=True): nothing to train privately"
             )
+        self.dtype = self.params[0].dtype
+        self._tied = _tied(model)
+        self.layers: list[_Layer] = []
         for mname, m in model.named_modules():
-            params = [p for p in m._parameters.values() if p is not None and p.requires_grad]
-            if params:
-                self.layers.append(_Layer(mname or "<root>", m, rule_for(m) or GENERIC, params))
+            own = own_trainable(m)
+            if own:
+                self.layers.append(_Layer(mname or "<root>", m, rule_for(m) or GENERIC, list(own.values())))
         # set only inside clipped_sum: outside it (evaluation, mean_grad) nothing is recorded
         self._anchor: torch.Tensor | None = None
         self._batch = 0
@@ -261,9 +262,7 @@ class BKEngine(GradEngine):
             x = args[0]
             if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[0] != self._batch:
                 shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-                own = ", ".join(
-                    n for n, p in layer.module._parameters.items() if p is not None and p.requires_grad
-                )
+                own = ", ".join(own_trainable(layer.module))
                 raise ValueError(
                     f"bk clipping: layer {layer.name!r} ({type(layer.module).__name__}, parameters {own}) got an "
                     f"input of shape {shape}, whose first dimension is neither the batch size {self._batch} nor 1 "

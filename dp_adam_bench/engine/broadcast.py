@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from dp_adam_bench.engine.support import own_trainable
+
 
 def _expanded(x, b: int, contiguous: bool):
     if isinstance(x, torch.Tensor) and x.dim() > 0 and x.shape[0] == 1:
@@ -49,5 +51,5 @@ def install(model: torch.nn.Module, batch_size, contiguous: bool = False) -> lis
     return [
         m.register_forward_pre_hook(hook, with_kwargs=True).remove
         for m in model.modules()
-        if any(p is not None and p.requires_grad for p in m._parameters.values())
+        if own_trainable(m)
     ]

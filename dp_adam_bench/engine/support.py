@@ -116,8 +116,9 @@ CHECKS: dict[str, Callable[[nn.Module], str | None]] = {
 }
 
 
-def _owns_trainable(m: nn.Module) -> bool:
-    return any(p is not None and p.requires_grad for p in m._parameters.values())
+def own_trainable(m: nn.Module) -> dict[str, nn.Parameter]:
+    """``m``'s own trainable parameters (not its children's), by name."""
+    return {n: p for n, p in m._parameters.items() if p is not None and p.requires_grad}
 
 
 def problems(model: nn.Module, engine: str) -> list[tuple[str, str, bool]]:
@@ -129,7 +130,7 @@ def problems(model: nn.Module, engine: str) -> list[tuple[str, str, bool]]:
         why = undefined(m)
         if why is not None:
             out.append((name, why, True))
-        elif _owns_trainable(m):
+        elif own_trainable(m):
             why = check(m)
             if why is not None:
                 out.append((name, why, False))
@@ -153,7 +154,7 @@ def check_model(model: nn.Module, engine: str) -> None:
     lines = []
     for name, why, undef in found:
         module = modules["" if name == "<root>" else name]
-        own = [n for n, p in module._parameters.items() if p is not None and p.requires_grad]
+        own = list(own_trainable(module))
         params = f" [its parameters: {', '.join(own)}]" if own else ""
         if undef:
             lines.append(

@@ -28,6 +28,7 @@ from torch.utils import _pytree as pytree
 
 from dp_adam_bench.engine.bk_rules.dense import from_per_example
 from dp_adam_bench.engine.bk_rules.registry import Rule
+from dp_adam_bench.engine.support import own_trainable
 
 
 def _tolerance(dtype: torch.dtype) -> float:
@@ -35,10 +36,6 @@ def _tolerance(dtype: torch.dtype) -> float:
     output's precision (bf16 outputs of an autocast forward are recomputed in fp32), at least 1e-3 (matmuls may
     block differently for one example); dropout with p = 0.1 already changes outputs by 11 %."""
     return max(1e-3, 4 * torch.finfo(dtype).eps)
-
-
-def _own(module: nn.Module) -> dict[str, nn.Parameter]:
-    return {n: p for n, p in module._parameters.items() if p is not None and p.requires_grad}
 
 
 class _ZeroDropoutOff:
@@ -117,7 +114,7 @@ def _per_example_loop(module, params, args, kwargs, pieces, b):
 def generic(engine, layer, calls, b):
     """Per-example gradients of ``layer.module``'s own parameters by recomputing its forward per example."""
     m = layer.module
-    params = _own(m)
+    params = own_trainable(m)
     total: dict[str, torch.Tensor] = {}
     how = "vmap"
     with _ZeroDropoutOff(m):
@@ -156,7 +153,7 @@ def generic(engine, layer, calls, b):
 
 
 def _not_reproducible(layer, why: str) -> str:
-    names = ", ".join(_own(layer.module))
+    names = ", ".join(own_trainable(layer.module))
     return (
         f"bk clipping: module {layer.name!r} ({type(layer.module).__name__}, parameters {names}) has no bk rule, "
         f"and its forward is not reproducible one example at a time ({why}), so its per-example gradients cannot "
