@@ -758,15 +758,9 @@ def _no_guard(mock, bk, grads, nullcontext):
 
 def _rel_error(got, norms, summed) -> float:
     """The self-check's measure: the larger of the worst relative norm error and the clipped sum's relative error."""
-    import torch
+    from dp_adam_bench.engine.self_check import relative_errors
 
-    tiny = torch.finfo(torch.float32).tiny
-    norm_err = float(((got.norms.float() - norms.float()).abs() / norms.float().clamp(min=tiny)).max())
-    diff = torch.sqrt(
-        sum((s.double() - r.double()).square().sum() for s, r in zip(got.summed, summed, strict=True))
-    )
-    size = torch.sqrt(sum(r.double().square().sum() for r in summed))
-    return max(norm_err, float(diff / size.clamp(min=tiny)))
+    return max(relative_errors(got, norms.float(), summed))
 
 
 def cmd_grid(args) -> dict:
@@ -789,9 +783,9 @@ def cmd_grid(args) -> dict:
     import test_conformance as tc
 
     from dp_adam_bench.engine.fp32_exact import ieee_fp32
-    from dp_adam_bench.engine.grads import clip_factors, loop_grads
+    from dp_adam_bench.engine.grads import loop_grads
     from dp_adam_bench.engine.probe import neutral
-    from dp_adam_bench.engine.self_check import BF16_TOLERANCE, DEFAULT_TOLERANCE, self_check
+    from dp_adam_bench.engine.self_check import BF16_TOLERANCE, DEFAULT_TOLERANCE, loop_reference, self_check
     from dp_adam_bench.errors import ConfigError
 
     dev = tc.DEVICE
@@ -838,11 +832,7 @@ def cmd_grid(args) -> dict:
                 continue
             finally:
                 eng.close()
-            per_ex = [g.float() for g in per_ex]
-            b = got.count
-            norms = torch.sqrt(sum(g.reshape(b, -1).square().sum(1) for g in per_ex))
-            f = clip_factors(norms, clip)
-            summed = [torch.einsum("b,b...->...", f, g) for g in per_ex]
+            norms, summed = loop_reference([g.float() for g in per_ex], clip)
             row |= {"error_vs_fp32_loop": _rel_error(got, norms_ref, summed_ref)}
             row |= {"error_vs_bf16_loop": _rel_error(got, norms, summed)}
             ok = min(row["error_vs_fp32_loop"], row["error_vs_bf16_loop"]) <= BF16_TOLERANCE

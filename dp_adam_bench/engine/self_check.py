@@ -94,14 +94,7 @@ def self_check(
                 engine._hooks(True)
     per_ex = [g.to(p.dtype) for g, p in zip(per_ex, engine.params, strict=True)]
     b = got.count
-    norms = torch.sqrt(sum(g.reshape(b, -1).square().sum(1) for g in per_ex))
-    f = clip_factors(norms, clip)
-    summed = [torch.einsum("b,b...->...", f, g) for g in per_ex]
-    tiny = torch.finfo(norms.dtype).tiny
-    norm_err = float(((got.norms - norms).abs() / norms.clamp(min=tiny)).max())
-    diff = torch.sqrt(sum((s - r).double().square().sum() for s, r in zip(got.summed, summed, strict=True)))
-    size = torch.sqrt(sum(r.double().square().sum() for r in summed))
-    sum_err = float(diff / size.clamp(min=tiny))
+    norm_err, sum_err = relative_errors(got, *loop_reference(per_ex, clip))
     err = max(norm_err, sum_err)
     record = {
         "enabled": True,
@@ -121,6 +114,26 @@ def self_check(
             "train.clipping=functorch or loop (train.self_check.enabled=false skips this check)"
         )
     return record
+
+
+def loop_reference(per_ex: list[torch.Tensor], clip: float | None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The per-example norms and the clipped sum that the loop's per-example gradients ``per_ex`` give."""
+    b = per_ex[0].shape[0]
+    norms = torch.sqrt(sum(g.reshape(b, -1).square().sum(1) for g in per_ex))
+    f = clip_factors(norms, clip)
+    return norms, [torch.einsum("b,b...->...", f, g) for g in per_ex]
+
+
+def relative_errors(got, norms: torch.Tensor, summed: list[torch.Tensor]) -> tuple[float, float]:
+    """The self-check's measure of an engine's :class:`ClippedSum` ``got`` against the loop's ``norms`` and
+    ``summed``: the worst relative error of a norm, and the relative error of the clipped sum (all parameters)."""
+    tiny = torch.finfo(norms.dtype).tiny
+    norm_err = float(((got.norms - norms.to(got.norms.dtype)).abs() / norms.clamp(min=tiny)).max())
+    diff = torch.sqrt(
+        sum((s.double() - r.double()).square().sum() for s, r in zip(got.summed, summed, strict=True))
+    )
+    size = torch.sqrt(sum(r.double().square().sum() for r in summed))
+    return norm_err, float(diff / size.clamp(min=tiny))
 
 
 @functools.cache
