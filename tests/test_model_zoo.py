@@ -14,7 +14,8 @@ import torch
 
 from dp_adam_bench.engine.engines import build_engine
 from dp_adam_bench.engine.fix_model import fix_model
-from dp_adam_bench.engine.grads import clip_factors, loop_grads
+from dp_adam_bench.engine.grads import loop_grads
+from dp_adam_bench.engine.self_check import loop_reference, relative_errors
 from dp_adam_bench.errors import ConfigError
 from dp_adam_bench.paths import REPO_ROOT
 
@@ -60,13 +61,7 @@ def _outcome(name, engine, reference):
         assert "\n" not in str(err), f"{name}/{engine}: a refusal must be one line"
         return "refused", str(err)
     e.close()
-    ref = reference(model, loss, e.params, batch)
-    norms = torch.sqrt(sum(g.reshape(B, -1).square().sum(1) for g in ref))
-    f = clip_factors(norms, CLIP)
-    summed = [torch.einsum("b,b...->...", f, g) for g in ref]
-    norm_err = float(((got.norms - norms).abs() / norms).max())
-    diff = torch.sqrt(sum((s - r).square().sum() for s, r in zip(got.summed, summed, strict=True)))
-    sum_err = float(diff / torch.sqrt(sum(r.square().sum() for r in summed)))
+    norm_err, sum_err = relative_errors(got, *loop_reference(reference(model, loss, e.params, batch), CLIP))
     assert norm_err < 1e-9 and sum_err < 1e-9, (
         f"{name}/{engine}: norms {norm_err:.2g}, clipped sum {sum_err:.2g}"
     )
