@@ -7,8 +7,9 @@ While bk records a batch, :func:`install` wraps the instance's ``compute_bias``:
 installed transformers version computes (by calling the original with a stand-in for the embedding that returns
 zeros and keeps its input), looks the table up through the real embedding expanded to one copy per example (the
 Embedding rule then sees (B, q, k) ids), and returns the (B, heads, q, k) bias. The values equal the original's
-for every example, checked on each call against the original method; each example's gradient of the embedding is
-then its own. Outside a recorded batch the original runs.
+for every example, checked against the original method on the first call for each (query, key) length (the table
+is then kept for later calls); each example's gradient of the embedding is then its own. Outside a recorded batch
+the original runs.
 """
 
 from __future__ import annotations
@@ -39,11 +40,16 @@ def install(engine, name, module):
     if not getattr(module, "has_relative_attention_bias", False) or not hasattr(module, "compute_bias"):
         return None
     original = module.compute_bias
+    checked: dict[
+        str, torch.Tensor
+    ] = {}  # the bucket table of each (q, k, ...) already checked against original
 
-    def compute_bias(*args, **kwargs):
-        b = engine._batch
-        if not engine.recording():
-            return original(*args, **kwargs)
+    def buckets(args, kwargs):
+        """The bucket table the original computes, and on a first call for these arguments the check that the
+        per-example lookup equals the original's bias."""
+        key = repr((args, sorted(kwargs.items())))
+        if key in checked:
+            return checked[key], None
         real = module.relative_attention_bias
         stand_in = _Buckets(real)
         anchor, engine._anchor = engine._anchor, None  # nothing recorded while the original runs
@@ -55,10 +61,20 @@ def install(engine, name, module):
         finally:
             module.relative_attention_bias = real
             engine._anchor = anchor
-        ids = stand_in.ids
-        values = real(ids.expand(b, *ids.shape))  # (B, q, k, heads), captured per example
+        checked[key] = stand_in.ids
+        return stand_in.ids, reference
+
+    def compute_bias(*args, **kwargs):
+        if not engine.recording():
+            return original(*args, **kwargs)
+        b = engine._batch
+        ids, reference = buckets(args, kwargs)
+        values = module.relative_attention_bias(ids.expand(b, *ids.shape))  # (B, q, k, heads), captured
         bias = values.permute(0, 3, 1, 2)
-        if reference.shape != (1, *bias.shape[1:]) or not torch.equal(bias[:1].detach(), reference.detach()):
+        if reference is not None and (
+            reference.shape != (1, *bias.shape[1:]) or not torch.equal(bias[:1].detach(), reference.detach())
+        ):
+            checked.clear()
             raise ValueError(
                 f"bk clipping: {name!r} ({type(module).__name__}) computes its relative position bias in a way this "
                 "version of bk's T5 adapter does not know; freeze relative_attention_bias (requires_grad_(False)) "
