@@ -568,3 +568,23 @@ def test_generic_rule_is_exact_with_zero_dropout_and_refuses_random_or_mixing_fo
     eng = BKEngine(nn.Sequential(nn.Linear(4, 4), Mixing()), loss)
     with pytest.raises(ValueError, match=r"module '1' \(Mixing.*recomputed output differs"):
         eng.clipped_sum(batch, 1.0)
+
+
+def test_generic_rule_loops_over_examples_where_vmap_cannot_and_keeps_looping():
+    class Branchy(nn.Module):  # control flow on a tensor: vmap (of grad) refuses it, the loop is exact
+        def __init__(self):
+            super().__init__()
+            self.s = nn.Parameter(torch.linspace(0.5, 1.5, 4))
+
+        def forward(self, x):
+            return x * self.s if bool(x.abs().max() > 0) else x * self.s.square()  # always the first
+
+    torch.manual_seed(0)
+    loss = lambda forward, batch: forward(batch["x"]).square().sum(1)  # noqa: E731
+    model = nn.Sequential(nn.Linear(4, 4), Branchy())
+    eng = _loop_check(model, loss, {"x": torch.randn(3, 4)})
+    assert eng.choices["1"] == "generic:loop"
+    eng = BKEngine(model, loss)
+    eng.choices["1"] = "generic:loop"  # as after a first batch: no second vmap attempt
+    got = eng.clipped_sum({"x": torch.randn(3, 4)}, 1.0)
+    assert eng.choices["1"] == "generic:loop" and torch.isfinite(got.norms).all()

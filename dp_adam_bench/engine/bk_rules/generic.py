@@ -116,13 +116,19 @@ def generic(engine, layer, calls, b):
     m = layer.module
     params = own_trainable(m)
     total: dict[str, torch.Tensor] = {}
-    how = "vmap"
+    # a module whose forward vmap could not batch once takes the loop from then on (no failed vmap every step)
+    how = "loop" if engine.choices.get(layer.name) == "generic:loop" else "vmap"
     with _ZeroDropoutOff(m):
         for pieces in _group(calls):
             args, kwargs = pieces[0].args, pieces[0].kwargs
             try:
-                per_ex, outs = _per_example_vmap(m, params, args, kwargs, pieces, b)
+                if how == "loop":
+                    per_ex, outs = _per_example_loop(m, params, args, kwargs, pieces, b)
+                else:
+                    per_ex, outs = _per_example_vmap(m, params, args, kwargs, pieces, b)
             except RuntimeError as err:
+                if how == "loop":
+                    raise
                 if "random" in str(err):
                     raise ValueError(
                         _not_reproducible(layer, "it draws random numbers (dropout with p > 0)")
