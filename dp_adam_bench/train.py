@@ -121,6 +121,9 @@ def train(cfg: DictConfig) -> dict | None:
 
     try:
         result = trainer.run(run_cfg, folder.path, log_both, prepared=prepared)
+        verdict = (result.get("participation") or {}).get("verdict", "consistent")
+        if verdict != "consistent":  # not "complete": a relaunch reruns it, reports leave it out
+            result = {**result, "status": "privacy_mismatch"}
         folder.write_json("ledger.json", result["ledger"])
         summary = folder.finish(result, seed=int(data["seed"]), device=prepared.backend.device)
         wb.summary({k: v for k, v in result["metrics"].items()})
@@ -132,7 +135,6 @@ def train(cfg: DictConfig) -> dict | None:
         print(guarantee_line(summary["guarantee"]), file=sys.stderr)
     if summary.get("diverged"):
         print(f"warning: {folder.path.name} {summary['diverged']}", file=sys.stderr)
-    verdict = (summary.get("participation") or {}).get("verdict", "consistent")
     if verdict != "consistent":  # recorded in summary.json first; then the run fails in one line
         raise PrivacyMismatch(f"{folder.path.name}: participation ledger: {verdict}")
     return summary

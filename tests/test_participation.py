@@ -231,6 +231,19 @@ def test_a_mismatch_fails_the_command_line_run_after_writing_the_summary(isolate
         train(compose_cfg([*TOY, "optimizer=sgd", "privacy.sigma=2.0", *POISSON, "experiment_name=pl"]))
     (summary,) = (isolated_dirs / "runs" / "pl").glob("*/summary.json")
     assert json.loads(summary.read_text())["participation"]["verdict"].startswith("MISMATCH: rounds")
+    # not "complete": a relaunched sweep runs it again and the reports leave it out
+    assert json.loads(summary.read_text())["status"] == "privacy_mismatch"
+
+
+def test_an_example_twice_in_one_batch_counts_one_participation_and_one_repeat():
+    """A repeat inside a batch is its own finding (``repeats``); counted as a second participation it would have
+    no separation, and the amplified-BandMF check crashed on it instead of reporting."""
+    from dp_adam_bench.engine.participation import ParticipationLedger
+
+    part = ParticipationLedger(4)
+    part.observe(torch.tensor([0, 0, 1]))
+    part.observe(torch.tensor([0]))
+    assert part.count.tolist() == [2, 1, 0, 0] and part.repeats == 1 and int(part.min_gap[0]) == 1
 
 
 def test_the_rate_test_has_its_stated_false_alarm_and_power():

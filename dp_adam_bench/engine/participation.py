@@ -123,7 +123,7 @@ class ParticipationLedger:
             if bool(seen.any()):
                 again = unique[seen]
                 self.min_gap[again] = torch.minimum(self.min_gap[again], step - prev[seen])
-            self.count.index_add_(0, idx, torch.ones(idx.numel(), dtype=torch.int32, device="cpu"))
+            self.count[unique] += 1  # steps an example was in (repeats within a batch: ``repeats``)
             self.last[unique] = step
         self.steps = step
 

@@ -95,7 +95,7 @@ def self_check(
     per_ex = [g.to(p.dtype) for g, p in zip(per_ex, engine.params, strict=True)]
     b = got.count
     norm_err, sum_err = relative_errors(got, *loop_reference(per_ex, clip))
-    err = max(norm_err, sum_err)
+    err = max(norm_err, sum_err) if math.isfinite(norm_err + sum_err) else math.nan  # max() would drop a NaN
     record = {
         "enabled": True,
         "examples": b,
