@@ -40,12 +40,14 @@ so that two forwards of the same examples compute the same function.
 
 from __future__ import annotations
 
+import math
 import time
 from contextlib import contextmanager
 
 import torch
 from torch import nn
 
+from dp_adam_bench.engine.fp32_exact import ieee_fp32
 from dp_adam_bench.errors import ConfigError
 
 #: relative difference allowed in fp32 / fp64: the two sides differ only in the order of float operations (up to
@@ -100,14 +102,10 @@ def neutral(model: nn.Module):
             m.training = mode
 
 
-def _autograd(engine, batch: dict) -> list[torch.Tensor]:
-    """Autograd's gradient of the summed loss of ``batch`` (the engine's hooks off)."""
-    return engine.plain_grad(batch, "sum")
-
-
-def _clipped_sum(engine, batch: dict):
+def clipped_sum(engine, batch: dict, clip: float | None):
+    """``engine.clipped_sum``, an engine's refusal of what it met in the forward as one :class:`ConfigError` line."""
     try:
-        return engine.clipped_sum(batch, None)
+        return engine.clipped_sum(batch, clip)
     except ConfigError:
         raise
     except ValueError as err:  # an engine refusing what it met in the forward: one line, no traceback
@@ -143,9 +141,16 @@ def probe(engine, batch: dict) -> dict:
     t0 = time.perf_counter()
     names = [n for n, p in engine.model.named_parameters() if p.requires_grad]
     one = {k: v[:1] for k, v in batch.items()}
-    with neutral(engine.model), torch.autocast(engine.params[0].device.type, enabled=False):
-        got, ref = _clipped_sum(engine, one), _autograd(engine, one)
+    # full fp32 for both sides (engine/fp32_exact.py): TF32's error in autograd's reference is of the tolerance's size
+    with neutral(engine.model), ieee_fp32(), torch.autocast(engine.params[0].device.type, enabled=False):
+        got, ref = clipped_sum(engine, one, None), engine.plain_grad(one, "sum")
         norm = float(torch.sqrt(sum(r.double().square().sum() for r in ref)))
+        if not (math.isfinite(norm) and math.isfinite(float(got.norms[0]))):
+            raise ConfigError(
+                f"engine probe: the gradient of the first training example is not finite (autograd's norm {norm}, "
+                f"train.clipping={engine.name}'s {float(got.norms[0])}): check the loss and the model's inputs "
+                "(a NaN or inf loss) before training privately"
+            )
         errs = [_rel(g, r, FLOOR * norm) for g, r in zip(got.summed, ref, strict=True)]
         norm_err = abs(float(got.norms[0]) - norm) / max(norm, torch.finfo(torch.float64).tiny)
         what = "the engine's gradient of one example differs from autograd's"
