@@ -167,6 +167,7 @@ def _hash_files(paths) -> str:
     return h.hexdigest()
 
 
+@functools.cache  # per process: code edited after import does not run in this process anyway
 def class_source(cls: type) -> str | None:
     """A digest of the code that defines ``cls``, wherever it lives: for a class of :data:`VERSIONED` packages
     their version (in the key already), for the package's own classes :func:`source_digest`, and otherwise every
