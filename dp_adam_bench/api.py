@@ -44,6 +44,7 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
+from dp_adam_bench.engine.backends import refuse_half_precision
 from dp_adam_bench.engine.session import PrivateTraining
 from dp_adam_bench.errors import ConfigError
 from dp_adam_bench.paths import CONFIG_DIR
@@ -274,7 +275,7 @@ def _make_private(
     if precision not in PRECISIONS:
         raise ConfigError(f"precision={precision!r} is not known; valid: {', '.join(PRECISIONS)}")
     task = UserTask(model, dataset, loss_fn, target_key, evaluate)
-    _refuse_half_precision(model)
+    refuse_half_precision(model, "pass precision='bf16'")
     train = cfg["train"]
     train.update(
         sampler=sampler,
@@ -325,18 +326,6 @@ def _make_private(
             stacklevel=3,  # the caller of make_private
         )
     return PrivateTraining(run)
-
-
-def _refuse_half_precision(model: nn.Module) -> None:
-    """A model cast to bf16 / fp16 would keep its optimizer state, noise and updates in half precision (an Adam
-    update below the parameter's resolution, 2^-8 relative in bf16, is lost) and have its norms computed in it:
-    refused, with the way to train in bf16 that keeps all of those in fp32."""
-    for name, p in model.named_parameters():
-        if p.requires_grad and p.dtype in (torch.bfloat16, torch.float16):
-            raise ConfigError(
-                f"model parameter {name!r} is {p.dtype}: keep the model in fp32 and pass precision='bf16' (bf16 "
-                "autocast, with fp32 parameters, norms, noise and optimizer state)"
-            )
 
 
 #: ``make_private``'s argument for each CLI field it sets (a config group's other fields: its ``*_args``)

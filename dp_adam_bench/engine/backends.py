@@ -23,6 +23,19 @@ from dp_adam_bench.engine.self_check import DEFAULT_EXAMPLES, DEFAULT_TOLERANCE,
 from dp_adam_bench.errors import ConfigError
 
 
+def refuse_half_precision(model: torch.nn.Module, fix: str) -> None:
+    """A model cast to bf16 / fp16 would keep its optimizer state, noise and updates in half precision (an Adam
+    update below the parameter's resolution, 2^-8 relative in bf16, is lost) and have its norms computed in it:
+    refused (``make_private`` and every task's model), with ``fix``, the way to train in bf16 that keeps all of
+    those in fp32."""
+    for name, p in model.named_parameters():
+        if p.requires_grad and p.dtype in (torch.bfloat16, torch.float16):
+            raise ConfigError(
+                f"model parameter {name!r} is {p.dtype}: keep the model in fp32 and {fix} (bf16 autocast, with "
+                "fp32 parameters, norms, noise and optimizer state)"
+            )
+
+
 class VectorBackend:
     """Closed-form toy tasks: parameters with a leading trials dimension, gradients from the task itself."""
 
@@ -92,6 +105,7 @@ class ModelBackend:
                 "none with requires_grad=True): nothing to train privately; unfreeze the layers to train "
                 "(p.requires_grad_(True))"
             )
+        refuse_half_precision(model, "set train.precision=bf16")
         self.engine_name = engine_name
         self.engine = build_engine(engine_name, model, task.loss_per_example)
         self.physical = int(physical_batch_size)
