@@ -219,6 +219,7 @@ class SweepProgress:
     def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
-            self._thread.join()
+            # a daemon thread: a set-up still composing the sweep's jobs does not hold up the sweep's end (Ctrl-C)
+            self._thread.join(timeout=self.every_s)
         if mode() != "off":
             self.update()
