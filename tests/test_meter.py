@@ -437,3 +437,11 @@ def test_white_box_audit_through_a_model_task_and_a_real_engine():
         cfg, "functorch", canaries=200, control=c, control_name="reused_mf_draw", meter=False
     )
     assert bad.audit_epsilon_lower > bad.claimed_epsilon and "audit (GDP)" in bad.caught_by, bad.describe()
+
+
+def test_joint_noise_check_fails_non_finite_noise_naming_its_release():
+    rng = np.random.default_rng(3)
+    g = rng.standard_normal((5, 50))
+    g[3, 7] = np.nan
+    check = joint_noise_check([("g", g), ("g^2", rng.standard_normal((5, 50)))], 1e-3)
+    assert not check.passed and check.short == "non-finite noise in g"

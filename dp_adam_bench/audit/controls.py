@@ -204,7 +204,8 @@ def one_participation_sensitivity(plan):
     participation whatever the epochs: what the run claims when ``participations = 1`` is passed by mistake."""
     if plan.accounting != "gaussian" or plan.sampler.kind != "single_pass":
         raise ValueError(
-            f"the mf_one_participation control breaks a single-pass run's sensitivity, got {plan.sampler.kind!r}"
+            f"the mf_one_participation control breaks a single-pass run's sensitivity, got {plan.accounting!r} "
+            f"accounting with sampler {plan.sampler.kind!r}"
         )
     return dataclasses.replace(plan, sensitivity=plan.strategy.sensitivity(participations=1))
 
