@@ -193,7 +193,6 @@ class PrivateTraining:
         idx = run.population[idx]
         scale = variant.scale(self.state)  # once per logical step (stp); None for every other variant
         release = backend.release(idx, self.privatizer, scale)
-        self.participation.observe_releases(self.privatizer.mechanisms)
         ctx = release.ctx
         if run.public is not None:  # public side information: no clipping, no noise, no privacy cost
             pick = run.public[torch.randint(len(run.public), (self._side_batch,), generator=self.side_gen)]
