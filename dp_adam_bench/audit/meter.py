@@ -46,7 +46,8 @@ sensitivity check's detail, but only the pooled slope is tested, so an error con
 moves it by about 0.1 % and is not seen) with weight ``SHARED`` on one coordinate every example shares and the
 rest on a coordinate of its own, so the square of the mean has the cross term 2 x_shared x_i of every pair of
 examples, whence IME's (2B - 1) C^2 / B^2 sensitivity. The task has ``trials`` independent trials (the vector
-backend's trial dimension: the same batches, independent noise) so that a 100-step run has the stated power. """
+backend's trial dimension: the same batches, independent noise) so that a 100-step run has the stated power.
+"""
 
 from __future__ import annotations
 
