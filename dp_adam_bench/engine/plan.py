@@ -347,11 +347,7 @@ def build_plan(cfg, n: int, variant: Variant, *, numel: int, sampler_seed: int) 
                 "Use noise=bandmf (O(bands x d) memory) or noise=blt (O(buffers x d)), or raise "
                 "noise.max_memory_gb if the machine has the memory"
             )
-        if sampler_kind == "shuffle":
-            notes.append(
-                "fixed-size shuffled batches: accounted as Poisson sampling with q = B/N, which the "
-                "sampler does NOT implement (not DP-faithful)"
-            )
+        if sampler_kind == "shuffle":  # a caveat: in the notes, the warnings and the guarantee (below)
             caveats.append(
                 "train.sampler=shuffle: this epsilon is Poisson sampling's at q = B/N, and the run's fixed-size "
                 "shuffled batches are not Poisson sampling: it is not a guarantee for this run"
