@@ -497,20 +497,16 @@ for _name, _control in (
             "IME's g^2 sensitivity understated (2B - 1 -> 1)",
         ),
     ),
-):
-    CONTROLS.register(_name, dataclasses.replace(_control, planted=True))
-CONTROLS.register(
-    "same_seed_streams",
-    Control(
-        "ime",
-        "independent",
-        "single_pass",
-        SameSeedStreamsPrivatizer,
-        "IME's g and g^2 noise streams from the same seed",
-        planted=True,
+    (
+        "same_seed_streams",
+        Control(
+            "ime",
+            "independent",
+            "single_pass",
+            SameSeedStreamsPrivatizer,
+            "IME's g and g^2 noise streams from the same seed",
+        ),
     ),
-)
-for _name, _control in (
     (
         "mf_one_participation",
         Control(
