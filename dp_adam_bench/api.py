@@ -33,6 +33,7 @@ size.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import re
@@ -149,6 +150,21 @@ class UserTask(ModelTask):
         return dict(self._evaluate(model)) if self._evaluate is not None else {}
 
 
+def _errors_in_api_terms(fn):
+    """``fn`` whose ConfigErrors name its arguments, not the CLI fields they set (:func:`in_api_terms`): one error,
+    not a chain (the same cause, the message in the function's terms)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except ConfigError as err:
+            raise type(err)(in_api_terms(str(err))) from err.__cause__
+
+    return wrapper
+
+
+@_errors_in_api_terms
 def make_private(
     model: nn.Module,
     dataset,
@@ -228,20 +244,6 @@ def make_private(
     Bad arguments raise :class:`~dp_adam_bench.errors.ConfigError` in one line naming the argument as given here
     (``clip=None``, ``clipping=ghost``, ``optimizer_args['beta1']``), not the CLI field it sets.
     """
-    args = {k: v for k, v in locals().items() if k not in ("model", "dataset", "loss_fn")}
-    try:
-        return _make_private(model, dataset, loss_fn, **args)
-    except ConfigError as err:  # one error, not a chain: the same cause, its message in this function's terms
-        raise ConfigError(in_api_terms(str(err))) from err.__cause__
-
-
-def _make_private(
-    model, dataset, loss_fn, *, optimizer, noise, clip, sigma, target_epsilon, epsilon_budget, delta, batch_size,
-    steps, epochs, sampler, accountant, lr, lr_schedule, lr_warmup_steps, optimizer_args, noise_args, clipping,
-    physical_batch_size, precision, target_key, evaluate, seed, secure_rng, self_check,
-) -> PrivateTraining:  # fmt: skip
-    """:func:`make_private`'s work (the same arguments); its ConfigErrors name the CLI's fields, which the caller
-    renames."""
     from dp_adam_bench.config import PRECISIONS, SAMPLERS, validate
     from dp_adam_bench.engine.trainer import prepare
     from dp_adam_bench.privacy.noise_factory import NOISE
