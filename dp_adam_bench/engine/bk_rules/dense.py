@@ -24,6 +24,10 @@ import torch
 #: CPU cost about as much as 10 matmul multiply-adds per element: the Gram form wins iff T^2 (d + p) < ~30 p d.
 GRAM_FACTOR = 30
 _GRAM_CHUNK = 1 << 24  # at most this many Gram-matrix (or per-example-gradient) entries at once
+#: scaled per-example gradients (scale-then-privatize) are only normed, so they are made a cache-sized chunk of
+#: examples at a time into one reused buffer and scaled in place: CNN5 B = 256 stp went from 0.53 to 0.28 s a step
+#: (2 threads; 16M-entry chunks and a fresh ``w * s`` each: 0.53 s; 256K-entry chunks: 0.34 s)
+_SCALED_CHUNK = 1 << 21
 
 
 def use_gram(T: int, d: int, p: int, fits: bool = True) -> bool:
@@ -178,6 +182,11 @@ def dense(engine, name: str, ops: Operands, *, weight: bool, bias: bool, sw=None
             W = torch.empty(b, k, p, d, dtype=dt, device=G.device)  # kept for the clipped sum
             engine.kept(W)
         step = _chunk(b, k * max(T * d, T * T if gram else p * d))
+        buf = None
+        if sw is not None:  # scaled gradients are only normed: cache-sized chunks, one buffer (_SCALED_CHUNK)
+            step = max(1, min(b, _SCALED_CHUNK // max(1, k * p * d)))
+            if ops.per_example is None:
+                buf = torch.empty(step, k, p, d, dtype=dt, device=G.device)
         parts = []
         for i in range(0, b, step):
             j = min(b, i + step)
@@ -190,8 +199,9 @@ def dense(engine, name: str, ops: Operands, *, weight: bool, bias: bool, sw=None
                 if W is not None:
                     W[i:j] = w
             else:
-                w = _per_example(G[i:j].to(dt), ops.inputs(i, j).to(dt), None if W is None else W[i:j])
-            parts.append(sq_norms(w if sw is None else w * sw))
+                out = W[i:j] if W is not None else (buf[: j - i] if buf is not None else None)
+                w = _per_example(G[i:j].to(dt), ops.inputs(i, j).to(dt), out)
+            parts.append(sq_norms(w if sw is None else w.mul_(sw)))
         if parts:  # none for an empty batch
             sq = sq + torch.cat(parts)
         if W is not None:
