@@ -228,19 +228,22 @@ def test_report_writes_its_table(tmp_path, monkeypatch):
     need = {"variant", "noise", "sampler", "sigma", "steps", "canaries", "claimed_epsilon", "accountant"}
     assert need | {"audit_epsilon_lower", "control", "verdict"} <= set(df.columns)
     both = {"gdp_mu_lower", "gdp_epsilon_lower", "claimed_mu", "meter", "meter_power", "caught_by"}
+    both |= {"fdp_mu_lower", "fdp_epsilon_lower", "fdp_best_test"}
     assert both <= set(df.columns)
     white = df[df.auditor == "white-box"]  # the vector canaries
     assert (
         white.control.isna()
     ).sum() == 2  # ime x poisson and ime x balls_in_bins are refused by the engine
-    assert white.meter.notna().all() and white.gdp_mu_lower.notna().all()
+    assert white.meter.notna().all() and white.gdp_mu_lower.notna().all() and white.fdp_mu_lower.notna().all()
+    # on the same counts the f-DP bound is never below the Gaussian one (it uses the curve inside the bound)
+    assert (df.fdp_mu_lower >= df.gdp_mu_lower - 1e-9).all(), df[["gdp_mu_lower", "fdp_mu_lower"]]
     # the joint-noise check's verdict on every row (the black-box rows, left out here, say they have no meter)
     joint = df.meter_joint.where(df.control != "no_noise", "")  # no noise: nothing to correlate
     assert joint.str.match(r"(pass|FAIL): g(\+g\^2)?, \d+ rows; |$").all(), df.meter_joint
     assert df[df.control == "no_noise"].meter_joint.str.startswith("n/a: no noise in g").all()
     assert df[df.control.isna()].meter_joint.str.startswith("pass").all()
     model = df[df.auditor.str.startswith("white-box (model task")]
-    assert model.gdp_mu_lower.notna().all() and model.meter.notna().all()
+    assert model.gdp_mu_lower.notna().all() and model.fdp_mu_lower.notna().all() and model.meter.notna().all()
     assert set(model.control.fillna("")) == {"", "bias_unclipped"}
     caught = df[df.control.notna()]
     assert (caught.verdict == "caught").all() and caught.caught_by.notna().all(), caught[

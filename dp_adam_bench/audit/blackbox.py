@@ -23,6 +23,7 @@ from dp_adam_bench.audit.bound import (
     gdp_mu_lower_bound,
     max_epsilon,
 )
+from dp_adam_bench.audit.fdp_bound import fdp_mu_lower_bound
 
 FRACTIONS = (0.01, 0.05, 0.45)
 
@@ -117,6 +118,7 @@ def audit_model_task(
                 v,
                 epsilon_lower_bound(canaries, r, v, delta, level),
                 gdp_mu_lower_bound(canaries, r, v, level),
+                fdp_mu_lower_bound(canaries, r, v, level),
             )
         )
     return AuditResult.of_run(

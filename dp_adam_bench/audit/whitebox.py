@@ -42,11 +42,13 @@ of k are 18 pre-registered tests, each judged at significance beta / 18, so that
 with confidence 1 - beta (a union bound; no test is chosen after looking at the data). Nothing the auditor uses
 depends on which canaries are in: the eligible steps come from the sampler's seed-determined partition or order.
 
-Two bounds come from the same tests: Steinke et al.'s epsilon at the run's delta
-(:func:`~dp_adam_bench.audit.bound.epsilon_lower_bound`), and a Gaussian one
+Three bounds come from the same tests: Steinke et al.'s epsilon at the run's delta
+(:func:`~dp_adam_bench.audit.bound.epsilon_lower_bound`), a Gaussian one
 (:func:`~dp_adam_bench.audit.bound.gdp_mu_lower_bound`): the largest mu for which the run is shown not to be mu-GDP,
 testing the whole privacy curve of mu-GDP instead of one (epsilon, delta) point; it is read as an epsilon at the
-run's delta through the mu-GDP curve, and judged against the claim's own mu (:attr:`AuditResult.claimed_mu`).
+run's delta through the mu-GDP curve, and judged against the claim's own mu (:attr:`AuditResult.claimed_mu`); and
+the f-DP one-run audit of Mahloujifar, Melis & Chaudhuri 2025 with the Gaussian curves
+(:func:`~dp_adam_bench.audit.fdp_bound.fdp_mu_lower_bound`), read and judged as the mu-GDP one.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ from dp_adam_bench.audit.bound import (
     gdp_mu_lower_bound,
     max_epsilon,
 )
+from dp_adam_bench.audit.fdp_bound import fdp_mu_lower_bound
 from dp_adam_bench.engine.backends import VectorBackend
 from dp_adam_bench.errors import ConfigError
 
@@ -238,6 +241,7 @@ class AuditTest:
     correct: int
     epsilon_lower: float
     gdp_mu_lower: float = 0.0  # the largest mu-GDP this test rejects (same significance)
+    fdp_mu_lower: float = 0.0  # the same, by Mahloujifar et al.'s f-DP audit (dp_adam_bench.audit.fdp_bound)
 
 
 @dataclass
@@ -330,6 +334,25 @@ class AuditResult:
         return gdp_epsilon(self.gdp_mu_lower, self.delta)
 
     @property
+    def fdp_mu_lower(self) -> float:
+        return max((t.fdp_mu_lower for t in self.tests), default=0.0)
+
+    @property
+    def fdp_best(self) -> AuditTest | None:
+        return max(self.tests, key=lambda t: t.fdp_mu_lower) if self.tests else None
+
+    @property
+    def fdp_epsilon_lower(self) -> float:
+        """The epsilon at the run's delta of the largest mu-GDP the f-DP audit rejects (as
+        :attr:`gdp_epsilon_lower`)."""
+        return gdp_epsilon(self.fdp_mu_lower, self.delta)
+
+    @property
+    def fdp_above(self) -> bool:
+        """The f-DP bound exceeds the claim's mu."""
+        return bool(self.tests) and self.fdp_mu_lower > self.claimed_mu
+
+    @property
     def gdp_above(self) -> bool:
         """The Gaussian bound exceeds the claim's mu."""
         return bool(self.tests) and self.gdp_mu_lower > self.claimed_mu
@@ -342,6 +365,8 @@ class AuditResult:
             out.append("audit (Steinke)")
         if self.gdp_above:
             out.append("audit (GDP)")
+        if self.fdp_above:
+            out.append("audit (f-DP)")
         if self.meter is not None and not self.meter.passed:
             out.append("meter: " + ", ".join(c.name for c in self.meter.failed))
         if self.ledger_verdict.startswith("MISMATCH"):
@@ -362,7 +387,7 @@ class AuditResult:
         return "caught" if above else "missed"
 
     def row(self) -> dict:
-        best, gbest, m = self.best, self.gdp_best, self.meter
+        best, gbest, fbest, m = self.best, self.gdp_best, self.fdp_best, self.meter
         meter = {}
         if m is not None:
             mult, sens = m.check("multiplier", "joint"), m.check("sensitivity", "g")
@@ -394,6 +419,11 @@ class AuditResult:
             "gdp_best_test": f"{gbest.score}, k={gbest.k}: {gbest.correct}/{gbest.guesses}"
             if gbest and gbest.gdp_mu_lower > 0
             else "",
+            "fdp_mu_lower": self.fdp_mu_lower,
+            "fdp_epsilon_lower": self.fdp_epsilon_lower,
+            "fdp_best_test": f"{fbest.score}, k={fbest.k}: {fbest.correct}/{fbest.guesses}"
+            if fbest and fbest.fdp_mu_lower > 0
+            else "",
             **meter,
             "participation": self.ledger_verdict.split(":")[0],
             "control": self.control or "",
@@ -421,7 +451,8 @@ class AuditResult:
         lines.append(
             f"  Gaussian bound: not mu-GDP for mu < {self.gdp_mu_lower:.4g} (claim: mu = {self.claimed_mu:.4g}, "
             f"{'exact' if self.claimed_mu_exact else 'the Gaussian curve through the claimed epsilon'}); as an "
-            f"epsilon at delta: {self.gdp_epsilon_lower:.4g} -> {self.verdict}"
+            f"epsilon at delta: {self.gdp_epsilon_lower:.4g}; f-DP bound (Mahloujifar et al.): mu < "
+            f"{self.fdp_mu_lower:.4g}, epsilon {self.fdp_epsilon_lower:.4g} -> {self.verdict}"
             + (f" (caught by {'; '.join(self.caught_by)})" if self.caught_by else "")
         )
         if self.meter is not None:
@@ -467,6 +498,7 @@ def judge(
                     v,
                     epsilon_lower_bound(m, r, v, delta, level),
                     gdp_mu_lower_bound(m, r, v, level),
+                    fdp_mu_lower_bound(m, r, v, level),
                 )
             )
     r_max = 2 * max(1, int(max(FRACTIONS) * m))
