@@ -34,7 +34,6 @@ size.
 from __future__ import annotations
 
 import functools
-import inspect
 import math
 import re
 import warnings
@@ -186,6 +185,8 @@ def make_private(
     lr_schedule: str = "constant",
     lr_warmup_steps: int = 0,
     optimizer_args: Mapping[str, Any] | None = None,
+    weight_decay: float | None = None,
+    weight_decay_mask: Callable[[str, nn.Parameter], bool] | None = None,
     noise_args: Mapping[str, Any] | None = None,
     clipping: str = "bk",
     physical_batch_size: int | None = None,
@@ -217,6 +218,13 @@ def make_private(
 
     ``lr_schedule``: ``constant`` or ``linear`` (``lr_warmup_steps`` of linear warm-up, then linear decay towards 0
     at the last step; :mod:`dp_adam_bench.optim.schedule`).
+
+    ``weight_decay``: lambda (overrides the variant's default: 0, or 0.01 for ``adamw`` / ``adamw_bc``), coupled
+    (L2, as ``torch.optim.Adam(weight_decay=...)``) or decoupled (as ``torch.optim.AdamW``) per
+    ``optimizer_args['weight_decay_mode']``; data-independent, so post-processing. ``weight_decay_mask(name,
+    parameter) -> bool`` says which of ``model.named_parameters()`` decay; by default all but biases and
+    normalisation weights (Hugging Face Trainer's rule, :mod:`dp_adam_bench.optim.decay`; every one with
+    ``optimizer_args={'decay_exclude': 'none'}``).
 
     ``private.guarantee()`` names the accountant of each privacy number: the epsilon reported (``accountant``, the
     argument), and the accountant that met ``target_epsilon`` or enforces ``epsilon_budget`` (``exact_gaussian``
@@ -257,9 +265,15 @@ def make_private(
     cfg["seed"] = seed
     _merge(
         cfg["optimizer"],
-        dict(optimizer_args or {}) | ({"lr": lr} if lr is not None else {}),
+        dict(optimizer_args or {})
+        | ({"lr": lr} if lr is not None else {})
+        | ({"weight_decay": weight_decay} if weight_decay is not None else {}),
         "optimizer_args",
     )
+    if weight_decay_mask is not None and not callable(weight_decay_mask):
+        raise ConfigError(
+            f"weight_decay_mask={weight_decay_mask!r} must be a callable (name, parameter) -> bool, or None"
+        )
     _merge(cfg["noise"], dict(noise_args or {}), "noise_args")
     cfg["privacy"].update(
         clip=clip,
@@ -321,6 +335,10 @@ def make_private(
         raise
     except ValueError as err:  # a variant or task refusing one of its fields
         raise ConfigError(str(err)) from err
+    if weight_decay_mask is not None:
+        from dp_adam_bench.optim.decay import mask_from_names
+
+        run.variant.decay_mask = mask_from_names(model, run.backend.params, weight_decay_mask)
     if run.plan.noisy and run.plan.sampler.kind == "shuffle":
         warnings.warn(
             "sampler='shuffle' is accounted as Poisson sampling, which it does not implement: its epsilon is not a "
@@ -352,6 +370,7 @@ _API_NAMES = {
     "train.self_check": "self_check",
     "optimizer.name": "optimizer",
     "optimizer.lr": "lr",
+    "optimizer.weight_decay": "weight_decay",
     "noise.kind": "noise",
 }
 _FIELD = re.compile(
@@ -390,10 +409,12 @@ def _merge(into: dict, extra: dict, what: str) -> None:
         )
     valid = set(into)
     if what == "optimizer_args":
+        from dp_adam_bench.config import variant_fields
         from dp_adam_bench.optim.registry import VARIANTS
 
-        params = inspect.signature(VARIANTS.get(into["name"])).parameters
-        valid |= {k for k, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        valid |= set(
+            variant_fields(VARIANTS.get(into["name"]))
+        )  # along the classes: weight_decay from the base
     else:
         valid |= {"max_memory_gb"}
     unknown = sorted(set(extra) - valid)

@@ -159,7 +159,7 @@ def test_bad_hyperparameters_fail_clearly():
         build_variant("adam", lr=0.1, beta2=1.0)
     with pytest.raises(ValueError, match="optimizer.gamma must be > 0"):
         build_variant("adambc", lr=0.1, gamma=0.0)
-    with pytest.raises(ValueError, match="optimizer.name='adamw' is not a known optimizer variant"):
-        build_variant("adamw", lr=0.1)
+    with pytest.raises(ValueError, match="optimizer.name='adamax' is not a known optimizer variant"):
+        build_variant("adamax", lr=0.1)
     with pytest.raises(ValueError, match="optimizer.lr must be > 0"):
         build_variant("sgd", lr=-1)

@@ -143,7 +143,7 @@ def _refusal(**overrides):
         ({"sigma": -1.0}, "^sigma=-1.0"),
         ({"sigma": None}, "^sigma=None"),
         ({"batch_size": 1000}, "larger than the training set"),
-        ({"optimizer": "adamw"}, "optimizer='adamw' is not known; valid: .*adambc"),
+        ({"optimizer": "adamax"}, "optimizer='adamax' is not known; valid: .*adambc"),
         ({"noise": "gauss"}, "noise='gauss' is not known; valid: .*bandmf"),
         ({"optimizer_args": {"beta3": 0.5}}, "unknown key.*beta3; valid: .*beta2"),
         ({"noise_args": {"bands": 2}}, "noise_args: unknown key.*bands"),

@@ -632,6 +632,7 @@ def _replay(run, records: list[StepRecord], before: list[torch.Tensor], final: t
 
     cfg = run.cfg
     variant = build_variant(cfg.optimizer.name, **{k: v for k, v in cfg.optimizer.items() if k != "name"})
+    variant.decay_mask = run.variant.decay_mask  # weight decay's mask: the model's structure, not data
     params = [before[0].clone()]
     after = [*before[1:], final]
     worst, failed_at, why = 0.0, None, ""
@@ -912,11 +913,14 @@ class ModelRecorder:
         return getattr(self.inner, name)
 
 
-def _replay_lists(cfg, schedule, records, before: list[list[torch.Tensor]], final: list[torch.Tensor]):
+def _replay_lists(
+    cfg, schedule, records, before: list[list[torch.Tensor]], final: list[torch.Tensor], decay_mask=None
+):
     """:func:`_replay` for parameter lists (model tasks)."""
     from dp_adam_bench.optim.registry import build_variant
 
     variant = build_variant(cfg.optimizer.name, **{k: v for k, v in cfg.optimizer.items() if k != "name"})
+    variant.decay_mask = decay_mask
     params = [p.clone() for p in before[0]]
     after = [*before[1:], final]
     worst, failed_at = 0.0, None
@@ -1014,7 +1018,9 @@ def meter_model(
     checks.insert(1, multiplier_check(parts, float(plan.account_sigma), crit1))
     checks.append(joint_noise_check(whitened, alpha / checks_count))
     final = [p.detach().clone() for p in backend.inner.params]
-    checks.append(_replay_lists(cfg, run.schedule, recs, backend.params_before, final))
+    checks.append(
+        _replay_lists(cfg, run.schedule, recs, backend.params_before, final, run.variant.decay_mask)
+    )
     return MeterResult(
         variant=run.variant.name,
         noise=str(cfg.noise.kind),

@@ -40,6 +40,7 @@ from dp_adam_bench.engine.self_check import carried_over, carried_probe, carry_k
 from dp_adam_bench.engine.session import PrivateTraining
 from dp_adam_bench.errors import ConfigError
 from dp_adam_bench.optim.base import Variant
+from dp_adam_bench.optim.decay import decay_mask
 from dp_adam_bench.optim.registry import build_variant
 from dp_adam_bench.optim.schedule import LRSchedule, build_schedule
 from dp_adam_bench.progress import Progress
@@ -138,6 +139,8 @@ def prepare(cfg, task, folder: Path | None = None) -> Run:
             device,
             precision=cfg.train.get("precision", "fp32"),
         )
+        # which tensors weight decay acts on, from the model's names and module types (optim/decay.py)
+        variant.decay_mask = decay_mask(model, backend.params, variant.decay_exclude)
     try:
         if variant.scale(variant.init(backend.params)) is not None and not backend.supports_scale:
             raise ConfigError(

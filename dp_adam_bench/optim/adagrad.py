@@ -2,12 +2,16 @@
 
 * ``adagrad_pp`` — AdaGrad via post-processing: plain AdaGrad on the privatized gradient. With sigma = 0 and no
   clipping it *is* non-private AdaGrad, and matches ``torch.optim.Adagrad`` (eps = 1e-10 added to sqrt(nu), the
-  same operation order) bit for bit.
+  same operation order) bit for bit, with coupled ``weight_decay`` too (g + lambda theta, as
+  ``torch.optim.Adagrad(weight_decay=...)``).
 * ``adagrad_ime`` — independent moment estimation (Kalinin et al.; Ganesh Alg. 6 adapted to AdaGrad): the
   gradient and its square are noised separately, g_t + sqrt(2) (C/B) sigma w1_t and
   g_t^2 + sqrt(2) S2 sigma w2_t, where S2 is the L2 sensitivity of g_t^2 (below). The accumulator nu can go
   negative, so the step is eta / max(floor, sqrt(max(nu, 0))) with floor = 1 as in §5.1.
 * ``adagrad_ime_free`` — the same "for free": the sqrt(2) factors dropped (each half alone gets sigma).
+
+Weight decay (:mod:`dp_adam_bench.optim.base`): coupled or decoupled for ``adagrad_pp``; decoupled only for the IME
+variants, whose accumulator is fed by the separate release of g^2, which an L2 term added to g would not reach.
 
 Sensitivity of g_t^2 under zero-out adjacency with batch size B (Ganesh §3.2): the derivation bounds it by
 (2B - 1) C^2 / B^2, while Algorithm 6 as printed adds noise with (2B + 1) C^2 / B^2. Both are valid (the printed
@@ -29,8 +33,8 @@ from dp_adam_bench.optim.base import Releases, StepContext, Variant
 class AdaGradPP(Variant):
     name = "adagrad_pp"
 
-    def __init__(self, lr: float, eps: float = 1e-10, **_):
-        super().__init__(lr)
+    def __init__(self, lr: float, eps: float = 1e-10, **kw):
+        super().__init__(lr, **kw)
         if eps < 0:
             raise ValueError(f"optimizer.eps must be >= 0, got {eps}")
         self.eps = float(eps)
@@ -39,7 +43,9 @@ class AdaGradPP(Variant):
         return {"nu": [torch.zeros_like(p) for p in params]}
 
     def update(self, params, state, ctx: StepContext):
-        for p, g, nu in zip(params, ctx.noisy, state["nu"], strict=True):
+        grads = self.with_coupled_decay(params, ctx.noisy)
+        self.apply_decoupled_decay(params)
+        for p, g, nu in zip(params, grads, state["nu"], strict=True):
             nu.addcmul_(g, g, value=1)
             p.addcdiv_(g, nu.sqrt().add_(self.eps), value=-self.lr)
 
@@ -65,9 +71,12 @@ class AdaGradIME(Variant):
     name = "adagrad_ime"
     needs_fixed_batch = True
     split_factor = math.sqrt(2.0)
+    coupled_decay = False
 
-    def __init__(self, lr: float, floor: float = 1.0, eps: float = 0.0, sq_sensitivity: str = "derived", **_):
-        super().__init__(lr)
+    def __init__(
+        self, lr: float, floor: float = 1.0, eps: float = 0.0, sq_sensitivity: str = "derived", **kw
+    ):
+        super().__init__(lr, **kw)
         if floor < 0 or eps < 0:
             raise ValueError(f"optimizer.floor and optimizer.eps must be >= 0, got {floor}, {eps}")
         if floor == 0 and eps == 0:
@@ -84,6 +93,7 @@ class AdaGradIME(Variant):
     def update(self, params, state, ctx: StepContext):
         if ctx.noisy_square is None:
             raise RuntimeError("adagrad_ime needs the privatizer's release of g^2 (StepContext.noisy_square)")
+        self.apply_decoupled_decay(params)
         for p, g, q, nu in zip(params, ctx.noisy, ctx.noisy_square, state["nu"], strict=True):
             nu.add_(q)
             denom = nu.clamp(min=0).sqrt().clamp_(min=self.floor).add_(self.eps)

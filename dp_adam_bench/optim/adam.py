@@ -20,7 +20,26 @@ with Var[noise_t] = (sigma C / B)^2 ||row_t(C^{-1})||^2 — the closed form of G
 :mod:`dp_adam_bench.privacy.adam_bias` for why the recursion printed in the paper is not used).
 
 ``adam`` follows ``torch.optim.Adam``'s single-tensor operation order, so with sigma = 0 and no clipping it matches
-``torch.optim.Adam(foreach=False)`` bit for bit.
+``torch.optim.Adam(foreach=False)`` bit for bit, with coupled ``weight_decay`` too (lambda theta added to g~
+before both moments).
+
+Weight decay (:mod:`dp_adam_bench.optim.base`; data-independent, so post-processing): every variant takes
+``weight_decay`` with ``weight_decay_mode`` coupled (L2, refused where the second moment is fed by something other
+than g~: ime, ime_free, noiseless_precond, stp_noiseless_precond, side_info) or decoupled. Two variants are
+decoupled by definition, after Chooi, Cong, Li & Sun, "DP-AdamW: Investigating Decoupled Weight Decay and Bias
+Correction in Private Deep Learning" (arXiv:2511.07843, 2025):
+
+| name | step |
+|---|---|
+| adamw (DP-AdamW) | theta <- (1 - eta_t lambda) theta, then adam's step on g~ |
+| adamw_bc (DP-AdamW-BC) | theta <- (1 - eta_t lambda) theta, then adambc's step (Tang Eq. 3 denominator) |
+
+The paper's own equations were not available to us: these definitions follow its abstract ("a differentially
+private variant of the AdamW optimizer with DP bias correction for the second moment estimator"), i.e. AdamW
+(Loshchilov & Hutter 2019, as ``torch.optim.AdamW``: the decay scaled by the current scheduled learning rate, eps
+outside the root) on the privatized gradient, and the same with Tang & Lecuyer's bias-corrected denominator
+sqrt(max(v^ - Phi_t, gamma')). With sigma = 0 and no clipping ``adamw`` matches ``torch.optim.AdamW(foreach=False)``
+bit for bit.
 """
 
 from __future__ import annotations
@@ -38,8 +57,8 @@ class Adam(Variant):
 
     name = "adam"
 
-    def __init__(self, lr: float, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8, **_):
-        super().__init__(lr)
+    def __init__(self, lr: float, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8, **kw):
+        super().__init__(lr, **kw)
         for field, v in (("beta1", beta1), ("beta2", beta2)):
             if not 0.0 <= v < 1.0:
                 raise ValueError(f"optimizer.{field} must be in [0, 1), got {v}")
@@ -73,8 +92,9 @@ class Adam(Variant):
         # exact bias of v^_t under the mechanism (Phi_t; constant (sigma C/B)^2 for independent noise)
         bc2 = 1 - b2**t
         state["phi"] = ((b2 - b2**t) * state["phi"] + (1 - b2) * ctx.noise_variance) / bc2
-        first = self.first_moment_input(ctx)
+        first = self.with_coupled_decay(params, self.first_moment_input(ctx))
         second = self.second_moment_input(ctx, first)
+        self.apply_decoupled_decay(params)
         step_size = self.lr / (1 - b1**t)
         bc2_sqrt = bc2**0.5
         for i, (p, g, m, v) in enumerate(zip(params, first, state["m"], state["v"], strict=True)):
@@ -84,6 +104,25 @@ class Adam(Variant):
             else:
                 v.mul_(b2).add_(second[i], alpha=1 - b2)
             p.addcdiv_(m, self.denominator(v, bc2_sqrt, state), value=-step_size)
+
+
+class DecoupledDecay:
+    """Mixin for the AdamW variants: weight decay decoupled by definition, lambda = 0.01 by default
+    (``torch.optim.AdamW``'s)."""
+
+    def __init__(self, lr: float, weight_decay: float = 0.01, weight_decay_mode: str = "decoupled", **kw):
+        if weight_decay_mode != "decoupled":
+            raise ValueError(
+                f"optimizer.weight_decay_mode={weight_decay_mode!r}: {self.name} decays decoupled by definition; "
+                "for coupled (L2) decay use the variant without W (adam, adambc) with weight_decay"
+            )
+        super().__init__(lr, weight_decay=weight_decay, weight_decay_mode=weight_decay_mode, **kw)
+
+
+class AdamW(DecoupledDecay, Adam):
+    """DP-AdamW (Chooi et al. 2025, as defined in the module docstring): AdamW on the privatized gradient."""
+
+    name = "adamw"
 
 
 class SubtractBias(Adam):
@@ -117,6 +156,13 @@ class AdamBC(SubtractBias):
         self.floor = float(gamma)
 
 
+class AdamWBC(DecoupledDecay, AdamBC):
+    """DP-AdamW-BC (Chooi et al. 2025, as defined in the module docstring): decoupled decay, then DP-AdamBC's
+    step m^ / sqrt(max(v^ - Phi_t, gamma'))."""
+
+    name = "adamw_bc"
+
+
 class BiasCorrection(SubtractBias):
     """Ganesh et al.'s bias correction: m^ / sqrt(max(v^ - Phi_t, eps_s^2))."""
 
@@ -134,6 +180,7 @@ class AdamIME(Adam):
     noise (Ganesh Alg. 6; Kalinin et al.). The variant only reads the two private releases."""
 
     name = "ime"
+    coupled_decay = False
     needs_fixed_batch = True  # the sensitivity of g^2, (2B - 1) C^2 / B^2, assumes at most B examples
     split_factor = math.sqrt(2.0)
 
@@ -185,6 +232,7 @@ class NoiselessPreconditioner(Adam):
     """Non-private baseline (Ganesh Fig. 3): first moment from g~, second moment from the clean clipped g."""
 
     name = "noiseless_precond"
+    coupled_decay = False
     needs_clean = True
     private = False
 
@@ -198,6 +246,7 @@ class SideInformation(Adam):
     no privacy. Alg. 9 divides by sqrt(v^) alone; eps keeps the step finite where the public gradient is zero."""
 
     name = "side_info"
+    coupled_decay = False
     needs_side_info = True
 
     def second_moment_input(self, ctx, first):
@@ -210,6 +259,7 @@ class STPNoiselessPreconditioner(ScaleThenPrivatize):
     """Scale-then-privatize whose preconditioner uses the clean (un-noised, unscaled) clipped gradient."""
 
     name = "stp_noiseless_precond"
+    coupled_decay = False
     needs_clean = True
     private = False
 

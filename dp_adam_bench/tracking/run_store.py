@@ -57,11 +57,24 @@ OPERATIONAL_TRAIN_KEYS = (
 # train.* keys added after runs existed, at the value that computes what those runs computed: left out of the
 # identity at that value, so that existing run folders keep their names (and resume, or are skipped as complete)
 LATER_TRAIN_DEFAULTS = {"lr_schedule": "constant", "lr_warmup_steps": 0, "precision": "fp32"}
+# optimizer.* keys added after runs existed (weight decay, issue 35), likewise left out at the value that decays
+# nothing
+LATER_OPTIMIZER_DEFAULTS = {
+    "weight_decay": 0.0,
+    "weight_decay_mode": "coupled",
+    "decay_exclude": "bias_and_norm",
+}
 
 
 def run_identity(cfg: dict) -> dict:
     """The part of a config that determines a run's result."""
     ident = {k: cfg.get(k) for k in IDENTITY_KEYS}
+    if hasattr(ident["optimizer"], "items"):
+        ident["optimizer"] = {
+            k: v
+            for k, v in ident["optimizer"].items()
+            if not (k in LATER_OPTIMIZER_DEFAULTS and v == LATER_OPTIMIZER_DEFAULTS[k])
+        }
     ident["train"] = {
         k: v
         for k, v in (cfg.get("train") or {}).items()
