@@ -488,13 +488,17 @@ def build_step(spec: dict, label: Callable = no_label) -> Step:
     def step():
         with L("scale"):
             scale = variant.scale(state)  # None except for stp
-        summed = [torch.zeros_like(p) for p in params]
+        summed = None  # as the trainer (engine/backends.py): the first micro-batch's sums, the others added
         for chunk in chunks:
             with L("clip_engine"):
                 cs = engine.clipped_sum(chunk, CLIP, scale)
             with L("accumulate"):
-                for acc, s in zip(summed, cs.summed, strict=True):
-                    acc.add_(s)
+                if summed is None:
+                    summed = cs.summed
+                else:
+                    for acc, s in zip(summed, cs.summed, strict=True):
+                        acc.add_(s)
+            cs = None
         with L("noise"):
             ctx = privatizer.release_sum(summed, scale).ctx
         with L("optimizer"), torch.no_grad():

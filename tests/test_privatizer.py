@@ -31,6 +31,45 @@ def test_realized_noise_std_is_sigma_c_over_b():
     assert float(ctx.noisy[0].std()) == pytest.approx(sigma * clip / B, rel=0.02)
 
 
+@pytest.mark.parametrize("keep", ["nothing", "keep_clean", "clean", "square"])
+def test_release_sum_noises_in_place_only_what_nobody_reads(keep):
+    """release_sum consumes its accumulator; the releases, the clean mean a diagnostic or a variant reads, and the
+    mechanism's own draws are those of a release that copies."""
+    from dp_adam_bench.optim.base import Releases
+
+    releases = {
+        "clean": Releases(clean=True),
+        "square": Releases(noise_scale=2**0.5, square_sensitivity=lambda c, b: c * c / b),
+    }.get(keep, Releases())
+    summed = [torch.randn(3, 4, generator=torch.Generator().manual_seed(0)), torch.arange(5.0)]
+    out = {}
+    for consume in (True, False):
+        mechs = [IndependentMechanism().reset([(3, 4), (5,)], seed=1) for _ in range(releases.streams)]
+        priv = Privatizer(
+            clip=1.0,
+            sigma=0.7,
+            expected_batch_size=4,
+            mechanisms=mechs,
+            releases=releases,
+            keep_clean=keep == "keep_clean",
+        )
+        mine = [s.clone() for s in summed]
+        rel = priv.release_sum(mine) if consume else priv.release_mean([s / 4 for s in summed])
+        out[consume] = rel, mine
+    (fast, mine), (slow, _) = out[True], out[False]
+    for a, b in zip(fast.ctx.noisy, slow.ctx.noisy, strict=True):
+        assert torch.equal(a, b)
+    clean = fast.clean if keep == "keep_clean" else fast.ctx.clean
+    if keep in ("keep_clean", "clean"):
+        for c, s in zip(clean, summed, strict=True):
+            assert torch.equal(c, s / 4)  # not the noised values
+    if keep == "square":
+        for a, b in zip(fast.ctx.noisy_square, slow.ctx.noisy_square, strict=True):
+            assert torch.equal(a, b)
+    if keep == "nothing":
+        assert all(a is m for a, m in zip(fast.ctx.noisy, mine, strict=True))  # no copy made
+
+
 @pytest.mark.parametrize(
     "kwargs,match",
     [

@@ -120,8 +120,8 @@ class ReusedNoisePrivatizer(Privatizer):
 class CleanSquarePrivatizer(Privatizer):
     """Releases g^2 without its noise (the gradient release keeps its noise)."""
 
-    def release_mean(self, mean, scale=None) -> Release:
-        out = super().release_mean(mean, scale)
+    def release_mean(self, mean, scale=None, **kw) -> Release:
+        out = super().release_mean(mean, scale, **kw)  # keeps mean clean: g^2 is released
         if out.ctx.noisy_square is None:
             raise ValueError("the clean_square control needs a variant that releases g^2 (ime, adagrad_ime)")
         out.ctx.noisy_square = [m * m for m in mean]

@@ -126,7 +126,7 @@ class ModelBackend:
         the privatizer's releases. Counts for :meth:`clipped_fraction` and the per-example norms
         (:attr:`last_norms`, diagnostic: never released) stay on the device (no host sync)."""
         ddp, clip = self.ddp, privatizer.clip
-        summed = [torch.zeros_like(p) for p in self.params]
+        summed = None  # the first micro-batch's sums (fresh tensors), then the others added to them
         norms = []
         self._counts = torch.zeros(2, dtype=torch.float64, device=self.device)  # (examples, clipped) here
         self.model.train()
@@ -140,13 +140,19 @@ class ModelBackend:
             batch = {k: v.to(self.device) for k, v in self.task.get_batch(chunk).items()}
             with self._autocast():
                 cs = self.engine.clipped_sum(batch, clip, scale)
-            for acc, s in zip(summed, cs.summed, strict=True):
-                acc.add_(s)
+            if summed is None:
+                summed = cs.summed
+            else:
+                for acc, s in zip(summed, cs.summed, strict=True):
+                    acc.add_(s)
+            cs.summed = None  # not held through the release
             norms.append(cs.norms.detach())
             self._counts[0] += cs.norms.numel()
             if clip:
                 self._counts[1] += (cs.norms > clip).sum()
         self.last_norms = torch.cat(norms) if norms else torch.zeros(0, device=self.device)
+        if summed is None:
+            summed = [torch.zeros_like(p) for p in self.params]
         ddp.all_reduce_(summed)  # the global sum of clipped gradients, before any noise
         return privatizer.release_sum(summed, scale)
 

@@ -53,7 +53,8 @@ def clip_factors(norms: torch.Tensor, clip: float | None) -> torch.Tensor:
 
 @dataclass
 class ClippedSum:
-    summed: list[torch.Tensor]  # sum_i clip(s * g_i) (in the scaled geometry if a scale was given)
+    # sum_i clip(s * g_i) (in the scaled geometry if a scale was given): fresh tensors the caller owns
+    summed: list[torch.Tensor]
     norms: torch.Tensor  # ||s * g_i|| before clipping, one per example
     count: int
 

@@ -116,18 +116,28 @@ class Privatizer:
         return self.release_mean(mean, scale)
 
     def release_sum(self, summed: list[torch.Tensor], scale: list[torch.Tensor] | None = None) -> Release:
-        """The sum of clipped per-example gradients of a whole logical batch in, the step's private releases out."""
-        return self.release_mean([s / self.B for s in summed], scale)
+        """The sum of clipped per-example gradients of a whole logical batch in, the step's private releases out.
 
-    def release_mean(self, mean: list[torch.Tensor], scale: list[torch.Tensor] | None = None) -> Release:
-        """Add the step's noise to (1/B) sum_i clip(s g_i); undo the scale s for scale-then-privatize."""
+        ``summed`` is consumed (the caller's accumulator): it is divided by B and noised in place, so that a step
+        holds no more parameter-sized copies than it must (GPT-2 small on a CPU: 2 fewer, 1.3 GB)."""
+        return self.release_mean([s.div_(self.B) for s in summed], scale, consume=True)
+
+    def release_mean(
+        self, mean: list[torch.Tensor], scale: list[torch.Tensor] | None = None, *, consume: bool = False
+    ) -> Release:
+        """Add the step's noise to (1/B) sum_i clip(s g_i); undo the scale s for scale-then-privatize.
+
+        ``consume``: ``mean`` is the caller's to overwrite: the noise is added to it in place unless the clean mean
+        is still needed (``keep_clean``, a variant that reads it, the release of g^2)."""
         self.step += 1
         rel = self.releases
         std = self.noise_std
         noisy_square = None
         if self.sigma > 0:
             unit = self.mechanisms[0].next()
-            noisy = [m + std * w for m, w in zip(mean, unit, strict=True)]
+            in_place = consume and not (self.keep_clean or rel.clean or rel.square_sensitivity is not None)
+            noisy = [m.add_(std * w) if in_place else m + std * w for m, w in zip(mean, unit, strict=True)]
+            del unit
             variance = std**2 * self.mechanisms[0].variance(self.step - 1)
         else:
             noisy, variance = mean, 0.0
