@@ -137,7 +137,8 @@ CASES = [
     ([*TOY, "+foo=1"], "foo=1 is not a config field; valid top-level fields: task, optimizer"),
     (
         [*TOY, "+optimizer.foo=1"],
-        "optimizer.foo=1 is not a field of optimizer.name='adagrad_pp'; valid: eps, lr",
+        "optimizer.foo=1 is not a field of optimizer.name='adagrad_pp'; valid: decay_exclude, eps, lr, "
+        "weight_decay, weight_decay_mode",
     ),
 ]
 
