@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 
 
-def _check_counts(m: int, r: int, v: int) -> None:
+def check_counts(m: int, r: int, v: int) -> None:
+    """ValueError, in one line, unless m (canaries), r (guesses) and v (correct) are integers with 0 <= v <= r <= m."""
     for name, x in (("m", m), ("r", r), ("v", v)):
         if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
             raise ValueError(f"{name} must be an integer, got {x!r}")
@@ -32,7 +33,8 @@ def _check_counts(m: int, r: int, v: int) -> None:
         raise ValueError(f"need 0 <= v (correct) <= r (guesses) <= m (canaries), got v={v}, r={r}, m={m}")
 
 
-def _check_unit(name: str, x: float, *, open_low: bool, open_high: bool) -> None:
+def check_unit(name: str, x: float, *, open_low: bool, open_high: bool) -> None:
+    """ValueError, in one line naming ``name``, unless ``x`` is a finite number in the unit interval (ends as asked)."""
     if not (isinstance(x, (int, float)) and math.isfinite(x)):
         raise ValueError(f"{name} must be a finite number, got {x!r}")
     low_ok = x > 0 if open_low else x >= 0
@@ -44,7 +46,7 @@ def _check_unit(name: str, x: float, *, open_low: bool, open_high: bool) -> None
 
 def binomial_pmf(r: int, p: float) -> np.ndarray:
     """P[Binomial(r, p) = k] for k = 0..r, exactly (log-space lgamma; 0 where it underflows)."""
-    _check_unit("p", p, open_low=False, open_high=False)
+    check_unit("p", p, open_low=False, open_high=False)
     k = np.arange(r + 1, dtype=np.float64)
     log_choose = math.lgamma(r + 1) - np.array([math.lgamma(x + 1) + math.lgamma(r - x + 1) for x in k])
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -61,10 +63,10 @@ def accuracy_of(epsilon: float) -> float:
 def p_value(m: int, r: int, v: int, epsilon: float, delta: float) -> float:
     """The right-hand side of Steinke et al. Theorem 3.1: an upper bound on P[W >= v] for any (epsilon, delta)-DP
     algorithm audited with m canaries and r guesses (capped at 1)."""
-    _check_counts(m, r, v)
+    check_counts(m, r, v)
     if not (math.isfinite(epsilon) and epsilon >= 0):
         raise ValueError(f"epsilon must be a finite number >= 0, got {epsilon}")
-    _check_unit("delta", delta, open_low=False, open_high=False)
+    check_unit("delta", delta, open_low=False, open_high=False)
     pmf = binomial_pmf(r, accuracy_of(epsilon))
     tail = float(pmf[v:].sum())
     if delta == 0 or v == 0:
@@ -78,8 +80,8 @@ def epsilon_lower_bound(m: int, r: int, v: int, delta: float, significance: floa
     """The largest epsilon that v correct guesses out of r (m canaries) reject at ``significance``: with
     probability >= 1 - significance the audited algorithm is not (eps, delta)-DP for any eps below it. 0 when
     nothing is rejected."""
-    _check_counts(m, r, v)
-    _check_unit("significance", significance, open_low=True, open_high=True)
+    check_counts(m, r, v)
+    check_unit("significance", significance, open_low=True, open_high=True)
     if r == 0 or p_value(m, r, v, 0.0, delta) > significance:
         return 0.0
     lo, hi = 0.0, 1.0
@@ -175,7 +177,7 @@ def gdp_p_value(m: int, r: int, v: int, mu: float, log_choose: np.ndarray | None
     Mahloujifar, Melis & Chaudhuri (ICML 2025, arXiv:2410.22235), which uses the trade-off function f = G_mu at
     once and is at least as tight; it needs no assumption beyond the Gaussian curve being the one tested.
     """
-    _check_counts(m, r, v)
+    check_counts(m, r, v)
     if not (math.isfinite(mu) and mu >= 0):
         raise ValueError(f"mu must be a finite number >= 0, got {mu}")
     if r == 0:
@@ -205,8 +207,8 @@ def gdp_mu_lower_bound(m: int, r: int, v: int, significance: float = 0.05) -> fl
     """The largest mu that v correct guesses out of r (m canaries) reject at ``significance``: with probability
     >= 1 - significance the audited algorithm is not mu-GDP for any mu below it (0 when nothing is rejected).
     :func:`gdp_p_value` grows with mu (delta_mu(epsilon) does, at every epsilon), so bisection finds it."""
-    _check_counts(m, r, v)
-    _check_unit("significance", significance, open_low=True, open_high=True)
+    check_counts(m, r, v)
+    check_unit("significance", significance, open_low=True, open_high=True)
     if r == 0:
         return 0.0
     lc = _log_choose(r)

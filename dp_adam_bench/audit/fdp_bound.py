@@ -42,7 +42,7 @@ import math
 
 from scipy.special import ndtr, ndtri
 
-from dp_adam_bench.audit.bound import _check_counts, _check_unit
+from dp_adam_bench.audit.bound import check_counts, check_unit
 
 #: the largest mu searched: G_64 is indistinguishable from no privacy at all at any significance we use
 MU_MAX = 64.0
@@ -63,8 +63,8 @@ def gaussian_blow_up_inverse(y: float, mu: float) -> float:
 def fdp_rejects(m: int, r: int, v: int, mu: float, significance: float) -> bool:
     """True when v correct guesses out of r (m canaries) reject mu-GDP at ``significance``: Mahloujifar et al.'s
     Algorithm 3 with f = G_mu (module docstring). mu = 0 (perfect privacy) is rejected only by an impossible count."""
-    _check_counts(m, r, v)
-    _check_unit("significance", significance, open_low=True, open_high=True)
+    check_counts(m, r, v)
+    check_unit("significance", significance, open_low=True, open_high=True)
     if not (isinstance(mu, (int, float)) and math.isfinite(mu) and mu >= 0):
         raise ValueError(f"mu must be a finite number >= 0, got {mu!r}")
     return _rejects(m, r, v, float(mu), float(significance))
@@ -88,8 +88,8 @@ def fdp_mu_lower_bound(m: int, r: int, v: int, significance: float = 0.05) -> fl
     """The largest mu that v correct guesses out of r (m canaries) reject at ``significance`` under Mahloujifar et
     al.'s f-DP audit: with probability >= 1 - significance the run is not mu-GDP for any mu below it (0 when nothing
     is rejected; :data:`MU_MAX` when even that is)."""
-    _check_counts(m, r, v)
-    _check_unit("significance", significance, open_low=True, open_high=True)
+    check_counts(m, r, v)
+    check_unit("significance", significance, open_low=True, open_high=True)
     tau = float(significance)
     if not _rejects(m, r, v, 0.0, tau):
         return 0.0
