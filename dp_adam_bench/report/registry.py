@@ -177,6 +177,18 @@ _TABLES: tuple[tuple[str, ReportSpec], ...] = (
         ),
     ),
     (
+        "chooi_dpadamw",
+        ReportSpec(
+            _in("chooi_dpadamw"),
+            "Chooi et al. 2025 (DP-AdamW)",
+            "DP-SGD vs DP-Adam vs DP-AdamBC vs DP-AdamW vs DP-AdamW-BC, CIFAR-10 CNN5, lr and lambda chosen on "
+            "validation images",
+            "~20 min (42 runs)",
+            experiment="chooi_dpadamw",
+            runtime_paper="3 x 42 GPU runs of 500 steps (eps = 1, 3, 7; a 3-point grid)",
+        ),
+    ),
+    (
         "tang_fig3_cifar10",
         ReportSpec(
             _in("tang_fig3"),

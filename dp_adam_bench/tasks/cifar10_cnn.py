@@ -46,7 +46,7 @@ from torch.nn import functional as F
 from dp_adam_bench import progress
 from dp_adam_bench.files import write_atomic
 from dp_adam_bench.paths import shared_data_dir
-from dp_adam_bench.tasks.base import ModelTask, missing_data, subset_indices, try_hub
+from dp_adam_bench.tasks.base import ModelTask, count_field, missing_data, subset_indices, try_hub
 
 log = logging.getLogger(__name__)
 
@@ -399,8 +399,11 @@ class Cifar10CNN(ModelTask):
 
     Config fields: ``source``, ``data_dir``, ``cache_dir`` (see :func:`load_cifar10`); ``train_subset`` /
     ``test_subset`` (null = all, else that many examples drawn without replacement with ``data_seed``, the
-    same for every run); ``eval_batch_size``; ``augment`` (random horizontal flip and 4-pixel-padded random
-    crop per example, seeded by the run seed; off in Tang's setup).
+    same for every run); ``val_subset`` (null, or that many test-split images outside ``test_subset``, drawn
+    after it with ``data_seed``, scored beside the test subset as ``val_accuracy`` / ``val_loss``: a validation
+    split for choosing hyper-parameters in the same runs, never trained on and never reported as the test
+    number); ``eval_batch_size``; ``augment`` (random horizontal flip and 4-pixel-padded random crop per example,
+    seeded by the run seed; off in Tang's setup).
     """
 
     name = "cifar10_cnn"
@@ -417,6 +420,21 @@ class Cifar10CNN(ModelTask):
         rng = np.random.default_rng(int(cfg.get("data_seed", 0)))
         tr = subset_indices(len(y_tr), cfg.get("train_subset"), rng, "train_subset")
         te = subset_indices(len(y_te), cfg.get("test_subset"), rng, "test_subset")
+        self.x_val = self.y_val = None
+        if cfg.get("val_subset") is not None:
+            if te is None:
+                raise ValueError(
+                    "task.val_subset needs task.test_subset (the reported images it must avoid); with test_subset "
+                    "null every test image is reported"
+                )
+            rest = np.setdiff1d(np.arange(len(y_te)), te)
+            va = np.sort(
+                rng.choice(
+                    rest, size=count_field(cfg.get("val_subset"), "val_subset", len(rest)), replace=False
+                )
+            )
+            self.x_val = torch.from_numpy(np.ascontiguousarray(x_te[va].transpose(0, 3, 1, 2)))
+            self.y_val = torch.from_numpy(y_te[va].astype(np.int64))
         if tr is not None:
             x_tr, y_tr = x_tr[tr], y_tr[tr]
         if te is not None:
@@ -475,14 +493,20 @@ class Cifar10CNN(ModelTask):
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module) -> dict[str, float]:
+        out = self._score(model, self.x_test, self.y_test, "test")
+        if self.x_val is not None:
+            out |= self._score(model, self.x_val, self.y_val, "val")
+        return out
+
+    def _score(self, model: nn.Module, xs: torch.Tensor, ys: torch.Tensor, split: str) -> dict[str, float]:
         p = next(model.parameters(), None)
         device = p.device if p is not None else torch.device("cpu")
         loss_sum, correct = 0.0, 0
-        for start in progress.iterate(range(0, self.test_size, self.eval_batch_size), desc="evaluate"):
-            x = self.normalise(self.x_test[start : start + self.eval_batch_size]).to(device)
-            y = self.y_test[start : start + self.eval_batch_size].to(device)
+        n = int(ys.shape[0])
+        for start in progress.iterate(range(0, n, self.eval_batch_size), desc="evaluate"):
+            x = self.normalise(xs[start : start + self.eval_batch_size]).to(device)
+            y = ys[start : start + self.eval_batch_size].to(device)
             logits = model(x).float()
             loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
             correct += int((logits.argmax(1) == y).sum())
-        n = self.test_size
-        return {"test_accuracy": 100.0 * correct / n, "test_loss": loss_sum / n}
+        return {f"{split}_accuracy": 100.0 * correct / n, f"{split}_loss": loss_sum / n}
