@@ -175,7 +175,8 @@ def gdp_p_value(m: int, r: int, v: int, mu: float, log_choose: np.ndarray | None
     does the smallest of the bounds over a grid of epsilons: the whole privacy curve is audited instead of the one
     (epsilon, delta) of :func:`p_value`. This is the point-wise (envelope) form of the f-DP one-run audit of
     Mahloujifar, Melis & Chaudhuri (ICML 2025, arXiv:2410.22235), which uses the trade-off function f = G_mu at
-    once and is at least as tight; it needs no assumption beyond the Gaussian curve being the one tested.
+    once and is tighter (:mod:`dp_adam_bench.audit.fdp_bound`); it needs no assumption beyond the Gaussian curve
+    being the one tested.
     """
     check_counts(m, r, v)
     if not (math.isfinite(mu) and mu >= 0):
