@@ -22,14 +22,17 @@ Modes a model cannot run are skipped with a message, not failed (``UNSUPPORTED``
 transformers' attention-mask code, and the LM tasks pass a mask).
 
 Inputs are random (fixed before timing, so data generation is not timed). Each (model, batch size, mode) runs in
-its own subprocess: ``peak_rss_gib`` is that child's ``ru_maxrss`` (the whole process: interpreter, torch, opacus
-and the step), and ``rss_before_steps_gib`` its resident memory after imports and set-up, before the first step.
-Children run with glibc's mmap threshold fixed (``MALLOC_MMAP_THRESHOLD_``, :data:`MMAP_THRESHOLD`, recorded in
-``malloc_mmap_threshold``), so that a freed tensor of 1 MiB or more goes back to the system and the peak RSS is
-the memory a step holds. With glibc's default (a threshold that grows to 32 MiB after the first large free) the
-heap keeps freed tensors: BERT-tiny B = 256 measured 1.64 GiB non-private vs 2.01 GiB bk (1.23x) while the live
-tensors between steps were 0.07 and 0.05 GiB and ``malloc_trim`` brought both to 0.4 GiB; with the fixed
-threshold, 1.31 vs 1.43 GiB (1.09x). Set the variable yourself to measure under another value.
+its own subprocess, timed under glibc's default allocator settings. ``peak_rss_gib`` is the peak resident memory
+of that child (the whole process: interpreter, torch, opacus and the step) over :data:`HELD_STEPS` more steps run
+after the timed ones with glibc's mmap threshold fixed at :data:`MMAP_THRESHOLD` (recorded in
+``malloc_mmap_threshold``), the heap trimmed and the peak reset: a freed tensor of 1 MiB or more then goes back to
+the system, so the peak is the memory a step holds. ``peak_rss_default_gib`` is the peak under glibc's default
+(``ru_maxrss`` after the timed steps), whose threshold grows to 32 MiB after the first large free so that the heap
+keeps freed tensors: BERT-tiny B = 256 measured 1.64 GiB non-private vs 2.01 GiB bk (1.23x) that way while the
+live tensors between steps were 0.07 and 0.05 GiB and ``malloc_trim`` brought both processes to 0.4 GiB. (Fixing
+the threshold for the timed steps too would cost every large allocation its page faults: CNN5 B = 256's
+non-private step went from 0.21 to 0.35 s.) Rows without ``malloc_mmap_threshold`` predate this and hold the
+default peak in ``peak_rss_gib``. ``rss_before_steps_gib`` is the resident memory after imports and set-up.
 Every child imports opacus (and transformers for the language models), whatever its mode, so baselines are
 comparable. DP modes process a logical batch larger than ``--physical-batch-size`` (default 256, the trainer's
 default) in micro-batches of that size, the non-private step never does; the ``physical_batch_size`` column
@@ -103,6 +106,8 @@ COLUMNS = [
     "seq_len",
     "transformers_version",
     "malloc_mmap_threshold",
+    "peak_rss_default_gib",
+    "ratio_mem_default_to_nonprivate",
     "notes",
 ]
 
@@ -548,6 +553,9 @@ def run_one(spec: dict) -> dict:
         elapsed = time.perf_counter() - start
         if i >= spec["warmup"]:
             times.append(elapsed)
+    # Linux reports ru_maxrss in KiB
+    default_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    held, threshold = _held_peak_gib(st)
     if st.close is not None:
         st.close()
     return {
@@ -557,8 +565,8 @@ def run_one(spec: dict) -> dict:
         "engine": st.engine,
         "median_step_s": statistics.median(times),
         "min_step_s": min(times),
-        # Linux reports ru_maxrss in KiB
-        "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+        "peak_rss_gib": held if held == held else default_peak,
+        "peak_rss_default_gib": default_peak,
         "rss_before_steps_gib": rss_before,
         "physical_batch_size": st.physical_batch_size,
         "warmup": spec["warmup"],
@@ -566,22 +574,46 @@ def run_one(spec: dict) -> dict:
         "params": st.params,
         "seq_len": st.seq_len,
         "threads": threads,
-        "malloc_mmap_threshold": os.environ.get("MALLOC_MMAP_THRESHOLD_", ""),
+        "malloc_mmap_threshold": threshold,
         **versions(),
     }
 
 
-#: glibc's mmap threshold in the children (bytes; see the module docstring): fixed, so peak RSS is held memory
+#: glibc's mmap threshold while a child measures the memory a step holds (bytes; see the module docstring)
 MMAP_THRESHOLD = 1 << 20
+#: steps run (untimed) for peak_rss_gib after the timed ones
+HELD_STEPS = 2
+_M_MMAP_THRESHOLD = -3  # mallopt's parameter number (glibc malloc.h)
+
+
+def _held_peak_gib(step) -> tuple[float, str]:
+    """Peak resident memory (GiB) over HELD_STEPS runs of ``step`` with glibc's mmap threshold fixed, the heap
+    trimmed and the kernel's peak (VmHWM) reset first; and the threshold, "" (with nan) where that cannot be
+    done (not glibc, or no /proc/self/clear_refs)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        if not libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD):
+            return float("nan"), ""
+        libc.malloc_trim(0)
+        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
+    except OSError:
+        return float("nan"), ""
+    for _ in range(HELD_STEPS):
+        step.run()
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 2**20, str(MMAP_THRESHOLD)  # KiB -> GiB
+    return float("nan"), ""
 
 
 def child_env() -> dict:
-    """Environment of a benchmark child: BENCH_THREADS threads for torch, OpenMP and MKL; offline hub; glibc's
-    mmap threshold fixed at :data:`MMAP_THRESHOLD` unless set already."""
+    """Environment of a benchmark child: BENCH_THREADS threads for torch, OpenMP and MKL; offline hub."""
     threads = str(_threads())
     env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, TOKENIZERS_PARALLELISM="false")
     env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("MALLOC_MMAP_THRESHOLD_", str(MMAP_THRESHOLD))
     return env
 
 
@@ -604,7 +636,8 @@ def _child(spec: dict, timeout: float | None) -> dict:
 
 
 def add_ratios(df):
-    """ratio_to_nonprivate / ratio_mem_to_nonprivate against the nonprivate row of the same model and batch."""
+    """ratio_to_nonprivate / ratio_mem_to_nonprivate (and ..._default_...) against the nonprivate row of the same
+    model and batch."""
     base = df[df["mode"] == "nonprivate"].drop_duplicates(["model", "batch_size"], keep="last")
     base = base.set_index(["model", "batch_size"])
     key = list(zip(df["model"], df["batch_size"], strict=True))
@@ -612,6 +645,9 @@ def add_ratios(df):
     m0 = [base["peak_rss_gib"].get(k, float("nan")) for k in key]
     df["ratio_to_nonprivate"] = df["median_step_s"] / t0
     df["ratio_mem_to_nonprivate"] = df["peak_rss_gib"] / m0
+    if "peak_rss_default_gib" in df:
+        d0 = [base["peak_rss_default_gib"].get(k, float("nan")) for k in key]
+        df["ratio_mem_default_to_nonprivate"] = df["peak_rss_default_gib"] / d0
     return df
 
 

@@ -41,7 +41,10 @@ SECTION_INTRO = (
     "classifier and MLM, T = 128, B = 32-256; GPT-2-small-shaped B = 8): the fastest flat-clipping engine's "
     f"step <= {DP_TIME_MAX}x and its peak memory <= {DP_MEM_MAX}x; stp (via bk, ours) <= {STP_TIME_MAX}x. "
     "'MISSED xF' gives the miss factor F = measured / target. Memory is the peak RSS of the whole process "
-    "(interpreter, torch, opacus and transformers included)."
+    "(interpreter, torch, opacus and transformers included) over steps run with glibc's mmap threshold fixed at "
+    "1 MiB, so that it counts what a step holds, not freed memory the heap keeps (bench_engines.py; the peak "
+    "under glibc's default is the CSV's peak_rss_default_gib; rows with no malloc_mmap_threshold were measured "
+    "under the default only)."
 )
 
 

@@ -34,7 +34,8 @@ TARGETS_INTRO = (
     "Computed from the CSVs above. Issue targets are upper limits; for the docs/pitfalls.md numbers (Opacus on "
     "this CPU, 2 threads, small CNN, B = 32-256) 'met' means better than the best of the measured range. Ratios "
     "are DP step / non-private step at the same model and batch size; memory is peak RSS of the whole process "
-    "(interpreter, torch and opacus included: see rss_before_steps_gib for that baseline)."
+    "(interpreter, torch and opacus included: see rss_before_steps_gib for that baseline) with glibc's mmap "
+    "threshold fixed (bench_engines.py: what a step holds; peak_rss_default_gib is the peak under the default)."
 )
 
 
