@@ -183,9 +183,9 @@ _TABLES: tuple[tuple[str, ReportSpec], ...] = (
             "Chooi et al. 2025 (DP-AdamW)",
             "DP-SGD vs DP-Adam vs DP-AdamBC vs DP-AdamW vs DP-AdamW-BC, CIFAR-10 CNN5, lr and lambda chosen on "
             "validation images",
-            "~20 min (42 runs)",
+            "~23 min (72 runs)",
             experiment="chooi_dpadamw",
-            runtime_paper="3 x 42 GPU runs of 500 steps (eps = 1, 3, 7; a 3-point grid)",
+            runtime_paper="324 GPU runs of 500 steps (36 grid points x eps = 1, 3, 7 x 3 seeds)",
         ),
     ),
     (
