@@ -22,17 +22,19 @@ Modes a model cannot run are skipped with a message, not failed (``UNSUPPORTED``
 transformers' attention-mask code, and the LM tasks pass a mask).
 
 Inputs are random (fixed before timing, so data generation is not timed). Each (model, batch size, mode) runs in
-its own subprocess, timed under glibc's default allocator settings. ``peak_rss_gib`` is the peak resident memory
-of that child (the whole process: interpreter, torch, opacus and the step) over :data:`HELD_STEPS` more steps run
-after the timed ones with glibc's mmap threshold fixed at :data:`MMAP_THRESHOLD` (recorded in
-``malloc_mmap_threshold``), the heap trimmed and the peak reset: a freed tensor of 1 MiB or more then goes back to
-the system, so the peak is the memory a step holds. ``peak_rss_default_gib`` is the peak under glibc's default
-(``ru_maxrss`` after the timed steps), whose threshold grows to 32 MiB after the first large free so that the heap
-keeps freed tensors: BERT-tiny B = 256 measured 1.64 GiB non-private vs 2.01 GiB bk (1.23x) that way while the
-live tensors between steps were 0.07 and 0.05 GiB and ``malloc_trim`` brought both processes to 0.4 GiB. (Fixing
-the threshold for the timed steps too would cost every large allocation its page faults: CNN5 B = 256's
-non-private step went from 0.21 to 0.35 s.) Rows without ``malloc_mmap_threshold`` predate this and hold the
-default peak in ``peak_rss_gib``. ``rss_before_steps_gib`` is the resident memory after imports and set-up.
+its own subprocess, timed under glibc's default allocator settings, and its memory measured in a second one:
+``peak_rss_gib`` is that child's peak resident memory (``ru_maxrss``: the whole process, interpreter, torch,
+opacus and the step) over 1 + :data:`HELD_STEPS` steps with glibc's mmap threshold fixed from its start
+(``MALLOC_MMAP_THRESHOLD_`` = :data:`MMAP_THRESHOLD`, recorded in ``malloc_mmap_threshold``): a freed tensor of
+1 MiB or more then goes back to the system, so the peak is the memory a step holds. ``peak_rss_default_gib`` is
+the timing child's peak under glibc's default, whose threshold grows to 32 MiB after the first large free so that
+the heap keeps freed tensors, by an amount that varies from run to run: BERT-tiny B = 256 measured 1.64 GiB
+non-private vs 2.01 GiB bk (1.23x) that way in one run and 1.76 vs 1.93 (1.10x) in another, while the live
+tensors between steps were 0.07 and 0.05 GiB and ``malloc_trim`` brought both processes to 0.4 GiB. The threshold
+is not fixed in the timing child because every large allocation would then pay its page faults (CNN5 B = 256's
+non-private step: 0.21 -> 0.35 s), nor switched after the timed steps (``mallopt`` + ``malloc_trim`` left bk's
+heap at its default size there). Rows without ``malloc_mmap_threshold`` predate this and hold the default peak in
+``peak_rss_gib``. ``rss_before_steps_gib`` is the timing child's resident memory after imports and set-up.
 Every child imports opacus (and transformers for the language models), whatever its mode, so baselines are
 comparable. DP modes process a logical batch larger than ``--physical-batch-size`` (default 256, the trainer's
 default) in micro-batches of that size, the non-private step never does; the ``physical_batch_size`` column
@@ -538,13 +540,19 @@ def versions() -> dict:
 
 
 def run_one(spec: dict) -> dict:
-    """Time one (model, batch size, mode) in this process; called in a subprocess by :func:`main`."""
+    """Time one (model, batch size, mode) in this process; called in a subprocess by :func:`main`. With
+    ``spec["memory"]``: only its peak resident memory over 1 + HELD_STEPS steps (:func:`_memory_child`)."""
     import opacus  # noqa: F401  (imported in every mode so that the RSS baselines match)
     import torch
 
     threads = _threads()
     torch.set_num_threads(threads)
     st = build_step(spec)
+    if spec.get("memory"):
+        for _ in range(1 + HELD_STEPS):
+            st.run()
+        # Linux reports ru_maxrss in KiB
+        return {"peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
     rss_before = _rss_now_gib()
     times = []
     for i in range(spec["warmup"] + spec["steps"]):
@@ -553,9 +561,7 @@ def run_one(spec: dict) -> dict:
         elapsed = time.perf_counter() - start
         if i >= spec["warmup"]:
             times.append(elapsed)
-    # Linux reports ru_maxrss in KiB
     default_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    held, threshold = _held_peak_gib(st)
     if st.close is not None:
         st.close()
     return {
@@ -565,7 +571,6 @@ def run_one(spec: dict) -> dict:
         "engine": st.engine,
         "median_step_s": statistics.median(times),
         "min_step_s": min(times),
-        "peak_rss_gib": held if held == held else default_peak,
         "peak_rss_default_gib": default_peak,
         "rss_before_steps_gib": rss_before,
         "physical_batch_size": st.physical_batch_size,
@@ -574,39 +579,24 @@ def run_one(spec: dict) -> dict:
         "params": st.params,
         "seq_len": st.seq_len,
         "threads": threads,
-        "malloc_mmap_threshold": threshold,
         **versions(),
     }
 
 
 #: glibc's mmap threshold while a child measures the memory a step holds (bytes; see the module docstring)
 MMAP_THRESHOLD = 1 << 20
-#: steps run (untimed) for peak_rss_gib after the timed ones
+#: steps after the first in the memory child
 HELD_STEPS = 2
-_M_MMAP_THRESHOLD = -3  # mallopt's parameter number (glibc malloc.h)
 
 
-def _held_peak_gib(step) -> tuple[float, str]:
-    """Peak resident memory (GiB) over HELD_STEPS runs of ``step`` with glibc's mmap threshold fixed, the heap
-    trimmed and the kernel's peak (VmHWM) reset first; and the threshold, "" (with nan) where that cannot be
-    done (not glibc, or no /proc/self/clear_refs)."""
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        if not libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD):
-            return float("nan"), ""
-        libc.malloc_trim(0)
-        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
-    except OSError:
-        return float("nan"), ""
-    for _ in range(HELD_STEPS):
-        step.run()
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 2**20, str(MMAP_THRESHOLD)  # KiB -> GiB
-    return float("nan"), ""
+def _memory_child(spec: dict, timeout: float | None) -> dict:
+    """``peak_rss_gib`` and ``malloc_mmap_threshold`` from a child with glibc's mmap threshold fixed from its
+    start (see the module docstring); an ``error`` if that child failed."""
+    env = {**child_env(), "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD)}
+    res = _child({**spec, "memory": True}, timeout, env)
+    if "error" in res:
+        return {"error": "memory " + res["error"]}
+    return {"peak_rss_gib": res["peak_rss_gib"], "malloc_mmap_threshold": MMAP_THRESHOLD}
 
 
 def child_env() -> dict:
@@ -617,10 +607,10 @@ def child_env() -> dict:
     return env
 
 
-def _child(spec: dict, timeout: float | None) -> dict:
+def _child(spec: dict, timeout: float | None, env: dict | None = None) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--one", json.dumps(spec)]
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, env=child_env(), timeout=timeout)
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env or child_env(), timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:g} s"}
     if done.returncode != 0:
@@ -789,6 +779,12 @@ def main(argv: list[str] | None = None) -> None:
             notes.append("quick: tiny shapes")
         t0 = time.perf_counter()
         res = _child(spec, args.timeout)
+        if "error" not in res:
+            mem = _memory_child(spec, args.timeout)
+            if "error" in mem:  # the timing stands; the memory is missing, with why
+                notes.append(mem["error"])
+                mem = {"peak_rss_gib": float("nan")}
+            res |= mem
         if "error" in res:
             notes.append(res["error"])
             res = {k: spec[k] for k in ("model", "batch_size", "mode", "engine")} | {"error": 1}

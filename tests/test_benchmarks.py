@@ -287,9 +287,11 @@ def test_language_models_run_every_mode_quick(model, one_thread):
         rows.append(bench_engines.run_one(spec | {"warmup": 0, "steps": 1, "quick": True}))
     assert [r["engine"] for r in rows] == ["torch.optim.Adam", "ghost", "bk", "hooks", "bk", "hooks"]
     for r in rows:
-        assert r["median_step_s"] > 0 and r["peak_rss_gib"] > 0 and r["seq_len"] == 16
+        assert r["median_step_s"] > 0 and r["peak_rss_default_gib"] > 0 and r["seq_len"] == 16
         assert r["threads"] == 1 and r["transformers_version"]
     assert [r["physical_batch_size"] for r in rows] == [3, 2, 2, 2, 2, 2]  # DP modes in micro-batches
+    memory = bench_engines.run_one(spec | {"warmup": 0, "steps": 1, "quick": True, "memory": True})
+    assert list(memory) == ["peak_rss_gib"] and memory["peak_rss_gib"] > 0  # the memory child's one number
     assert "functorch" in bench_engines.UNSUPPORTED[model]
     planned = bench_engines.plan([model], [8], bench_engines.MODES, ["bk", "hooks"])
     assert [(m, e) for _, _, m, e in planned] == [
