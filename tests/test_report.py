@@ -193,7 +193,9 @@ def test_every_table_names_a_build_function_and_bad_names_fail_clearly():
         spec = registry.spec(tid)
         assert callable(spec.function()), tid
     assert sorted(registry.GROUPS["all"]) == list(registry.REPORTS.names())
-    with pytest.raises(ValueError, match=r"table='tang_fig9' is not a known table; valid: ganesh_fig2"):
+    with pytest.raises(
+        ValueError, match=r"table='tang_fig9' is not a known table; valid: chooi_dpadamw, ganesh_fig2"
+    ):
         registry.spec("tang_fig9")
     with pytest.raises(ValueError, match=r"run source 'cloud' is not one of: local, wandb, both"):
         ReportContext(source="cloud")
