@@ -244,10 +244,10 @@ _TABLES: tuple[tuple[str, ReportSpec], ...] = (
         ReportSpec(
             _in("privacy_audit"),
             "Steinke, Nasr & Jagielski 2023 (one-run auditing)",
-            "audit epsilon and mu-GDP lower bounds vs the claim, and the mechanism meter (sigma, sensitivity, q, "
+            "audit epsilon, mu-GDP and f-DP lower bounds vs the claim, and the mechanism meter (sigma, sensitivity, q, "
             "noise correlation, joint noise, post-processing): every private variant x mechanism x sampler, each "
             "clipping engine, and controls with what caught each",
-            "~5 min (140 one-run audits, each white-box one with its meter: 11 through a model task and the real "
+            "~17 min (166 one-run audits, each white-box one with its meter: 11 through a model task and the real "
             "clipping engines, 2 black-box CIFAR-10)",
         ),
     ),
