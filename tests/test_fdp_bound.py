@@ -9,11 +9,10 @@ import math
 
 import numpy as np
 import pytest
+from audit_sim import gaussian_audit
 from scipy.stats import norm
 
 from dp_adam_bench.audit.bound import (
-    Guesses,
-    count_correct,
     epsilon_lower_bound,
     gdp_epsilon,
     gdp_mu_lower_bound,
@@ -26,22 +25,11 @@ from dp_adam_bench.audit.fdp_bound import (
     gaussian_blow_up_inverse,
 )
 
-FRACTIONS = (0.01, 0.05, 0.45)
 LEVEL = 0.05 / 18  # one of the white-box audit's 18 tests
 
 
-def _gaussian_audit(rng, mu: float, m: int, confidence: float = 0.95) -> float:
-    """One run of a pure Gaussian mechanism: canary i in with probability 1/2, its score mu * [in] + N(0, 1), so the
-    run is exactly mu-GDP with respect to each canary; the largest mu the audit's three tests reject."""
-    included = rng.random(m) < 0.5
-    scores = mu * included + rng.standard_normal(m)
-    level = (1 - confidence) / len(FRACTIONS)
-    best = 0.0
-    for frac in FRACTIONS:
-        k = max(1, int(frac * m))
-        r, v = count_correct(Guesses(k, k).guess(scores), included)
-        best = max(best, fdp_mu_lower_bound(m, r, v, level))
-    return best
+def _gaussian_audit(rng, mu: float, m: int) -> float:
+    return gaussian_audit(rng, mu, m, fdp_mu_lower_bound)
 
 
 def test_blow_up_inverse_inverts_the_gaussian_trade_off_curve():
