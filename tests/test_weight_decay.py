@@ -319,32 +319,20 @@ def test_api_adamw_equals_torch_adamw_with_hugging_face_groups(custom_mask):
         torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-5, atol=1e-6)
 
 
-def test_api_refuses_bad_weight_decay_in_its_own_terms():
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        ({"weight_decay": -1}, r"^weight_decay=-1 must be a finite number >= 0$"),
+        ({"weight_decay_mask": 3}, "weight_decay_mask=3 must be a callable"),
+    ],
+)
+def test_api_refuses_bad_weight_decay_in_its_own_terms(bad, match):
     from dp_adam_bench.api import make_private
 
     data, _, _ = _api_data()
-    with pytest.raises(ConfigError, match=r"^weight_decay=-1 must be a finite number >= 0$"):
-        make_private(
-            _api_model(),
-            data,
-            nn.CrossEntropyLoss(reduction="none"),
-            optimizer="adam",
-            sigma=1.0,
-            batch_size=8,
-            steps=2,
-            weight_decay=-1,
-        )
-    with pytest.raises(ConfigError, match="weight_decay_mask=3 must be a callable"):
-        make_private(
-            _api_model(),
-            data,
-            nn.CrossEntropyLoss(reduction="none"),
-            optimizer="adam",
-            sigma=1.0,
-            batch_size=8,
-            steps=2,
-            weight_decay_mask=3,
-        )
+    loss = nn.CrossEntropyLoss(reduction="none")
+    with pytest.raises(ConfigError, match=match):
+        make_private(_api_model(), data, loss, optimizer="adam", sigma=1.0, batch_size=8, steps=2, **bad)
 
 
 @pytest.mark.parametrize("variant", ["adamw", "adamw_bc"])
