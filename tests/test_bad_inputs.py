@@ -146,7 +146,10 @@ CASES = [
 HYDRA_CASES = [
     (["task=nope"], "task=nope is not an option of task; valid: arxiv_mlm, cifar10_cnn"),
     (["optimizer=nope"], "optimizer=nope is not an option of optimizer; valid: adagrad_ime"),
-    (["experiment=nope"], "experiment=nope is not an option of experiment; valid: chooi_dpadamw, ganesh_fig2"),
+    (
+        ["experiment=nope"],
+        "experiment=nope is not an option of experiment; valid: chooi_dpadamw, ganesh_fig2",
+    ),
     (["noise=nope"], "noise=nope is not an option of noise; valid: bandmf"),
     (
         ["train.stpes=5"],
