@@ -66,21 +66,17 @@ LATER_OPTIMIZER_DEFAULTS = {
 }
 
 
+def _without(section: dict, defaults: dict, drop=()) -> dict:
+    """``section`` less the keys in ``drop`` and the later-added keys still at their ``defaults`` value."""
+    return {k: v for k, v in section.items() if k not in drop and not (k in defaults and v == defaults[k])}
+
+
 def run_identity(cfg: dict) -> dict:
     """The part of a config that determines a run's result."""
     ident = {k: cfg.get(k) for k in IDENTITY_KEYS}
     if hasattr(ident["optimizer"], "items"):
-        ident["optimizer"] = {
-            k: v
-            for k, v in ident["optimizer"].items()
-            if not (k in LATER_OPTIMIZER_DEFAULTS and v == LATER_OPTIMIZER_DEFAULTS[k])
-        }
-    ident["train"] = {
-        k: v
-        for k, v in (cfg.get("train") or {}).items()
-        if k not in OPERATIONAL_TRAIN_KEYS
-        and not (k in LATER_TRAIN_DEFAULTS and v == LATER_TRAIN_DEFAULTS[k])
-    }
+        ident["optimizer"] = _without(ident["optimizer"], LATER_OPTIMIZER_DEFAULTS)
+    ident["train"] = _without(cfg.get("train") or {}, LATER_TRAIN_DEFAULTS, OPERATIONAL_TRAIN_KEYS)
     return ident
 
 
