@@ -3,6 +3,7 @@
 import ast
 from pathlib import Path
 
+import pytest
 import torch
 
 from dp_adam_bench.engine.diagnostics import Diagnostics, summary_stats
@@ -60,6 +61,7 @@ def test_diagnostics_keep_float64(tmp_path):
     state = {"m": [c * 0.1 for c in clean], "v": [c * c for c in clean], "step": 1}
     out = d.observe(SimpleNamespace(clean=clean, clip=1.0, expected_batch_size=4), state)
     assert d.state["m"][0].dtype == torch.float64 and out["diag/v_clean_max"] >= 0
+    assert out["diag/frac_v_negative"] == 0.0  # v = c^2 here
     assert (tmp_path / "step_1.npz").is_file()
 
 
@@ -88,3 +90,30 @@ def test_the_tiny_task_evaluates_where_the_model_is():
     except (NotImplementedError, RuntimeError):
         pass
     assert seen == [(torch.device("meta"), torch.float32)]
+
+
+def test_diagnostics_norm_quantiles_and_stp_scale():
+    """The per-example norm quantiles over C and scale-then-privatize's scale spread, against numpy on known
+    inputs: sqrt(v^) above eps_s1 in exactly 3 of 8 coordinates (s = 1 / (sqrt(v^) + eps_s1))."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    d = Diagnostics(every=1)
+    clean = [torch.randn(8, dtype=torch.float64)]
+    eps_s1 = 1e-4
+    root_v = torch.tensor([0.0, 1e-6, 5e-5, 9e-5, 1.1e-4, 1e-3, 1e-2, 0.0], dtype=torch.float64)
+    scale = [1.0 / (root_v + eps_s1)]
+    norms = torch.tensor([0.5, 2.0, 3.0, 10.0, 4.0], dtype=torch.float64)
+    ctx = SimpleNamespace(clean=clean, clip=2.0, expected_batch_size=5)
+    out = d.observe(ctx, {"step": 1}, norms=norms, scale=scale, scale_eps=eps_s1)
+    ratio = norms.numpy() / 2.0
+    assert out["diag/norm_over_clip_median"] == pytest.approx(np.median(ratio))
+    assert out["diag/norm_over_clip_q90"] == pytest.approx(np.quantile(ratio, 0.9))
+    assert out["diag/norm_over_clip_max"] == pytest.approx(5.0)
+    assert out["diag/stp_frac_sqrtv_above_eps_s1"] == pytest.approx(3 / 8)
+    assert out["diag/stp_scale_max"] == pytest.approx(1 / eps_s1)
+    assert out["diag/stp_scale_min"] == pytest.approx(1 / (1e-2 + eps_s1))
+    # no scale (every other variant) and no norms (a toy task): neither family of keys
+    out = Diagnostics(every=1).observe(ctx, {"step": 1})
+    assert not any(k.startswith(("diag/stp_", "diag/norm_over_clip")) for k in out)

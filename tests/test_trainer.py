@@ -106,6 +106,22 @@ def test_diagnostics_are_logged_under_diag_and_saved(isolated_dirs):
     assert {"m_clean", "v_private_minus_phi", "update_corrected_v"} <= set(hist.files)
 
 
+def test_stp_diagnostics_follow_its_clip_and_scale(isolated_dirs):
+    """A scale-then-privatize run logs its scaled per-example norms against C (consistent with the fraction
+    clipped the trainer logs on the same step) and its scale's spread, bounded by 1 / eps_s1."""
+    train(compose_cfg([*BASE, "diagnostics.every=4", "optimizer=stp", "optimizer.eps_s1=1e-3"]))
+    rows = [
+        json.loads(line) for line in (folder_of(isolated_dirs) / "metrics.jsonl").read_text().splitlines()
+    ]
+    diag = [r for r in rows if "diag/stp_scale_max" in r]
+    assert [r["step"] for r in diag] == [4, 8]
+    for r in diag:
+        assert 0 < r["diag/stp_scale_min"] <= r["diag/stp_scale_median"] <= r["diag/stp_scale_max"] <= 1e3
+        assert 0 <= r["diag/stp_frac_sqrtv_above_eps_s1"] <= 1
+        assert r["diag/norm_over_clip_median"] <= r["diag/norm_over_clip_q90"] <= r["diag/norm_over_clip_max"]
+        assert (r["diag/frac_clipped"] > 0) == (r["diag/norm_over_clip_max"] > 1)
+
+
 def test_nonprivate_model_run_matches_plain_torch_adam(isolated_dirs):
     # sigma = 0 and no clipping through the whole trainer = torch.optim.Adam on the mean loss of the same batches
     from dp_adam_bench.engine.sampling import SinglePassSampler

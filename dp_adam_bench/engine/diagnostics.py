@@ -9,7 +9,15 @@ Logged every ``diagnostics.every`` steps:
 * ``diag/grad_norm_over_clip`` — ||g_t|| / C for the averaged clipped clean gradient (Ganesh Fig. 5);
 * for Adam-family variants (state with ``m``, ``v``): summary statistics (min, q1, median, q3, max, mean) of v^c
   (bias-corrected EMA of the clean g_t^2, same beta2 — Tang's v_t^c), v^p (the optimizer's private v^), and
-  v^p - Phi_t; the fraction of coordinates of v^p - Phi_t that are negative (Ganesh Fig. 4);
+  v^p - Phi_t; the fraction of coordinates of v^p - Phi_t that are negative (Ganesh Fig. 4) and of v^p itself
+  (``diag/frac_v_negative``: IME's v, an EMA of separately noised g^2, goes negative; Ganesh §4.4);
+* ``diag/norm_over_clip_{median,q90,max}`` — quantiles of the last step's per-example norms over C (for
+  scale-then-privatize the norms of the *scaled* per-example gradients s_t * g_i, which its clip acts on; the
+  fraction above C is ``diag/frac_clipped``, logged by the trainer);
+* scale-then-privatize (Ganesh Alg. 8): ``diag/stp_scale_{min,median,max}`` of s_t = 1 / (sqrt(v^_{t-1}) +
+  eps_s1) and ``diag/stp_frac_sqrtv_above_eps_s1``, the fraction of coordinates where sqrt(v^) exceeds eps_s1,
+  i.e. where the scale differs from the constant 1 / eps_s1 by more than a factor 2 (near 0: the scale is
+  uniform and STP clips like post-processing DP-Adam with its clip divided by eps_s1);
 * ``diag/frac_v_below_bias`` — the fraction of coordinates of v^ below the reference bias C^2 sigma_ref^2 / B^2
   (Ganesh Fig. 6, meant for non-private runs; sigma_ref = ``diagnostics.reference_sigma``, C =
   ``diagnostics.reference_clip``, default ``privacy.clip``, which a non-private run records but does not apply);
@@ -49,6 +57,26 @@ def summary_stats(x: torch.Tensor, gen: torch.Generator) -> dict[str, float]:
     }
 
 
+def _norm_quantiles(norms: torch.Tensor | None, clip: float | None) -> dict[str, float]:
+    if norms is None or not norms.numel() or not clip:
+        return {}
+    r = norms.detach().double() / clip
+    q = torch.quantile(r, torch.tensor([0.5, 0.9], dtype=torch.float64, device=r.device))
+    return {
+        "diag/norm_over_clip_median": float(q[0]),
+        "diag/norm_over_clip_q90": float(q[1]),
+        "diag/norm_over_clip_max": float(norms.max()) / clip,
+    }
+
+
+def _scale_stats(s: torch.Tensor, eps_s1: float | None, gen: torch.Generator) -> dict[str, float]:
+    stats = summary_stats(s, gen)
+    out = {f"diag/stp_scale_{k}": stats[k] for k in ("min", "median", "max")}
+    if eps_s1:  # sqrt(v^) > eps_s1  <=>  s < 1 / (2 eps_s1)
+        out["diag/stp_frac_sqrtv_above_eps_s1"] = float((s < 0.5 / eps_s1).double().mean())
+    return out
+
+
 class Diagnostics:
     def __init__(
         self,
@@ -82,8 +110,17 @@ class Diagnostics:
     def load_state_dict(self, state: dict) -> None:
         self.state = state
 
-    def observe(self, ctx, variant_state: dict) -> dict[str, float] | None:
-        """Update the clean shadow moments; at logging steps return the ``diag/`` metrics."""
+    def observe(
+        self,
+        ctx,
+        variant_state: dict,
+        *,
+        norms: torch.Tensor | None = None,
+        scale: list[torch.Tensor] | None = None,
+        scale_eps: float | None = None,
+    ) -> dict[str, float] | None:
+        """Update the clean shadow moments; at logging steps return the ``diag/`` metrics. ``norms``: the step's
+        per-example norms (as clipped); ``scale`` / ``scale_eps``: scale-then-privatize's s_t and its eps_s1."""
         if not self.enabled or ctx.clean is None:
             return None
         st = self.state
@@ -101,6 +138,9 @@ class Diagnostics:
             return None
         gen = torch.Generator().manual_seed(self.seed + t)
         out = {"diag/grad_norm_over_clip": gnorm, "diag/grad_norm_over_clip_avg": st["norm_sum"] / t}
+        out |= _norm_quantiles(norms, ctx.clip)
+        if scale is not None:
+            out |= _scale_stats(_flat(scale), scale_eps, gen)
         m_c = _flat(st["m"]) / (1 - b1**t)
         v_c = _flat(st["v"]) / (1 - b2**t)
         arrays = {"m_clean": m_c, "v_clean": v_c}
@@ -115,6 +155,7 @@ class Diagnostics:
             out |= {f"diag/v_private_minus_phi_{k}": val for k, val in summary_stats(corrected, gen).items()}
             out["diag/phi"] = phi
             out["diag/frac_negative_after_bc"] = float((corrected < 0).double().mean())
+            out["diag/frac_v_negative"] = float((v_p < 0).double().mean())
             arrays |= {
                 "m_private": m_p,
                 "v_private": v_p,

@@ -204,9 +204,15 @@ class PrivateTraining:
         self.plan.record_step(self.ledger, self.steps_done)
         self.last_batch_size = int(idx.numel())
         diag = None
-        if release.clean is not None:
-            diag = self.diagnostics.observe(dataclasses.replace(ctx, clean=release.clean), self.state)
         norms = getattr(backend, "last_norms", None)
+        if release.clean is not None:
+            diag = self.diagnostics.observe(
+                dataclasses.replace(ctx, clean=release.clean),
+                self.state,
+                norms=norms,
+                scale=scale,
+                scale_eps=getattr(variant, "eps_s1", None),
+            )
         return StepResult(self.steps_done, self.last_batch_size, diag or {}, norms, self.clip)
 
     def evaluate(self, final: bool = False) -> dict:
