@@ -142,11 +142,11 @@ def _reproduce(args) -> int:
     ctx = ReportContext(profile=args.profile)  # the runs it makes are local: the report reads the run store
     for tid in registry.resolve(args.table):
         spec = registry.spec(tid)
-        if spec.experiment:
-            for moved in set_aside_stale_runs(spec.experiment, args.profile, ctx.runs):
+        for experiment in (*spec.also, spec.experiment) if spec.experiment else ():
+            for moved in set_aside_stale_runs(experiment, args.profile, ctx.runs):
                 print(f"set aside (not part of the current preset): {moved}")
             rc = run_sweep(
-                spec.experiment, args.profile, args.launcher, jobs=args.jobs, jobs_per_gpu=args.jobs_per_gpu
+                experiment, args.profile, args.launcher, jobs=args.jobs, jobs_per_gpu=args.jobs_per_gpu
             )
             if rc:
                 return rc

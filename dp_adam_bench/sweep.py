@@ -6,7 +6,9 @@ part of any run's config (so it is not part of a run's id either)::
     sweep:
       entries:  {<label>: {<override key>: [values...], ...}, ...}  # each entry a Cartesian product; an entry
                                                                     # set to null is dropped (a preset that
-                                                                    # extends another removes its entries so)
+                                                                    # extends another removes its entries so);
+                                                                    # an entry with an empty value list runs
+                                                                    # nothing (a profile can empty an entry)
       grid:     {<override key>: [values...]}                       # crossed with every entry
       seeds:    [0, 1, 2]                                           # optional; an entry may set its own `seed`
       selection: {metric: ..., mode: min|max, per: [...], tuned: [...]}   # what the reports select by
@@ -58,7 +60,11 @@ def load_preset(experiment: str, profile: str = "cpu", overrides: Sequence[str] 
             f"sweep.{unknown[0]} in configs/experiment/{experiment}.yaml is not a sweep key; valid: "
             f"{', '.join(SWEEP_KEYS)}"
         )
-    sweep["entries"] = {k: v for k, v in (sweep.get("entries") or {}).items() if v is not None}
+    sweep["entries"] = {
+        k: v
+        for k, v in (sweep.get("entries") or {}).items()
+        if v is not None and not any(isinstance(x, list) and not x for x in v.values())
+    }
     data["sweep"] = sweep
     data["experiment_name"] = str(cfg.experiment_name)  # the run store folder / W&B group, for this profile
     return data

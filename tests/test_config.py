@@ -115,6 +115,17 @@ def test_every_experiment_preset_composes_and_every_sweep_point_validates(preset
         validate(run_config(compose_cfg(overrides)))
 
 
+def test_a_profile_empties_a_sweep_entry_with_an_empty_list():
+    """ganesh_fig3_horizon's paper-only cells are empty lists on the CPU: no run (and no ``optimizer=`` with no
+    value in a multirun line), while the paper profile runs them."""
+    from dp_adam_bench.sweep import sweep_commands, sweep_spec
+
+    cpu = {p["optimizer"] for p in sweep_spec("ganesh_fig3_horizon", "cpu").points()}
+    paper = {p["optimizer"] for p in sweep_spec("ganesh_fig3_horizon", "paper").points()}
+    assert cpu == {"adam", "stp"} and paper == {"adam", "stp", "bc", "sgd"}
+    assert not any(c.endswith("=") for cmd in sweep_commands("ganesh_fig3_horizon", "cpu") for c in cmd)
+
+
 def test_sweep_dry_run_lists_one_multirun_per_entry():
     from dp_adam_bench.sweep import sweep_commands
 

@@ -183,6 +183,40 @@ def test_pilots_report_chooses_per_group_and_checks_the_grid_edges(isolated_dirs
     assert "`ganesh_fig3` and `ganesh_figs4_6` use the chosen values" in md
 
 
+def test_tuning_report_checks_each_knob_through_the_chosen_setting(isolated_dirs):
+    """Several tuned knobs (ganesh_fig3_tuning): the chosen setting is the best mean over the whole grid; each
+    knob's edge check runs along the slice through it (the other knobs at their chosen values), and knobs a
+    group does not set (adam has no eps_s1) are neither printed nor checked."""
+    from dp_adam_bench.report import pilots
+
+    root, exp = isolated_dirs / "runs", "ganesh_fig3_tuning_cpu"
+    # (lr, eps_s1) -> val loss, best at (3e-4, 1e-6): lr inside its slice (1e-4, 3e-4, 1e-3); eps_s1 at the edge
+    # of its slice at lr = 3e-4 (1e-7, 1e-6), though inside the whole grid (1e-5 was tried at lr = 1e-4 only)
+    stp = {(3e-4, 1e-7): 5.60, (3e-4, 1e-6): 5.50, (1e-4, 1e-6): 5.58, (1e-3, 1e-6): 5.70, (1e-4, 1e-5): 5.90}
+    for (lr, e1), loss in stp.items():
+        cfg = g3_cfg("stp", "independent", HIGH, lr, 0, eps_s1=e1)
+        write_run(root, exp, f"stp-{lr}-{e1}", cfg, {"metrics": {"test_loss": loss}})
+    for lr, loss in ((1e-4, 5.52), (3e-4, 5.51)):
+        cfg = g3_cfg("adam", "independent", HIGH, lr, 0)
+        write_run(root, exp, f"adam-{lr}", cfg, {"metrics": {"test_loss": loss}})
+    pilots.build(ReportContext(), "ganesh_fig3_tuning", "ganesh_fig3", "on the val split")
+    df = pd.read_csv(isolated_dirs / "results" / "ganesh_fig3_tuning.csv")
+    chosen = df[df.chosen == "yes"]
+    assert sorted(zip(chosen.optimizer, chosen.lr, chosen.eps_s1.fillna(0), strict=True)) == [
+        ("adam", 3e-4, 0),
+        ("stp", 3e-4, 1e-6),
+    ]
+    md = (isolated_dirs / "results" / "ganesh_fig3_tuning.md").read_text()
+    assert md.startswith("# Tuning runs of ganesh_fig3")
+    label = "optimizer=stp, noise=independent, sigma=0.015625: the chosen optimizer"
+    assert f"{label}.lr is inside its grid: **holds**" in md
+    assert (
+        f"{label}.eps_s1 is inside its grid: **does not hold** (optimizer.eps_s1 = 1e-06 of 1e-07, 1e-06)"
+        in md
+    )
+    assert "optimizer=adam, noise=independent, sigma=0.015625: the chosen optimizer.eps_s1" not in md
+
+
 def test_ganesh_figs4_6_from_the_same_runs(g3_store):
     root, exp = g3_store / "runs", "ganesh_fig3_cpu"
     diag = [
@@ -549,3 +583,80 @@ def test_tang_fig1_says_when_every_ordering_is_within_seed_noise(isolated_dirs):
     assert "WITHIN SEED NOISE (< 2 SE, ~45 seeds a cell would separate it)" in md
     assert "DP-AdamBC > DP-Adam-Biased: **does not hold**" in md
     assert "at this budget the optimizers are indistinguishable" in md
+
+
+# ------------------------------------------------------------------------------------------ ganesh_fig3_horizon
+
+
+def _run_config(point: dict) -> dict:
+    """A run config (nested) from a sweep point's overrides; the CPU profile's own subset where it sets none."""
+    cfg = {
+        "task": {"name": "arxiv_mlm", "train_subset": 512},
+        "train": {"batch_size": 32},
+        "seed": point["seed"],
+    }
+    for k, v in point.items():
+        key = expected.GROUP_FIELDS.get(k, k)
+        *path, leaf = key.split(".")
+        node = cfg
+        for part in path:
+            node = node.setdefault(part, {})
+        node[leaf] = v
+    return cfg
+
+
+def test_ganesh_horizon_follows_the_gaps_across_horizons(isolated_dirs):
+    """Every run of the horizon preset plus ganesh_fig3's runs of the same cells (its 32-step horizon), with
+    losses built so that STP - post-processing turns negative at 128 steps and BandMF - DP-SGD never does: the
+    cells merge the two presets by horizon, the gaps carry standard errors over seeds, the claims name the first
+    horizon from which the paper's sign holds, and the trend line's zero crossing is an extrapolation."""
+    from dp_adam_bench.report import ganesh_horizon
+    from dp_adam_bench.sweep import sweep_spec
+
+    root = isolated_dirs / "runs"
+    horizon = sweep_spec("ganesh_fig3_horizon", "cpu")
+    followed = {(p["optimizer"], p["noise"]) for p in horizon.points()}
+    base = [
+        p
+        for p in sweep_spec("ganesh_fig3", "cpu").points()
+        if (p["optimizer"], p["noise"]) in followed and float(p["privacy.sigma"]) == HIGH
+    ]
+    gap = {512: 0.10, 1024: 0.03, 2048: -0.10}  # STP - post-processing at 32, 64, 128 steps
+    for spec_name, points in (("ganesh_fig3_cpu", base), ("ganesh_fig3_horizon_cpu", horizon.points())):
+        for i, p in enumerate(points):
+            cfg = _run_config(p)
+            subset, seed = cfg["task"]["train_subset"], p["seed"]
+            loss = 6.0 - 0.1 * np.log2(subset / 512) + 0.01 * seed
+            loss += gap[subset] if p["optimizer"] == "stp" else 0.0
+            loss += 0.2 if p["noise"] == "bandmf" else 0.0
+            metrics = [{"step": 8, "diag/frac_clipped": 1.0, "diag/stp_frac_sqrtv_above_eps_s1": 0.25}]
+            write_run(root, spec_name, f"r{i}", cfg, {"metrics": {"test_loss": loss}}, metrics=metrics)
+    ganesh_horizon.build(ReportContext())
+    df = pd.read_csv(isolated_dirs / "results" / "ganesh_fig3_horizon.csv")
+    assert sorted(set(df.steps)) == [32, 64, 128] and set(df.n) == {2}
+    assert len(df) == 9  # 3 cells x 3 horizons
+    md = (isolated_dirs / "results" / "ganesh_fig3_horizon.md").read_text()
+    assert (
+        "STP - post-processing, DP-SGD noise at BandMF's sigma: negative (the paper's sign) beyond seed noise "
+        "from 128 steps on: **holds**" in md
+    )
+    assert (
+        "BandMF - DP-SGD (same epsilon), post-processing: negative (the paper's sign) beyond seed noise at "
+        "none of the horizons run: **does not hold**" in md
+    )
+    assert "32 steps: +0.1000 ± 0.0071" in md  # the seeds differ by 0.01 in both cells: SE = 0.01 / sqrt(2)
+    assert (
+        md.count("a straight line would cross zero near") == 0
+    )  # STP's line ends negative; BandMF's is flat
+    assert (isolated_dirs / "results" / "ganesh_fig3_horizon.png").is_file()
+    assert "| stp | dpsgd_sigma1 | 128 | 1 |" in md.replace("1.0000", "1")  # the diagnostics section
+
+
+def test_ganesh_horizon_trend_extrapolates_only_toward_the_papers_sign():
+    from dp_adam_bench.report.ganesh_horizon import trend
+
+    slope, crossing = trend([32, 64, 128], [0.3, 0.2, 0.1])
+    assert slope == pytest.approx(-0.1) and crossing == pytest.approx(256)
+    assert trend([32, 64, 128], [0.1, 0.2, 0.3])[1] is None  # moving away from the paper: no crossing
+    assert trend([32, 64], [0.1, 0.1])[1] is None  # flat: none either
+    assert trend([32], [0.1]) is None

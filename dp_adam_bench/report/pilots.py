@@ -1,4 +1,4 @@
-"""The learning-rate pilots behind a CPU table: every pilot run, the value each group chose, and whether the grid
+"""The pilots (or tuning runs) behind a CPU table: every run, the setting each group chose, and whether the grid
 brackets it.
 
 A CPU profile that cannot afford a paper's full tuning grid in every cell fixes one value per optimizer family from
@@ -6,7 +6,9 @@ pilots (a sweep preset of its own, ``configs/experiment/<table>_pilots.yaml``, s
 report). This report keeps those pilots as evidence: the mean metric of every tried value per group (the preset's
 ``sweep.selection.per``), the chosen one (the selection rule of :mod:`dp_adam_bench.report.aggregate`: best mean
 over seeds), and, per group, a check that the chosen value is not at an edge of its grid (a value at the edge
-says the grid should be extended before the choice is trusted). Diverged runs (a NaN or infinite metric) are
+says the grid should be extended before the choice is trusted). With several tuned knobs
+(``ganesh_fig3_tuning``: eta, eps_s, eps_s1, momentum) each knob's grid is the slice through the chosen setting,
+the other knobs held at their chosen values. Diverged runs (a NaN or infinite metric) are
 listed, never chosen.
 """
 
@@ -22,6 +24,10 @@ from dp_adam_bench.report.aggregate import group_values, select_best
 from dp_adam_bench.report.common import Claim, incomplete_note, write_table
 from dp_adam_bench.report.context import ReportContext
 from dp_adam_bench.report.expected import preset_runs
+
+
+def _order(v):
+    return (v is None, v if isinstance(v, (int, float)) else str(v))
 
 
 def _group_label(per: list[str], key: tuple) -> str:
@@ -40,9 +46,6 @@ def build(ctx: ReportContext | None, preset: str, table: str | tuple[str, ...], 
         raise FileNotFoundError(f"no complete runs in {ctx.where(runs.spec.name)}; run `{command}`")
     sel = runs.spec.selection
     per, tuned = list(sel.per), list(sel.tuned)
-    if len(tuned) != 1:
-        raise ValueError(f"{preset}: a pilot preset tunes one key (sweep.selection.tuned), got {tuned}")
-    knob = tuned[0]
     groups = group_values(runs.complete, per=per, tuned=tuned, metric=sel.metric)
     # the choice is the preset's selection rule itself, so a table that used select_best would pick the same
     chosen_by = select_best(runs.complete, per=per, tuned=tuned, metric=sel.metric, mode=sel.mode)
@@ -50,27 +53,38 @@ def build(ctx: ReportContext | None, preset: str, table: str | tuple[str, ...], 
     rows, claims = [], []
     for key in sorted(groups, key=lambda k: tuple(str(v) for v in k)):
         cell = chosen_by.get(key)
-        chosen = cell.chosen[knob] if cell is not None else None  # None: every value diverged
-        grid = sorted(setting[0] for setting in groups[key])
-        for value in grid:
-            vals = groups[key][(value,)]
+        best = (
+            tuple(cell.chosen[k] for k in tuned) if cell is not None else None
+        )  # None: every value diverged
+        # the knobs this group sets (IME has no momentum, sgd no eps_s: those stay None and are not printed)
+        knobs = [i for i in range(len(tuned)) if any(setting[i] is not None for setting in groups[key])]
+        for setting in sorted(groups[key], key=lambda st: tuple(_order(v) for v in st)):
+            vals = groups[key][setting]
             rows.append(
                 {
                     **{k.split(".")[-1]: v for k, v in zip(per, key, strict=True)},
-                    knob.split(".")[-1]: value,
+                    **{tuned[i].split(".")[-1]: setting[i] for i in knobs},
                     sel.metric: float(np.mean(vals)) if all(math.isfinite(x) for x in vals) else float("nan"),
                     "n": len(vals),
-                    "chosen": "yes" if value == chosen else "",
+                    "chosen": "yes" if setting == best else "",
                 }
             )
-        if chosen is not None and len(grid) > 1:
-            claims.append(
-                Claim(
-                    f"[pilot] {_group_label(per, key)}: the chosen {knob} is inside its grid",
-                    grid[0] < chosen < grid[-1],
-                    f"{knob} = {chosen:g} of {', '.join(f'{v:g}' for v in grid)}",
-                )
+        if best is None:
+            continue
+        for (
+            i
+        ) in knobs:  # each knob's grid through the chosen setting (the other knobs at their chosen values)
+            grid = sorted(
+                st[i] for st in groups[key] if all(st[j] == best[j] for j in range(len(tuned)) if j != i)
             )
+            if len(grid) > 1:
+                claims.append(
+                    Claim(
+                        f"[pilot] {_group_label(per, key)}: the chosen {tuned[i]} is inside its grid",
+                        grid[0] < best[i] < grid[-1],
+                        f"{tuned[i]} = {best[i]:g} of {', '.join(f'{v:g}' for v in grid)}",
+                    )
+                )
     df = pd.DataFrame(rows)
     n_seeds = sorted({len(v) for g in groups.values() for v in g.values()})
     notes = [
@@ -89,7 +103,7 @@ def build(ctx: ReportContext | None, preset: str, table: str | tuple[str, ...], 
         preset,
         df,
         out=ctx.out,
-        title=f"Learning-rate pilots of {' and '.join(tables)}",
+        title=f"{'Learning-rate pilots' if len(tuned) == 1 else 'Tuning runs'} of {' and '.join(tables)}",
         command=command,
         setting=setting,
         claims=claims,

@@ -17,7 +17,8 @@ from dp_adam_bench.report.context import ReportContext
 class ReportSpec:
     """``builder``: ``"module:function"``, called as ``function(ctx, *args)`` with a
     :class:`~dp_adam_bench.report.context.ReportContext`; ``experiment``: the sweep preset whose runs the table
-    reads (None: the table is computed exactly, the same at every profile)."""
+    reads (None: the table is computed exactly, the same at every profile); ``also``: further presets whose runs
+    it reads (``reproduce`` sweeps them too; their complete runs are reused)."""
 
     builder: str
     paper: str
@@ -26,6 +27,7 @@ class ReportSpec:
     experiment: str | None = None
     runtime_paper: str = "same"
     args: tuple = ()
+    also: tuple[str, ...] = ()
 
     def function(self) -> Callable[..., list[Path]]:
         module, name = self.builder.split(":")
@@ -237,6 +239,36 @@ _TABLES: tuple[tuple[str, ReportSpec], ...] = (
                 "ganesh_fig3",
                 "on the val split (never the test split the table reports)",
             ),
+        ),
+    ),
+    (
+        "ganesh_fig3_tuning",
+        ReportSpec(
+            _in("pilots"),
+            "Ganesh et al. Fig. 3 (the CPU profile's tuning)",
+            "eta, eps_s1 (STP, per column) and DP-SGD's momentum the CPU ganesh_fig3 uses: every tuning run, scored "
+            "on the val split",
+            "~30 min (20 runs, LAUNCHER=joblib)",
+            experiment="ganesh_fig3_tuning",
+            runtime_paper="none: the paper profile tunes every cell inside ganesh_fig3",
+            args=(
+                "ganesh_fig3_tuning",
+                ("ganesh_fig3", "ganesh_fig3_horizon"),
+                "on the val split (never the test split the tables report)",
+            ),
+        ),
+    ),
+    (
+        "ganesh_fig3_horizon",
+        ReportSpec(
+            _in("ganesh_horizon"),
+            "Ganesh et al. Fig. 3 (horizon study)",
+            "STP - post-processing and BandMF - DP-SGD against the number of steps (32, 64, 128 on CPU), with "
+            "the diagnostics that explain them",
+            "~50 min (12 runs, LAUNCHER=joblib) after ganesh_fig3",
+            experiment="ganesh_fig3_horizon",
+            runtime_paper="GPU runs of ~500 and ~1,000 steps over the paper's grid x 5 seeds",
+            also=("ganesh_fig3",),
         ),
     ),
     (
