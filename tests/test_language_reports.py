@@ -238,8 +238,24 @@ def test_ganesh_figs4_6_from_the_same_runs(g3_store):
         {"metrics": {"test_loss": 7.3}},
         metrics=diag,
     )
+    stp_diag = [
+        {"step": s, "diag/frac_clipped": 1.0, "diag/stp_frac_sqrtv_above_eps_s1": f}
+        for s, f in ((8, 0.1), (16, 0.3))
+    ]
+    write_run(
+        root,
+        exp,
+        "stp-diag",
+        g3_cfg("stp", "bandmf", HIGH, 1e-3, 7, eps_s1=1e-6),
+        {"metrics": {"test_loss": 7.3}},
+        metrics=stp_diag,
+    )
     ganesh_figs4_6.build(ReportContext())
     md = (g3_store / "results" / "ganesh_figs4_6.md").read_text()
+    # the STP rows per column: only BandMF's column has the logged run (mean over rounds 0.2); the setting printed
+    assert "| STP: fraction of coordinates with sqrt(v^) > eps_s1 |  | 0.2 |  |" in md
+    assert "bandmf_sigma1_b128: eps_s1 = 1e-06, C = 1, sigma C / B = 0.000488" in md
+    assert "| BC: fraction of v^ - Phi < 0 | 0.47 |  |  |" in md
     assert "about half of the bias-corrected coordinates are negative" in md and "**holds**" in md
     assert "most coordinates of the non-private second moment fall below the bias" in md
     assert (g3_store / "results" / "ganesh_figs4_6.png").exists()

@@ -186,9 +186,62 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
         claims=claims,
         notes=notes,
         figure=fig,
+        extra_sections=[
+            (
+                "Scale-then-privatize and the second moments of IME / BC, every column (mean over the logged "
+                "rounds and seeds; diagnostic)",
+                variant_section(complete, s),
+            )
+        ],
         digits=3,
         missing=runs.lacking(optimizer="adam") + runs.lacking(optimizer="bc"),  # the runs these figures read
     )
+
+
+#: (row optimizer, diag key, label) of the per-column section: what STP's clip acts on, and negative v for IME / BC
+VARIANT_DIAGNOSTICS = (
+    ("stp", "diag/frac_clipped", "STP: fraction of scaled per-example gradients clipped"),
+    ("stp", "diag/norm_over_clip_median", "STP: median scaled per-example norm / C"),
+    ("stp", "diag/stp_frac_sqrtv_above_eps_s1", "STP: fraction of coordinates with sqrt(v^) > eps_s1"),
+    ("stp", "diag/stp_scale_min", "STP: smallest scale s (1 / eps_s1 at most)"),
+    ("adam", "diag/frac_clipped", "post-processing: fraction of per-example gradients clipped"),
+    ("bc", "diag/frac_negative_after_bc", "BC: fraction of v^ - Phi < 0"),
+    ("ime", "diag/frac_v_negative", "IME: fraction of v^ < 0"),
+)
+
+
+def variant_section(records, s: dict) -> str:
+    """The per-column means of :data:`VARIANT_DIAGNOSTICS`, with each STP run's setting and sigma C / B, the noise
+    per coordinate of the scaled gradient (Ganesh §4.3.1's steady state needs it below 1)."""
+    low, high = float(s["sigma_low"]), float(s["sigma_high"])
+    lines = ["| quantity | " + " | ".join(COLUMNS) + " |", "|---|" + "---|" * len(COLUMNS)]
+    for opt, key, label in VARIANT_DIAGNOSTICS:
+        cells = []
+        for col in COLUMNS:
+            runs = [
+                r
+                for r in records
+                if get(r.config, "optimizer.name") == opt
+                and get(r.config, "noise.kind") != "none"
+                and column_of(r.config, low, high) == col
+            ]
+            series = _series(runs, key)
+            cells.append(f"{series['mean'].mean():.4g}" if len(series) else "")
+        if any(cells):
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    settings = []
+    for col in COLUMNS:
+        for r in records:  # the setting of the first STP run of the column that logged its diagnostics
+            logged = any("diag/stp_frac_sqrtv_above_eps_s1" in m for m in r.metrics())
+            if get(r.config, "optimizer.name") == "stp" and column_of(r.config, low, high) == col and logged:
+                sigma, clip = float(get(r.config, "privacy.sigma")), float(get(r.config, "privacy.clip"))
+                eps_s1 = get(r.config, "optimizer.eps_s1")
+                settings.append(
+                    f"{col}: eps_s1 = {'the default' if eps_s1 is None else f'{eps_s1:g}'}, C = {clip:g}, "
+                    f"sigma C / B = {sigma * clip / float(s['batch_size']):.3g}"
+                )
+                break
+    return "\n".join(lines) + ("\n\nSTP settings: " + "; ".join(settings) + "." if settings else "")
 
 
 def _figure(neg, norm, v_hist, bias, batch, band, out: Path):
