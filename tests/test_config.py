@@ -153,11 +153,11 @@ def test_slurm_launcher_config_composes():
 def test_a_single_value_inside_a_swept_group_is_written_as_a_choice_sweep():
     from dp_adam_bench.sweep import sweep_commands
 
-    cmds = [" ".join(c) for c in sweep_commands("ganesh_fig3", "cpu")]
+    cmds = [" ".join(c) for c in sweep_commands("ganesh_fig3_tuning", "cpu")]
     ime_bc = next(c for c in cmds if "optimizer=ime,bc" in c)
     # a plain optimizer.eps_s=... would be applied to the default optimizer (adagrad_pp, no eps_s) and fail
-    assert "optimizer.eps_s=choice(0.0001)" in ime_bc and "optimizer.lr=choice(0.0003)" in ime_bc
-    assert "privacy.sigma=0.0076783" in ime_bc  # not inside the swept group: plain
+    assert "optimizer.eps_s=choice(0.0001)" in ime_bc and "optimizer.lr=0.0001,0.0003" in ime_bc
+    assert "privacy.sigma=0.015625" in ime_bc  # not inside the swept group: plain
 
 
 def test_an_entry_can_set_its_own_seeds():

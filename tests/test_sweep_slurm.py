@@ -98,11 +98,11 @@ def test_dry_run_prints_lines_a_shell_runs_as_they_are(capsys):
     overrides = ["+tags=['a b']"]
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(subprocess, "run", lambda *_, **__: pytest.fail("a dry run must not launch anything"))
-        assert run_sweep("ganesh_fig3", "cpu", dry_run=True, overrides=overrides) == 0
+        assert run_sweep("ganesh_fig3_tuning", "cpu", dry_run=True, overrides=overrides) == 0
     printed = [line[2:] for line in capsys.readouterr().out.splitlines() if line.startswith("+ ")]
-    commands = sweep_commands("ganesh_fig3", "cpu", overrides=overrides)
-    assert len(printed) == len(commands) == 20  # 2 non-private entries + 6 per column
-    assert any("choice(0.0003)" in line for line in printed)
+    commands = sweep_commands("ganesh_fig3_tuning", "cpu", overrides=overrides)
+    assert len(printed) == len(commands) == 7  # one multirun per entry
+    assert any("choice(0.0001)" in line for line in printed)
     for line, cmd in zip(printed, commands, strict=True):
         assert cmd[:4] == [sys.executable, "-m", "dp_adam_bench.train", "-m"]
         assert line.startswith(shlex.quote(sys.executable) + " -m dp_adam_bench.train -m ")
