@@ -217,6 +217,29 @@ def test_tuning_report_checks_each_knob_through_the_chosen_setting(isolated_dirs
     assert "optimizer=adam, noise=independent, sigma=0.015625: the chosen optimizer.eps_s1" not in md
 
 
+def test_ganesh_fig3_explains_stp_from_its_diagnostics(g3_store):
+    """The STP note reads its runs' diagnostics per column; the 'scale is ~1 / eps_s1' reading is printed only
+    when sqrt(v^) exceeds eps_s1 in under 5 % of coordinates in every column that logged them."""
+    root, exp = g3_store / "runs", "ganesh_fig3_cpu"
+    keys = {"diag/frac_clipped": 1.0, "diag/norm_over_clip_median": 250.0}
+
+    def stp_run(name, sigma, above):
+        cfg = g3_cfg("stp", "independent", sigma, 3e-4, 5, eps_s1=1e-4)
+        metrics = [{"step": 8, **keys, "diag/stp_frac_sqrtv_above_eps_s1": above}]
+        write_run(root, exp, name, cfg, {"metrics": {"test_loss": 9.0}}, metrics=metrics)
+
+    stp_run("stp-low", LOW, 0.01)
+    ganesh_fig3.build(ReportContext())
+    md = (g3_store / "results" / "ganesh_fig3.md").read_text()
+    assert "dpsgd_sigma0.134 (eps_s1 = 0.0001, C = 1, sigma C / B = 0.00024): 100.0% of the scaled" in md
+    assert "median norm 250 C, sqrt(v^) > eps_s1 in 1.00% of coordinates" in md
+    assert "its preconditioner does not take hold" in md
+    stp_run("stp-high", HIGH, 0.40)  # one column where the scale is far from uniform: no such reading
+    ganesh_fig3.build(ReportContext())
+    md = (g3_store / "results" / "ganesh_fig3.md").read_text()
+    assert "sqrt(v^) > eps_s1 in 40.00% of coordinates" in md and "does not take hold" not in md
+
+
 def test_ganesh_figs4_6_from_the_same_runs(g3_store):
     root, exp = g3_store / "runs", "ganesh_fig3_cpu"
     diag = [
