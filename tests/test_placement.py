@@ -249,3 +249,18 @@ def test_a_locked_run_outside_a_multirun_still_fails_in_one_line():
     from dp_adam_bench.tracking.run_store import RunLockedError
 
     assert placement.skip_locked_run(RunLockedError("/x", {"pid": 1, "host": "h"})) is False
+
+
+def test_reproduce_sweeps_the_presets_a_table_also_reads(isolated_dirs, monkeypatch):
+    """ganesh_fig3_horizon reads ganesh_fig3's runs as its shortest horizon: reproduce sweeps that preset first
+    (complete runs are skipped by the sweep), then its own."""
+    from dp_adam_bench.cli import main
+    from dp_adam_bench.report import document, registry
+
+    swept = []
+    monkeypatch.setattr(sweep, "set_aside_stale_runs", lambda *args, **kwargs: [])
+    monkeypatch.setattr(sweep, "run_sweep", lambda experiment, *a, **kw: swept.append(experiment) or 0)
+    monkeypatch.setattr(registry, "build", lambda tid, ctx: [])
+    monkeypatch.setattr(document, "build_document", lambda out: out)
+    assert main(["reproduce", "ganesh_fig3_horizon"]) == 0
+    assert swept == ["ganesh_fig3", "ganesh_fig3_horizon"]
