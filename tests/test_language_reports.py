@@ -699,3 +699,33 @@ def test_ganesh_horizon_trend_extrapolates_only_toward_the_papers_sign():
     assert trend([32, 64, 128], [0.1, 0.2, 0.3])[1] is None  # moving away from the paper: no crossing
     assert trend([32, 64], [0.1, 0.1])[1] is None  # flat: none either
     assert trend([32], [0.1]) is None
+
+
+def test_stp_clip_evidence_prints_its_reading_only_when_the_numbers_show_it():
+    from types import SimpleNamespace
+
+    s = ganesh_fig3.profile_setting("cpu")  # B = 32; sigma_high = 0.015625: sigma C / B < 1 iff C < 2048
+
+    def run(clip, rounds):
+        cfg = g3_cfg("stp", "independent", HIGH, 3e-4, 0, eps_s1=1e-4)
+        cfg["privacy"]["clip"] = clip
+        metrics = [
+            {"step": 8 * (i + 1), "diag/frac_clipped": f, "diag/norm_over_clip_median": n,
+             "diag/stp_frac_sqrtv_above_eps_s1": 0.0, "diag/stp_scale_min": m}
+            for i, (f, n, m) in enumerate(rounds)
+        ]  # fmt: skip
+        return SimpleNamespace(config=cfg, summary={"metrics": {"test_loss": 5.6}}, metrics=lambda: metrics)
+
+    quiet = run(100.0, [(1.0, 3800.0, 2e3), (1.0, 3200.0, 3e3)])
+    loud = run(1e4, [(0.0, 0.5, 0.03), (0.0, 0.002, 2e-7)])
+    (text,) = ganesh_fig3.stp_clip_evidence([loud, quiet], s)
+    assert (
+        "C = 100, eps_s1 = 0.0001 (sigma C / B = 0.0488; rounds 8 -> 16): fraction clipped 1.00 -> 1.00"
+        in text
+    )
+    assert "smallest scale 0.03 -> 2e-07, val loss 5.600" in text
+    assert "norms (3.2e+05 to 3.2e+05 at the last logged round" in text and "C < B / sigma = 2048" in text
+    # the large clip's scale does not collapse: only the numbers, no reading
+    flat = run(1e4, [(0.0, 0.5, 0.03), (0.0, 0.4, 0.02)])
+    (text,) = ganesh_fig3.stp_clip_evidence([flat, quiet], s)
+    assert "no clip does both" not in text and text.endswith("val loss 5.600.")

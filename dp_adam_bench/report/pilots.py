@@ -85,7 +85,11 @@ def build(ctx: ReportContext | None, preset: str, table: str | tuple[str, ...], 
                         f"{tuned[i]} = {best[i]:g} of {', '.join(f'{v:g}' for v in grid)}",
                     )
                 )
-    df = pd.DataFrame(rows)
+    names = [k.split(".")[-1] for k in per] + [k.split(".")[-1] for k in tuned]
+    columns = [c for c in names if any(c in r for r in rows)] + [sel.metric, "n", "chosen"]
+    df = pd.DataFrame(
+        rows, columns=columns
+    )  # the knobs in the preset's order, whichever group sets them first
     n_seeds = sorted({len(v) for g in groups.values() for v in g.values()})
     notes = [
         "The choice of a learning rate from runs on the private training data is not accounted in any epsilon "
