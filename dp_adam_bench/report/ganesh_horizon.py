@@ -277,10 +277,11 @@ def _setting_text(profile: str, s: dict, horizons: list[int], spec) -> str:
     seeds = len(spec.seeds or [0])
     return (
         f"profile {profile}: the ganesh_fig3 setting ({s['max_length']} tokens, B = {s['batch_size']}, "
-        f"{s['epochs']} epochs, clip 1.0, BandMF b = {s['bands']}, sigma {s['sigma_high']:g} for DP-SGD at "
+        f"{s['epochs']} epochs, BandMF b = {s['bands']}, sigma {s['sigma_high']:g} for DP-SGD at "
         f"BandMF's epsilon and for BandMF) at {', '.join(map(str, horizons))} steps (more training abstracts, "
         f"the same epochs: the same epsilon at every horizon); the shortest horizon is ganesh_fig3's own runs. "
-        f"{seeds} seeds per setting. Rows and columns are ganesh_fig3's: "
+        f"{seeds} seeds per setting; each cell's settings (clip included) in its 'chosen' column. Rows and "
+        "columns are ganesh_fig3's: "
         + "; ".join(f"{c} = {COLUMN_LABELS[c]}" for c in COLUMNS if c != LOW)
         + "."
     )
