@@ -338,7 +338,8 @@ def _setting_text(profile: str, s: dict, records, n_seeds: int) -> str:
     return (
         f"profile {profile}: {get(cfg, 'task.name')}, {s['max_length']} tokens, B = {s['batch_size']}, "
         f"{s['epochs']} epochs of {s['train_subset'] or 'all'} training abstracts (cyclic fixed batches, "
-        f"{records[0].summary.get('steps')} steps), clip {get(cfg, 'privacy.clip')}, BandMF b = {s['bands']}, "
+        f"{records[0].summary.get('steps')} steps), clip {_base_clip(records)} (STP's: its 'chosen' column), "
+        f"BandMF b = {s['bands']}, "
         f"sigma {s['sigma_low']:g} / {s['sigma_high']:g} / {s['sigma_high']:g}, {n_seeds} seeds per "
         f"setting (fewer where an entry says). Paper: pretrained BERT-tiny, 512 tokens, B = 2048, 2000 steps, "
         "sigma 0.134 / 1 / 1, b = 128, 30 trials, every variant tuned."
@@ -348,6 +349,17 @@ def _setting_text(profile: str, s: dict, records, n_seeds: int) -> str:
             else ""
         )
     )
+
+
+def _base_clip(records) -> str:
+    """The clip of the non-STP private runs (STP's clip acts on scaled gradients and is tuned on its own)."""
+    clips = {
+        get(r.config, "privacy.clip")
+        for r in records
+        if get(r.config, "noise.kind") != "none"
+        and not str(get(r.config, "optimizer.name")).startswith("stp")
+    }
+    return ", ".join(f"{c:g}" for c in sorted(c for c in clips if c is not None)) or "none"
 
 
 def _notes(profile: str, s: dict, incomplete, complete, tuning=()) -> list[str]:
