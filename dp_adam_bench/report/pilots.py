@@ -53,9 +53,8 @@ def build(ctx: ReportContext | None, preset: str, table: str | tuple[str, ...], 
     rows, claims = [], []
     for key in sorted(groups, key=lambda k: tuple(str(v) for v in k)):
         cell = chosen_by.get(key)
-        best = (
-            tuple(cell.chosen[k] for k in tuned) if cell is not None else None
-        )  # None: every value diverged
+        # None: every value diverged
+        best = tuple(cell.chosen[k] for k in tuned) if cell is not None else None
         # the knobs this group sets (IME has no momentum, sgd no eps_s: those stay None and are not printed)
         knobs = [i for i in range(len(tuned)) if any(setting[i] is not None for setting in groups[key])]
         for setting in sorted(groups[key], key=lambda st: tuple(_order(v) for v in st)):
@@ -71,9 +70,8 @@ def build(ctx: ReportContext | None, preset: str, table: str | tuple[str, ...], 
             )
         if best is None:
             continue
-        for (
-            i
-        ) in knobs:  # each knob's grid through the chosen setting (the other knobs at their chosen values)
+        # each knob's grid through the chosen setting (the other knobs at their chosen values)
+        for i in knobs:
             grid = sorted(
                 st[i] for st in groups[key] if all(st[j] == best[j] for j in range(len(tuned)) if j != i)
             )
@@ -87,9 +85,8 @@ def build(ctx: ReportContext | None, preset: str, table: str | tuple[str, ...], 
                 )
     names = [k.split(".")[-1] for k in per] + [k.split(".")[-1] for k in tuned]
     columns = [c for c in names if any(c in r for r in rows)] + [sel.metric, "n", "chosen"]
-    df = pd.DataFrame(
-        rows, columns=columns
-    )  # the knobs in the preset's order, whichever group sets them first
+    # the knobs in the preset's order, whichever group sets them first
+    df = pd.DataFrame(rows, columns=columns)
     n_seeds = sorted({len(v) for g in groups.values() for v in g.values()})
     notes = [
         "The choice of a learning rate from runs on the private training data is not accounted in any epsilon "
