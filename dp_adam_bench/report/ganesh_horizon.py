@@ -157,7 +157,7 @@ def gap_claims(gaps: pd.DataFrame) -> list[Claim]:
     return claims
 
 
-def _chosen_runs(records, cell: Cell, place, setting: dict, selection) -> list:
+def _chosen_runs(records, cell: Cell, place, setting: dict) -> list:
     """The runs behind ``cell``: its group's runs at the chosen setting."""
     low, high = float(setting["sigma_low"]), float(setting["sigma_high"])
     out = []
@@ -174,11 +174,11 @@ def _chosen_runs(records, cell: Cell, place, setting: dict, selection) -> list:
     return out
 
 
-def diagnostics_table(records, cells: dict, setting: dict, selection) -> pd.DataFrame:
+def diagnostics_table(records, cells: dict, setting: dict) -> pd.DataFrame:
     """The last logged value of each diagnostic, averaged over the chosen runs of every (row, column, horizon)."""
     rows = []
     for place in sorted(cells, key=lambda p: (p[0], COLUMNS.index(p[1]), p[2])):
-        runs = _chosen_runs(records, cells[place], place, setting, selection)
+        runs = _chosen_runs(records, cells[place], place, setting)
         line = {"row": place[0], "column": place[1], "steps": place[2]}
         for key, label in DIAGNOSTICS:
             vals = [v for v in (_last(r, key) for r in runs) if v is not None]
@@ -244,7 +244,7 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
     df = pd.DataFrame(table)
     gaps = gap_table(cells)
     claims = gap_claims(gaps)
-    diag = diagnostics_table(records, cells, setting, runs.spec.selection)
+    diag = diagnostics_table(records, cells, setting)
     fig = _figure(cells, gaps, ctx.out)
     horizons = sorted({k[2] for k in cells})
     return write_table(
