@@ -292,7 +292,7 @@ def _notes(profile: str, records, cells, incomplete) -> list[str]:
     if profile == "cpu":
         notes.append(
             "CPU profile: every horizon uses the settings ganesh_fig3_tuning chose at 32 steps (eta, eps_s1 per "
-            "column for STP); they are NOT re-tuned at each horizon (the CPU cannot afford the grid at 128 steps). "
+            "column for STP); they are NOT re-tuned at each horizon (the CPU cannot afford a grid at every horizon). "
             "A longer horizon usually wants a smaller eta, so the longer horizons may be under-tuned; the paper "
             "profile tunes every cell at every horizon."
         )

@@ -264,7 +264,7 @@ _TABLES: tuple[tuple[str, ReportSpec], ...] = (
         ReportSpec(
             _in("ganesh_horizon"),
             "Ganesh et al. Fig. 3 (horizon study)",
-            "STP - post-processing and BandMF - DP-SGD against the number of steps (32, 64, 128 on CPU), with "
+            "STP - post-processing and BandMF - DP-SGD against the number of steps (32, 64, 96 on CPU), with "
             "the diagnostics that explain them",
             "~50 min (12 runs, LAUNCHER=joblib) after ganesh_fig3",
             experiment="ganesh_fig3_horizon",
