@@ -646,7 +646,7 @@ def _run_config(point: dict) -> dict:
 
 def test_ganesh_horizon_follows_the_gaps_across_horizons(isolated_dirs):
     """Every run of the horizon preset plus ganesh_fig3's runs of the same cells (its 32-step horizon), with
-    losses built so that STP - post-processing turns negative at 128 steps and BandMF - DP-SGD never does: the
+    losses built so that STP - post-processing turns negative at 96 steps and BandMF - DP-SGD never does: the
     cells merge the two presets by horizon, the gaps carry standard errors over seeds, the claims name the first
     horizon from which the paper's sign holds, and the trend line's zero crossing is an extrapolation."""
     from dp_adam_bench.report import ganesh_horizon
@@ -660,7 +660,7 @@ def test_ganesh_horizon_follows_the_gaps_across_horizons(isolated_dirs):
         for p in sweep_spec("ganesh_fig3", "cpu").points()
         if (p["optimizer"], p["noise"]) in followed and float(p["privacy.sigma"]) == HIGH
     ]
-    gap = {512: 0.10, 1024: 0.03, 2048: -0.10}  # STP - post-processing at 32, 64, 128 steps
+    gap = {512: 0.10, 1024: 0.03, 1536: -0.10}  # STP - post-processing at 32, 64, 96 steps
     for spec_name, points in (("ganesh_fig3_cpu", base), ("ganesh_fig3_horizon_cpu", horizon.points())):
         for i, p in enumerate(points):
             cfg = _run_config(p)
@@ -672,12 +672,12 @@ def test_ganesh_horizon_follows_the_gaps_across_horizons(isolated_dirs):
             write_run(root, spec_name, f"r{i}", cfg, {"metrics": {"test_loss": loss}}, metrics=metrics)
     ganesh_horizon.build(ReportContext())
     df = pd.read_csv(isolated_dirs / "results" / "ganesh_fig3_horizon.csv")
-    assert sorted(set(df.steps)) == [32, 64, 128] and set(df.n) == {2}
+    assert sorted(set(df.steps)) == [32, 64, 96] and set(df.n) == {2}
     assert len(df) == 9  # 3 cells x 3 horizons
     md = (isolated_dirs / "results" / "ganesh_fig3_horizon.md").read_text()
     assert (
         "STP - post-processing, DP-SGD noise at BandMF's sigma: negative (the paper's sign) beyond seed noise "
-        "from 128 steps on: **holds**" in md
+        "from 96 steps on: **holds**" in md
     )
     assert (
         "BandMF - DP-SGD (same epsilon), post-processing: negative (the paper's sign) beyond seed noise at "
@@ -688,7 +688,7 @@ def test_ganesh_horizon_follows_the_gaps_across_horizons(isolated_dirs):
         md.count("a straight line would cross zero near") == 0
     )  # STP's line ends negative; BandMF's is flat
     assert (isolated_dirs / "results" / "ganesh_fig3_horizon.png").is_file()
-    assert "| stp | dpsgd_sigma1 | 128 | 1 |" in md.replace("1.0000", "1")  # the diagnostics section
+    assert "| stp | dpsgd_sigma1 | 96 | 1 |" in md.replace("1.0000", "1")  # the diagnostics section
 
 
 def test_ganesh_horizon_trend_extrapolates_only_toward_the_papers_sign():
