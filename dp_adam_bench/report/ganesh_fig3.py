@@ -460,11 +460,13 @@ def stp_explanation(records, s: dict) -> list[str]:
     if all(uniform):
         text += (
             " So its scale is within 2x of the constant 1 / eps_s1 in almost every coordinate: STP clips the raw "
-            "per-example gradients at about C * eps_s1 and is then, up to Adam's eps_s2 (1e-8), post-processing "
-            "DP-Adam; its preconditioner does not take hold. (As we read it: when every scaled gradient is "
-            "clipped, the privatized gradient that feeds v^ has per-coordinate size ~ (C / B) / s_t, so sqrt(v^) "
-            "falls each step by about C / ||s g|| and sigma C / B, both far below 1 here, until eps_s1 bounds "
-            "the scale; Ganesh et al. §4.3.1's steady state assumes scaled gradients that are not all clipped.)"
+            "per-example gradients at about C * eps_s1 and is then close to post-processing DP-Adam: its "
+            "preconditioner stays nearly flat (what STP gains or loses against post-processing comes from the "
+            "few coordinates where it is not, and from Adam's eps_s2 = 1e-8). (As we read it: when every scaled "
+            "gradient is clipped, the privatized gradient that feeds v^ has per-coordinate size ~ (C / B) / "
+            "s_t, so sqrt(v^) falls each step by about C / ||s g|| and sigma C / B, both far below 1 here, "
+            "until eps_s1 bounds the scale; Ganesh et al. §4.3.1's steady state assumes scaled gradients that "
+            "are not all clipped.)"
         )
     return [text]
 
