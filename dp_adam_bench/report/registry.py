@@ -266,7 +266,7 @@ _TABLES: tuple[tuple[str, ReportSpec], ...] = (
             "Ganesh et al. Fig. 3 (horizon study)",
             "STP - post-processing and BandMF - DP-SGD against the number of steps (32, 64, 96 on CPU), with "
             "the diagnostics that explain them",
-            "~50 min (12 runs, LAUNCHER=joblib) after ganesh_fig3",
+            "~45 min (12 runs, LAUNCHER=joblib; ~80 core-minutes measured) after ganesh_fig3",
             experiment="ganesh_fig3_horizon",
             runtime_paper="GPU runs of ~500 and ~1,000 steps over the paper's grid x 5 seeds",
             also=("ganesh_fig3",),
