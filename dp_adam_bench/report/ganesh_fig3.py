@@ -427,16 +427,16 @@ def stp_explanation(records, s: dict) -> list[str]:
     low, high = float(s["sigma_low"]), float(s["sigma_high"])
     parts, uniform = [], []
     for col in COLUMNS:
-        runs = [
+        stp = [
             r
             for r in records
-            if get(r.config, "optimizer.name") == "stp"
-            and column_of(r.config, low, high) == col
-            and any(_STP_KEYS[-1] in m for m in r.metrics())
+            if get(r.config, "optimizer.name") == "stp" and column_of(r.config, low, high) == col
         ]
+        logs = {id(r): r.metrics() for r in stp}  # each run's metrics file read once
+        runs = [r for r in stp if any(_STP_KEYS[-1] in m for m in logs[id(r)])]
         means = {}
         for key in _STP_KEYS:
-            vals = [float(m[key]) for r in runs for m in r.metrics() if m.get(key) is not None]
+            vals = [float(m[key]) for r in runs for m in logs[id(r)] if m.get(key) is not None]
             if vals:
                 means[key] = float(np.mean(vals))
         if len(means) < len(_STP_KEYS):

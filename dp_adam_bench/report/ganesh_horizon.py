@@ -180,8 +180,9 @@ def diagnostics_table(records, cells: dict, setting: dict) -> pd.DataFrame:
     for place in sorted(cells, key=lambda p: (p[0], COLUMNS.index(p[1]), p[2])):
         runs = _chosen_runs(records, cells[place], place, setting)
         line = {"row": place[0], "column": place[1], "steps": place[2]}
+        logs = [r.metrics() for r in runs]  # each run's metrics file read once
         for key, label in DIAGNOSTICS:
-            vals = [v for v in (_last(r, key) for r in runs) if v is not None]
+            vals = [v for v in (_last(m, key) for m in logs) if v is not None]
             if vals:
                 line[label] = float(np.mean(vals))
         if len(line) > 3:
@@ -189,8 +190,8 @@ def diagnostics_table(records, cells: dict, setting: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _last(record, key: str) -> float | None:
-    for m in reversed(record.metrics()):
+def _last(metrics: list[dict], key: str) -> float | None:
+    for m in reversed(metrics):
         if key in m:
             return float(m[key])
     return None
