@@ -108,6 +108,9 @@ class ArxivMLM(ModelTask):
     ``max_length``; ``pad_to``; ``mask_prob``, ``mask_token_frac``, ``random_token_frac``, ``max_predictions``
     (null = max(1, round(mask_prob · (max_length − 2)))), ``mask_seed``; ``split_seed``, ``val_fraction``,
     ``test_fraction``, ``eval_split`` (test | val); ``train_subset`` / ``test_subset`` (seeded with ``data_seed``);
+    ``val_subset`` (null, or that many val-split abstracts, drawn after the other two with ``data_seed``, scored
+    beside the eval split as ``val_loss`` / ``val_accuracy``: a hyperparameter can then be chosen on val and the
+    same runs reported on test; needs ``eval_split=test``);
     ``eval_batch_size``; ``dropout`` (null = the config's); ``untie_embeddings`` (true: needed for ghost clipping).
     """
 
@@ -180,6 +183,16 @@ class ArxivMLM(ModelTask):
         te = subset_indices(len(te_rows), cfg.get("test_subset"), rng, "test_subset")
         self.train_rows = tr_rows if tr is None else tr_rows[tr]  # rows of the data file: the masking key
         self.test_rows = te_rows if te is None else te_rows[te]
+        self.val_rows = None
+        if cfg.get("val_subset") is not None:
+            if eval_split != "test":
+                raise ValueError(
+                    f"task.val_subset={cfg.get('val_subset')} scores val beside the eval split, but "
+                    f"task.eval_split={eval_split!r}: use eval_split=test, or val_subset=null"
+                )
+            va_rows = np.flatnonzero(split == SPLIT_CODES["val"])
+            va = subset_indices(len(va_rows), cfg.get("val_subset"), rng, "val_subset")
+            self.val_rows = va_rows if va is None else va_rows[va]
 
         self.tokenizer = text.load_tokenizer(self.model_name, hint=MODEL_HINT)
         tok = self.tokenizer
@@ -194,6 +207,7 @@ class ArxivMLM(ModelTask):
         self.random_ids = np.setdiff1d(np.arange(len(tok), dtype=np.int64), np.asarray(sorted(special)))
         self.train_ids = self._tokenize([texts[i] for i in self.train_rows])
         self.test_ids = self._tokenize([texts[i] for i in self.test_rows])
+        self.val_ids = None if self.val_rows is None else self._tokenize([texts[i] for i in self.val_rows])
 
         notes = []
         if self.data_source.startswith("local:"):
@@ -342,14 +356,20 @@ class ArxivMLM(ModelTask):
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module) -> dict[str, float]:
+        out = self._score(model, self.test_ids, self.test_rows, "test")
+        if self.val_ids is not None:
+            out |= self._score(model, self.val_ids, self.val_rows, "val")
+        return out
+
+    def _score(self, model: nn.Module, ids: text.Ragged, rows: np.ndarray, split: str) -> dict[str, float]:
         device = text.model_device(model)
         loss_sum, correct, count = 0.0, 0, 0
         # batches of similar lengths, each padded to its longest row: the sums do not depend on the order
-        order = np.argsort(self.test_ids.lengths(), kind="stable")
-        for start in progress.iterate(range(0, self.test_size, self.eval_batch_size), desc="evaluate"):
+        order = np.argsort(ids.lengths(), kind="stable")
+        for start in progress.iterate(range(0, len(rows), self.eval_batch_size), desc="evaluate"):
             idx = order[start : start + self.eval_batch_size]
-            # the fixed test corruption of each example
-            batch = self._batch(self.test_ids, self.test_rows, idx, "longest")
+            # the fixed corruption of each example (a function of its row)
+            batch = self._batch(ids, rows, idx, "longest")
             batch = {k: v.to(device) for k, v in batch.items()}
             logits = model(**text.bert_inputs(batch), mlm_positions=batch["mlm_positions"]).float()
             y = batch["mlm_labels"]
@@ -357,4 +377,4 @@ class ArxivMLM(ModelTask):
             loss_sum += float(F.cross_entropy(logits[valid], y[valid], reduction="sum"))
             correct += int((logits[valid].argmax(-1) == y[valid]).sum())
             count += int(valid.sum())
-        return {"test_loss": loss_sum / max(count, 1), "test_accuracy": 100.0 * correct / max(count, 1)}
+        return {f"{split}_loss": loss_sum / max(count, 1), f"{split}_accuracy": 100.0 * correct / max(count, 1)}
