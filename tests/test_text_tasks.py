@@ -748,7 +748,9 @@ def test_arxiv_val_subset_scores_val_abstracts_beside_the_test_ones(fixtures):
     unchanged; its scores equal those of a task evaluating on val (eval_split=val) over the same abstracts."""
     plain = ArxivMLM(mlm_cfg(fixtures, test_subset=10), trials=1, seed=0)
     task = ArxivMLM(mlm_cfg(fixtures, test_subset=10, val_subset=6), trials=1, seed=0)
-    assert np.array_equal(plain.train_rows, task.train_rows) and np.array_equal(plain.test_rows, task.test_rows)
+    assert np.array_equal(plain.train_rows, task.train_rows) and np.array_equal(
+        plain.test_rows, task.test_rows
+    )
     assert len(task.val_rows) == 6 and not set(task.val_rows) & (set(task.test_rows) | set(task.train_rows))
     torch.manual_seed(0)
     model = task.build_model().eval()
@@ -764,5 +766,7 @@ def test_arxiv_val_subset_scores_val_abstracts_beside_the_test_ones(fixtures):
     assert whole.evaluate(model)["val_loss"] == pytest.approx(on_val.evaluate(model)["test_loss"], rel=1e-6)
     with pytest.raises(ValueError, match="task.val_subset=6 scores val beside the eval split"):
         ArxivMLM(mlm_cfg(fixtures, eval_split="val", val_subset=6), trials=1, seed=0)
-    with pytest.raises(ValueError, match=r"task.val_subset must be an integer in \[1, \d+\] or null, got nan"):
+    with pytest.raises(
+        ValueError, match=r"task.val_subset must be an integer in \[1, \d+\] or null, got nan"
+    ):
         ArxivMLM(mlm_cfg(fixtures, val_subset=float("nan")), trials=1, seed=0)

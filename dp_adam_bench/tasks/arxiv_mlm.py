@@ -377,4 +377,7 @@ class ArxivMLM(ModelTask):
             loss_sum += float(F.cross_entropy(logits[valid], y[valid], reduction="sum"))
             correct += int((logits[valid].argmax(-1) == y[valid]).sum())
             count += int(valid.sum())
-        return {f"{split}_loss": loss_sum / max(count, 1), f"{split}_accuracy": 100.0 * correct / max(count, 1)}
+        return {
+            f"{split}_loss": loss_sum / max(count, 1),
+            f"{split}_accuracy": 100.0 * correct / max(count, 1),
+        }
