@@ -661,6 +661,8 @@ def test_ganesh_horizon_follows_the_gaps_across_horizons(isolated_dirs):
         if (p["optimizer"], p["noise"]) in followed and float(p["privacy.sigma"]) == HIGH
     ]
     gap = {512: 0.10, 1024: 0.03, 1536: -0.10}  # STP - post-processing at 32, 64, 96 steps
+    lrs = sorted({p["optimizer.lr"] for p in horizon.points()})
+    assert len(lrs) >= 2  # every horizon is tuned
     for spec_name, points in (("ganesh_fig3_cpu", base), ("ganesh_fig3_horizon_cpu", horizon.points())):
         for i, p in enumerate(points):
             cfg = _run_config(p)
@@ -668,13 +670,36 @@ def test_ganesh_horizon_follows_the_gaps_across_horizons(isolated_dirs):
             loss = 6.0 - 0.1 * np.log2(subset / 512) + 0.01 * seed
             loss += gap[subset] if p["optimizer"] == "stp" else 0.0
             loss += 0.2 if p["noise"] == "bandmf" else 0.0
-            metrics = [{"step": 8, "diag/frac_clipped": 1.0, "diag/stp_frac_sqrtv_above_eps_s1": 0.25}]
-            write_run(root, spec_name, f"r{i}", cfg, {"metrics": {"test_loss": loss}}, metrics=metrics)
+            scores = {"test_loss": loss}
+            if spec_name == "ganesh_fig3_horizon_cpu":
+                # the largest eta wins on val; the others would win on test (which the rule must not look at)
+                top = p["optimizer.lr"] == lrs[-1]
+                scores = {"test_loss": loss if top else loss - 0.5, "val_loss": loss - (0.05 if top else 0.0)}
+            phi = 2.4e-7 * (2.25 if p["noise"] == "bandmf" else 1.0)  # BandMF: more noise a step at one sigma
+            metrics = [
+                {
+                    "step": 8,
+                    "diag/frac_clipped": 1.0,
+                    "diag/stp_frac_sqrtv_above_eps_s1": 0.25,
+                    "diag/phi": phi,
+                    "diag/v_clean_median": 2.4e-15,
+                }
+            ]
+            write_run(root, spec_name, f"r{i}", cfg, {"metrics": scores}, metrics=metrics)
     ganesh_horizon.build(ReportContext())
     df = pd.read_csv(isolated_dirs / "results" / "ganesh_fig3_horizon.csv")
     assert sorted(set(df.steps)) == [32, 64, 96] and set(df.n) == {2}
     assert len(df) == 9  # 3 cells x 3 horizons
+    longer = df[df.steps > 32]
+    assert all(f"lr={lrs[-1]:g}" in c for c in longer.chosen)  # chosen on val_loss ...
+    pp64 = longer[(longer.steps == 64) & (longer.row == "postprocessing") & (longer.column == "dpsgd_sigma1")]
+    assert pp64.test_loss.item() == pytest.approx(6.0 - 0.1 + 0.005)  # ... and reported on test_loss
     md = (isolated_dirs / "results" / "ganesh_fig3_horizon.md").read_text()
+    assert "## The tuning at each horizon" in md and md.count(f"lr={lrs[0]:g}") >= 6
+    assert f"postprocessing @ dpsgd_sigma1, 64 steps: lr = {lrs[-1]:g}, the top of" in md
+    # the step-size reading: Phi ratio 2.25 -> BandMF's steps 1 / 1.5 as large; Phi 1e8 x the clean v
+    assert "96 steps: Phi 5.4e-07 (BandMF) vs 2.4e-07 (independent), ratio 2.25: BandMF's steps 0.67x" in md
+    assert "median clean v 2.4e-15 (1e+08x below Phi)" in md
     assert (
         "STP - post-processing, DP-SGD noise at BandMF's sigma: negative (the paper's sign) beyond seed noise "
         "from 96 steps on: **holds**" in md
