@@ -754,3 +754,30 @@ def test_stp_clip_evidence_prints_its_reading_only_when_the_numbers_show_it():
     flat = run(1e4, [(0.0, 0.5, 0.03), (0.0, 0.4, 0.02)])
     (text,) = ganesh_fig3.stp_clip_evidence([flat, quiet], s)
     assert "no clip does both" not in text and text.endswith("val loss 5.600.")
+
+
+def test_tuning_agreement_flags_a_table_run_with_values_its_tuning_no_longer_chooses():
+    """ganesh_fig3 runs the values under sweep.profiles.cpu; when ganesh_fig3_tuning's runs (after a grid was
+    widened) choose another one, the table says it is stale and names the cell, the knob and both values."""
+    from types import SimpleNamespace
+
+    s = ganesh_fig3.profile_setting("cpu")
+
+    def run(opt, lr, loss, **kw):
+        cfg = g3_cfg(opt, "independent", HIGH, lr, 0, **kw)
+        return SimpleNamespace(config=cfg, summary={"metrics": {"test_loss": loss}}, complete=True)
+
+    runs = [run("adam", 3e-4, 5.6), run("adam", 6e-4, 5.5), run("bc", 3e-4, 5.5, eps_s=1e-4)]
+    values = {"pp_lr": [3e-4], "bc_lr": [3e-4], "bc_eps_s": [1e-4]}
+    (note,) = ganesh_fig3.tuning_agreement(runs, s, values)
+    assert (
+        note.startswith("STALE:")
+        and "adam @ independent sigma 0.015625: lr = 0.0006 chosen, 0.0003 run" in note
+    )
+    assert "bc @" not in note  # bc's choice is what the table ran
+    (note,) = ganesh_fig3.tuning_agreement(runs, s, values | {"pp_lr": [6e-4]})
+    assert (
+        note
+        == "The tuned values this table ran are ganesh_fig3_tuning's choices (3 checked against its runs)."
+    )
+    assert ganesh_fig3.tuning_agreement([], s, values) == []

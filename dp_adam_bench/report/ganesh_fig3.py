@@ -382,6 +382,8 @@ def _notes(profile: str, s: dict, incomplete, complete, tuning=()) -> list[str]:
             "paper's 0.134 is for n = 2000, b = 128).",
             _tuning_note(profile),
         ]
+        values = load_preset("ganesh_fig3", profile)["sweep"]["profiles"][profile]
+        notes += tuning_agreement(tuning, s, values)
         notes += stp_explanation(complete, s) + stp_clip_evidence(tuning, s)
     notes += incomplete_note(incomplete)
     if any(r.summary.get("privacy_notes") for r in complete):
@@ -410,10 +412,59 @@ def _tuning_note(profile: str) -> str:
         "CPU profile, the tuning (the paper's rule, the lowest mean loss, on the VAL split: "
         "results/ganesh_fig3_tuning.md; one seed, a smaller grid than the paper's): eta for post-processing / IME / "
         f"BC = {one('pp_lr')} / {one('ime_lr')} / {one('bc_lr')} and DP-SGD's momentum {one('sgd_momentum')} (lr "
-        f"{one('sgd_lr')}), chosen at the column DP-SGD at BandMF's epsilon and used in all three; IME / BC keep "
-        f"the paper's best eps_s = {one('eps_s')}; scale-then-privatize (eta {one('stp_lr')}) per column: {stp}. "
+        f"{one('sgd_lr')}) and eps_s for IME / BC = {one('ime_eps_s')} / {one('bc_eps_s')} (the paper's best: "
+        f"1e-4), chosen at the column DP-SGD at BandMF's epsilon and used in all three; scale-then-privatize (eta "
+        f"{one('stp_lr')}) per column: {stp}. "
         "The non-private rows keep the pilots' learning rates (results/ganesh_fig3_pilots.md)."
     )
+
+
+#: (optimizer, noise, column) of a ganesh_fig3_tuning cell -> {tuned key: the ganesh_fig3 cpu key that runs it}
+_TUNED_KEYS = {
+    ("adam", "independent", "high"): {"optimizer.lr": "pp_lr"},
+    ("ime", "independent", "high"): {"optimizer.lr": "ime_lr", "optimizer.eps_s": "ime_eps_s"},
+    ("bc", "independent", "high"): {"optimizer.lr": "bc_lr", "optimizer.eps_s": "bc_eps_s"},
+    ("sgd", "independent", "high"): {"optimizer.momentum": "sgd_momentum"},
+    ("stp", "independent", "low"): {"optimizer.eps_s1": "stp_eps_s1_low", "privacy.clip": "stp_clip_low"},
+    ("stp", "bandmf", "high"): {"optimizer.eps_s1": "stp_eps_s1_bandmf", "privacy.clip": "stp_clip_bandmf"},
+    ("stp", "independent", "high"): {"optimizer.eps_s1": "stp_eps_s1_high", "privacy.clip": "stp_clip_high"},
+}
+
+
+def tuning_agreement(tuning, s: dict, values: dict) -> list[str]:
+    """Whether the values this table ran (``values``: the preset's sweep.profiles.cpu) are what ganesh_fig3_tuning's
+    runs choose now (its own selection rule): a tuning grid widened after the table ran can move a choice, and
+    then the table is stale until re-run. One note, empty without tuning runs."""
+    if not tuning:
+        return []
+    sel = load_preset("ganesh_fig3_tuning", "cpu")["sweep"]["selection"]
+    chosen = aggregate.select_best(
+        list(tuning), per=list(sel["per"]), tuned=list(sel["tuned"]), metric=sel["metric"], mode=sel["mode"]
+    )
+    low, high = float(s["sigma_low"]), float(s["sigma_high"])
+    stale, checked = [], 0
+    for (opt, noise, sigma), cell in chosen.items():
+        col = (
+            "low" if math.isclose(float(sigma), low) else "high" if math.isclose(float(sigma), high) else None
+        )
+        for knob, key in _TUNED_KEYS.get((opt, noise, col), {}).items():
+            ran = values.get(key)
+            if ran is None or cell.chosen.get(knob) is None:
+                continue
+            checked += 1
+            if not any(math.isclose(float(cell.chosen[knob]), float(x)) for x in ran):
+                stale.append(
+                    f"{opt} @ {noise} sigma {float(sigma):g}: {knob.split('.')[-1]} = {cell.chosen[knob]:g} chosen, "
+                    f"{', '.join(f'{float(x):g}' for x in ran)} run ({key})"
+                )
+    if stale:
+        return [
+            "STALE: ganesh_fig3_tuning's runs now choose other values than this table ran (re-run after setting "
+            "them under sweep.profiles.cpu of configs/experiment/ganesh_fig3.yaml): " + "; ".join(stale) + "."
+        ]
+    return [
+        f"The tuned values this table ran are ganesh_fig3_tuning's choices ({checked} checked against its runs)."
+    ]
 
 
 #: STP's diagnostics (clean statistics, logged by its runs) that say what its clip and scale did
