@@ -23,6 +23,7 @@ from dp_adam_bench.report.aggregate import Cell, difference_se, get, select_cell
 from dp_adam_bench.report.common import Claim, incomplete_note, load_paper, markdown_table, write_table
 from dp_adam_bench.report.context import ReportContext
 from dp_adam_bench.report.expected import preset_runs
+from dp_adam_bench.report.ganesh_steps import effective_steps, order_reading
 from dp_adam_bench.sweep import Selection, load_preset
 
 TABLE_ID = "ganesh_fig3"
@@ -267,6 +268,15 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
     claims = _claims(ours, ours_std, "ours", ours_n, pairs) + paper_claims
     tuning = preset_runs(ctx, "ganesh_fig3_tuning").complete if profile == "cpu" else []
     notes = _notes(profile, setting, incomplete, complete, tuning)
+    low, high = float(setting["sigma_low"]), float(setting["sigma_high"])
+    chosen = [  # the runs behind the table's cells (the chosen setting of each)
+        r
+        for r in complete
+        if (c := cells.get((row_of(r.config), column_of(r.config, low, high)))) is not None
+        and all(get(r.config, k) == v for k, v in c.chosen.items())
+    ]
+    steps = effective_steps(chosen, lambda cfg: (row_of(cfg), column_of(cfg, low, high)))
+    notes += [n for n in (order_reading(steps, list(COLUMNS)),) if n]
     return write_table(
         TABLE_ID,
         df,
@@ -281,6 +291,11 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
             ("The table as the paper prints it (mean ± std over seeds)", markdown_table(pd.DataFrame(wide))),
             ("Privacy of each column (ours, from the run ledgers)", eps),
             ("Seed noise: the comparisons of the claims", _seed_section(pairs, ours, ours_std, ours_n)),
+            (
+                "Effective steps: the factor a steady privatized gradient is multiplied by, from the logged v^ "
+                "(Adam variants: eta over their denominator at that coordinate; DP-SGD: lr / (1 - momentum))",
+                markdown_table(steps, 4) if len(steps) else "(no second moments logged)",
+            ),
         ],
         missing=runs.missing,
     )
