@@ -40,11 +40,19 @@ def rule(name: str):
     return register
 
 
-@rule("adam")
-def _post_processing(cfg: dict, diag: dict, q: str) -> float | None:
-    v = diag.get(f"diag/v_private_{q}")
-    eps = float(get(cfg, "optimizer.eps") or 1e-8)
-    return None if v is None else float(get(cfg, "optimizer.lr")) / (math.sqrt(max(v, 0.0)) + eps)
+def _sqrt_v_plus_eps(eps_key: str, default: float):
+    """Post-processing (Alg. 5: eps) and IME (Alg. 6: eps_s): eta / (sqrt(max(v^, 0)) + eps)."""
+
+    def step(cfg: dict, diag: dict, q: str) -> float | None:
+        v = diag.get(f"diag/v_private_{q}")
+        eps = float(get(cfg, eps_key) or default)
+        return None if v is None else float(get(cfg, "optimizer.lr")) / (math.sqrt(max(v, 0.0)) + eps)
+
+    return step
+
+
+STEP_RULES["adam"] = _sqrt_v_plus_eps("optimizer.eps", 1e-8)
+STEP_RULES["ime"] = _sqrt_v_plus_eps("optimizer.eps_s", 1e-4)
 
 
 @rule("bc")
@@ -52,13 +60,6 @@ def _bias_correction(cfg: dict, diag: dict, q: str) -> float | None:
     v = diag.get(f"diag/v_private_minus_phi_{q}")
     floor = float(get(cfg, "optimizer.eps_s") or 1e-4) ** 2
     return None if v is None else float(get(cfg, "optimizer.lr")) / math.sqrt(max(v, floor))
-
-
-@rule("ime")
-def _independent_moments(cfg: dict, diag: dict, q: str) -> float | None:
-    v = diag.get(f"diag/v_private_{q}")
-    eps_s = float(get(cfg, "optimizer.eps_s") or 1e-4)
-    return None if v is None else float(get(cfg, "optimizer.lr")) / (math.sqrt(max(v, 0.0)) + eps_s)
 
 
 @rule("sgd")
