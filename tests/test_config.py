@@ -172,3 +172,24 @@ def test_an_entry_can_set_its_own_seeds():
     assert (
         len(ids) == 2 * 2 + 5 * 3 * 2 + 2 * 3
     )  # non-private rows and the DP rows (2 seeds), noiseless (1 seed)
+
+
+def test_ganesh_presets_that_tune_on_a_grid_select_on_val_abstracts_scored_in_every_run():
+    """Where a Fig. 3 preset selects among several settings (the paper profile's grid, the horizon study), every
+    run scores val abstracts (task.val_subset) and the rule reads val_loss, so the tables' test losses are not
+    selected on themselves; the tuning presets score val as their eval split and need no val_subset."""
+    from dp_adam_bench.sweep import sweep_spec
+
+    for preset, profile in (
+        ("ganesh_fig3", "paper"),
+        ("ganesh_fig3_horizon", "cpu"),
+        ("ganesh_fig3_horizon", "paper"),
+    ):
+        assert sweep_spec(preset, profile).selection.metric == "val_loss", (preset, profile)
+        cfg = compose_cfg([f"experiment={preset}", f"profile={profile}"])
+        assert cfg.task.val_subset and cfg.task.eval_split == "test", (preset, profile)
+    assert sweep_spec("ganesh_fig3", "cpu").selection.metric == "test_loss"  # one setting a cell
+    for preset in ("ganesh_fig3_tuning", "ganesh_fig3_pilots"):
+        for profile in ("cpu", "paper"):
+            cfg = compose_cfg([f"experiment={preset}", f"profile={profile}"])
+            assert cfg.task.eval_split == "val" and cfg.task.val_subset is None, (preset, profile)

@@ -304,3 +304,26 @@ def test_missing_runs_are_matched_on_the_swept_values_only():
     assert len(missing) == 90 and point not in missing  # 0.0316 == 3.16e-2; unswept keys do not matter
     other = {**cfg, "optimizer": {"name": "adagrad_pp", "lr": 0.0317}}
     assert len(expected.missing_runs(spec, [Run(other)])) == 91
+
+
+def test_reported_on_gives_the_test_metric_of_the_setting_chosen_on_val(isolated_dirs):
+    """Selected on val_loss, reported on test_loss: the cell holds the chosen setting's test values (not the
+    setting that would win on test), its candidates the val means."""
+    from dp_adam_bench.report.aggregate import reported_on
+
+    root = isolated_dirs / "runs"
+    for lr, val, test in ((0.1, 0.50, 0.70), (1.0, 0.40, 0.90)):
+        for seed in (0, 1):
+            folder = root / "g" / f"r{lr}-{seed}"
+            folder.mkdir(parents=True)
+            cfg = {"optimizer": {"name": "adam", "lr": lr}, "noise": {"kind": "independent"}, "seed": seed}
+            (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
+            metrics = {"val_loss": val + 0.01 * seed, "test_loss": test + 0.02 * seed}
+            (folder / "summary.json").write_text(json.dumps({"status": "complete", "metrics": metrics}))
+    records = load_local_runs(root, "g")
+    cells = select_best(records, per=["optimizer"], tuned=["optimizer.lr"], metric="val_loss")
+    out = reported_on(cells, records, lambda cfg: (cfg["optimizer"]["name"],), "test_loss")
+    (cell,) = out.values()
+    assert cell.chosen == {"optimizer.lr": 1.0} and cell.n == 2
+    assert cell.mean == pytest.approx(0.91) and cell.std == pytest.approx(0.01)
+    assert [m for _, m in cell.candidates] == pytest.approx([0.505, 0.405])

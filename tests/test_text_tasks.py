@@ -764,6 +764,16 @@ def test_arxiv_val_subset_scores_val_abstracts_beside_the_test_ones(fixtures):
     on_val = ArxivMLM(mlm_cfg(fixtures, eval_split="val"), trials=1, seed=0)
     assert np.array_equal(np.sort(whole.val_rows), np.sort(on_val.test_rows))
     assert whole.evaluate(model)["val_loss"] == pytest.approx(on_val.evaluate(model)["test_loss"], rel=1e-6)
+    # a run without val_subset keeps the id it had before the key existed; one with it is another run
+    from dp_adam_bench.tracking.run_store import run_id
+
+    cfg = {
+        "task": {"name": "arxiv_mlm", "test_subset": 10},
+        "optimizer": {"name": "adam", "lr": 1e-3},
+        "seed": 0,
+    }
+    assert run_id({**cfg, "task": {**cfg["task"], "val_subset": None}}) == run_id(cfg)
+    assert run_id({**cfg, "task": {**cfg["task"], "val_subset": 6}}) != run_id(cfg)
     with pytest.raises(ValueError, match="task.val_subset=6 scores val beside the eval split"):
         ArxivMLM(mlm_cfg(fixtures, eval_split="val", val_subset=6), trials=1, seed=0)
     with pytest.raises(

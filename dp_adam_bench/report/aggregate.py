@@ -8,6 +8,7 @@ Incomplete runs are never aggregated; they are returned so the report can list t
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -150,4 +151,27 @@ def select_cells(records: list[RunRecord], selection, locate) -> dict[tuple[str,
         if place in out:
             raise ValueError(f"two selection groups fall in cell {place}: {out[place].key} and {key}")
         out[place] = cell
+    return out
+
+
+def chosen_runs(records: list[RunRecord], cell: Cell, place, place_of) -> list[RunRecord]:
+    """The complete runs behind ``cell``: those ``place_of(config)`` puts at ``place`` with the chosen setting."""
+    return [
+        r
+        for r in records
+        if r.complete
+        and place_of(r.config) == place
+        and all(get(r.config, k) == v for k, v in cell.chosen.items())
+    ]
+
+
+def reported_on(cells: dict, records: list[RunRecord], place_of, metric: str) -> dict:
+    """``cells`` selected on one metric (a validation loss) holding another (``metric``, the test loss) over each
+    chosen setting's runs: mean, std and n; ``candidates`` keep the selection metric's means."""
+    out = {}
+    for place, cell in cells.items():
+        vals = [float(r.summary["metrics"][metric]) for r in chosen_runs(records, cell, place, place_of)]
+        out[place] = dataclasses.replace(
+            cell, mean=float(np.mean(vals)), std=float(np.std(vals)), n=len(vals), values=vals
+        )
     return out

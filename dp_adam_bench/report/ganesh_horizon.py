@@ -30,7 +30,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dp_adam_bench.report.aggregate import Cell, difference_se, get, select_cells
+from dp_adam_bench.report.aggregate import (
+    Cell,
+    chosen_runs,
+    difference_se,
+    get,
+    reported_on,
+    select_cells,
+)
 from dp_adam_bench.report.common import Claim, incomplete_note, markdown_table, save_figure, write_table
 from dp_adam_bench.report.context import ReportContext
 from dp_adam_bench.report.expected import preset_runs
@@ -84,24 +91,23 @@ def horizon_cells(records, selection, setting: dict) -> dict[tuple[str, str, int
     """{(row, column, steps): Cell}: the selection rule per (optimizer, noise, sigma, training abstracts). When the
     rule selects on another metric (val_loss), the cell holds the chosen setting's test_loss over its runs (its
     ``candidates`` keep the selection metric's means)."""
-    low, high = float(setting["sigma_low"]), float(setting["sigma_high"])
     if "task.train_subset" not in selection.per:  # the base table's rule: its cells are one horizon
         selection = dataclasses.replace(selection, per=(*selection.per, "task.train_subset"))
+    locate = _locator(setting)
+    cells = select_cells(records, selection, locate)
+    return cells if selection.metric == REPORTED else reported_on(cells, records, locate, REPORTED)
+
+
+def _locator(setting: dict):
+    """config -> (row, column, steps)."""
+    low, high = float(setting["sigma_low"]), float(setting["sigma_high"])
 
     def locate(cfg):
         subset = get(cfg, "task.train_subset")
         steps = steps_of(subset, setting) if subset is not None else None
         return row_of(cfg), column_of(cfg, low, high), steps
 
-    cells = select_cells(records, selection, locate)
-    if selection.metric == REPORTED:
-        return cells
-    for place, cell in cells.items():
-        vals = [float(r.summary["metrics"][REPORTED]) for r in _chosen_runs(records, cell, place, setting)]
-        cells[place] = dataclasses.replace(
-            cell, mean=float(np.mean(vals)), std=float(np.std(vals)), n=len(vals), values=vals
-        )
-    return cells
+    return locate
 
 
 def tuning_table(records, cells: dict, setting: dict, metric: str) -> pd.DataFrame:
@@ -223,19 +229,7 @@ def gap_claims(gaps: pd.DataFrame) -> list[Claim]:
 
 def _chosen_runs(records, cell: Cell, place, setting: dict) -> list:
     """The runs behind ``cell``: its group's runs at the chosen setting."""
-    low, high = float(setting["sigma_low"]), float(setting["sigma_high"])
-    out = []
-    for r in records:
-        cfg = r.config
-        subset = get(cfg, "task.train_subset")
-        here = (
-            row_of(cfg),
-            column_of(cfg, low, high),
-            steps_of(subset, setting) if subset is not None else None,
-        )
-        if here == place and all(get(cfg, k) == v for k, v in cell.chosen.items()):
-            out.append(r)
-    return out
+    return chosen_runs(records, cell, place, _locator(setting))
 
 
 def diagnostics_table(records, cells: dict, setting: dict) -> pd.DataFrame:

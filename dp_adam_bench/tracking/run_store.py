@@ -65,6 +65,9 @@ LATER_OPTIMIZER_DEFAULTS = {
     "decay_exclude": "bias_and_norm",
 }
 
+# task.* keys added after runs existed, likewise left out at the value that scores no more than those runs did
+LATER_TASK_DEFAULTS = {"val_subset": None}
+
 
 def _without(section: dict, defaults: dict, drop=()) -> dict:
     """``section`` less the keys in ``drop`` and the later-added keys still at their ``defaults`` value."""
@@ -74,6 +77,8 @@ def _without(section: dict, defaults: dict, drop=()) -> dict:
 def run_identity(cfg: dict) -> dict:
     """The part of a config that determines a run's result."""
     ident = {k: cfg.get(k) for k in IDENTITY_KEYS}
+    if hasattr(ident["task"], "items"):
+        ident["task"] = _without(ident["task"], LATER_TASK_DEFAULTS)
     if hasattr(ident["optimizer"], "items"):
         ident["optimizer"] = _without(ident["optimizer"], LATER_OPTIMIZER_DEFAULTS)
     ident["train"] = _without(cfg.get("train") or {}, LATER_TRAIN_DEFAULTS, OPERATIONAL_TRAIN_KEYS)
