@@ -142,7 +142,8 @@ def _reproduce(args) -> int:
     ctx = ReportContext(profile=args.profile)  # the runs it makes are local: the report reads the run store
     for tid in registry.resolve(args.table):
         spec = registry.spec(tid)
-        for experiment in (*spec.also, spec.experiment) if spec.experiment else ():
+        also = spec.also if args.profile in spec.also_profiles else ()
+        for experiment in (*also, spec.experiment) if spec.experiment else ():
             for moved in set_aside_stale_runs(experiment, args.profile, ctx.runs):
                 print(f"set aside (not part of the current preset): {moved}")
             rc = run_sweep(

@@ -252,8 +252,9 @@ def test_a_locked_run_outside_a_multirun_still_fails_in_one_line():
 
 
 def test_reproduce_sweeps_the_presets_a_table_also_reads(isolated_dirs, monkeypatch):
-    """ganesh_fig3_horizon reads ganesh_fig3's runs as its shortest horizon: reproduce sweeps that preset first
-    (complete runs are skipped by the sweep), then its own."""
+    """ganesh_fig3_horizon's paper profile reads ganesh_fig3's runs as its longest horizon: reproduce sweeps that
+    preset first (complete runs are skipped by the sweep), then its own; the cpu profile runs every horizon
+    itself and sweeps only its own preset."""
     from dp_adam_bench.cli import main
     from dp_adam_bench.report import document, registry
 
@@ -263,4 +264,7 @@ def test_reproduce_sweeps_the_presets_a_table_also_reads(isolated_dirs, monkeypa
     monkeypatch.setattr(registry, "build", lambda tid, ctx: [])
     monkeypatch.setattr(document, "build_document", lambda out: out)
     assert main(["reproduce", "ganesh_fig3_horizon"]) == 0
+    assert swept == ["ganesh_fig3_horizon"]
+    swept.clear()
+    assert main(["reproduce", "ganesh_fig3_horizon", "--profile", "paper"]) == 0
     assert swept == ["ganesh_fig3", "ganesh_fig3_horizon"]

@@ -18,7 +18,8 @@ class ReportSpec:
     """``builder``: ``"module:function"``, called as ``function(ctx, *args)`` with a
     :class:`~dp_adam_bench.report.context.ReportContext`; ``experiment``: the sweep preset whose runs the table
     reads (None: the table is computed exactly, the same at every profile); ``also``: further presets whose runs
-    it reads (``reproduce`` sweeps them too; their complete runs are reused)."""
+    it reads at the profiles in ``also_profiles`` (``reproduce`` sweeps them too; their complete runs are
+    reused)."""
 
     builder: str
     paper: str
@@ -28,6 +29,7 @@ class ReportSpec:
     runtime_paper: str = "same"
     args: tuple = ()
     also: tuple[str, ...] = ()
+    also_profiles: tuple[str, ...] = ("cpu", "paper")
 
     def function(self) -> Callable[..., list[Path]]:
         module, name = self.builder.split(":")
@@ -247,9 +249,9 @@ _TABLES: tuple[tuple[str, ReportSpec], ...] = (
         ReportSpec(
             _in("pilots"),
             "Ganesh et al. Fig. 3 (the CPU profile's tuning)",
-            "eta, eps_s1 (STP, per column) and DP-SGD's momentum the CPU ganesh_fig3 uses: every tuning run, scored "
-            "on the val split",
-            "~45 min (27 runs, LAUNCHER=joblib)",
+            "eta, eps_s (IME / BC), eps_s1 and the clip (STP, per column) and DP-SGD's momentum the CPU ganesh_fig3 "
+            "uses: every tuning run, scored on the val split",
+            "~60 min (36 runs, LAUNCHER=joblib)",
             experiment="ganesh_fig3_tuning",
             runtime_paper="none: the paper profile tunes every cell inside ganesh_fig3",
             args=(
@@ -264,12 +266,15 @@ _TABLES: tuple[tuple[str, ReportSpec], ...] = (
         ReportSpec(
             _in("ganesh_horizon"),
             "Ganesh et al. Fig. 3 (horizon study)",
-            "STP - post-processing and BandMF - DP-SGD against the number of steps (32, 64, 96 on CPU), with "
-            "the diagnostics that explain them",
-            "~45 min (12 runs, LAUNCHER=joblib; ~80 core-minutes measured) after ganesh_fig3",
+            "STP - post-processing and BandMF - DP-SGD against the number of steps (32, 64, 96 on CPU), eta "
+            "tuned at every horizon on val abstracts, with standard errors and the diagnostics that explain them",
+            "~115 min (54 runs, LAUNCHER=joblib; ~220 core-minutes)",
             experiment="ganesh_fig3_horizon",
-            runtime_paper="GPU runs of ~500 and ~1,000 steps over the paper's grid x 5 seeds",
+            runtime_paper="GPU runs of ~500 and ~1,000 steps over the paper's grid x 5 seeds, after ganesh_fig3",
             also=("ganesh_fig3",),
+            also_profiles=(
+                "paper",
+            ),  # its ~2,000-step runs are the longest horizon; the cpu profile runs all
         ),
     ),
     (
