@@ -705,7 +705,12 @@ def test_ganesh_horizon_follows_the_gaps_across_horizons(isolated_dirs):
     md = (isolated_dirs / "results" / "ganesh_fig3_horizon.md").read_text()
     assert "every horizon run by this preset" in md and "its own runs are not read" in md
     assert "## The tuning at each horizon" in md and md.count(f"lr={lrs[0]:g}") >= 9
-    assert f"postprocessing @ dpsgd_sigma1, 64 steps: lr = {lrs[-1]:g}, the top of" in md
+    grid = ", ".join(f"{v:g}" for v in lrs)
+    assert f"postprocessing @ dpsgd_sigma1, 64 steps: lr = {lrs[-1]:g} of {{{grid}}}, the top" in md  # a note
+    assert (
+        "[grid] postprocessing @ dpsgd_sigma1, 64 steps: lr: the chosen value is inside its grid: **does not hold**"
+        in md
+    ) == (len(lrs) > 2)
     # the step-size reading: Phi ratio 2.25 -> BandMF's steps 1 / 1.5 as large; Phi 1e8 x the clean v
     assert "96 steps: Phi 5.4e-07 (BandMF) vs 2.4e-07 (independent), ratio 2.25: BandMF's steps 0.67x" in md
     assert "median clean v 2.4e-15 (1e+08x below Phi)" in md

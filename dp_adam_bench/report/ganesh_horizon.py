@@ -138,20 +138,30 @@ def tuning_table(records, cells: dict, setting: dict, metric: str) -> pd.DataFra
     return pd.DataFrame(rows)
 
 
-def edge_choices(cells: dict) -> list[str]:
-    """'<cell>: <knob> = <value>, the top / bottom of <grid>' for every tuned knob chosen at an end of its grid."""
+def grid_positions(cells: dict) -> list[tuple[str, bool, str, int]]:
+    """(cell and knob, chosen strictly inside its grid, 'value of {grid}[, the top / bottom]', grid size) for every
+    tuned knob with two or more values in a cell."""
     out = []
     for (row, col, h), cell in sorted(cells.items(), key=lambda kv: (kv[0][2], kv[0][0], kv[0][1])):
         for knob, chosen in cell.chosen.items():
             grid = sorted({c[knob] for c, _ in cell.candidates if c[knob] is not None})
-            if len(grid) < 2 or chosen is None or grid[0] < chosen < grid[-1]:
+            if len(grid) < 2 or chosen is None:
                 continue
-            end = "top" if chosen == grid[-1] else "bottom"
-            out.append(
-                f"{row} @ {col}, {h} steps: {knob.split('.')[-1]} = {chosen:g}, the {end} of "
-                f"{{{', '.join(f'{v:g}' for v in grid)}}}"
-            )
+            inside = grid[0] < chosen < grid[-1]
+            detail = f"{chosen:g} of {{{', '.join(f'{v:g}' for v in grid)}}}"
+            if not inside:
+                detail += f", the {'top' if chosen == grid[-1] else 'bottom'}"
+            out.append((f"{row} @ {col}, {h} steps: {knob.split('.')[-1]}", inside, detail, len(grid)))
     return out
+
+
+def grid_claims(positions) -> list[Claim]:
+    """A claim per knob whose grid has an inside (3+ values): the choice is inside it, not at an edge."""
+    return [
+        Claim(f"[grid] {where}: the chosen value is inside its grid", inside, detail)
+        for where, inside, detail, size in positions
+        if size > 2
+    ]
 
 
 def gap_table(cells: dict) -> pd.DataFrame:
@@ -353,7 +363,8 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
         )
     df = pd.DataFrame(table)
     gaps = gap_table(cells)
-    claims = gap_claims(gaps)
+    positions = grid_positions(own)
+    claims = gap_claims(gaps) + grid_claims(positions)
     diag = diagnostics_table(records, cells, setting)
     metric = runs.spec.selection.metric
     tuning = tuning_table(runs.complete, own, setting, metric)
@@ -372,7 +383,7 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
             records,
             cells,
             runs.incomplete + (base.incomplete if reads_base else []),
-            edge_choices(own),
+            [f"{where} = {detail}" for where, inside, detail, _ in positions if not inside],
             metric,
             reads_base,
         )
