@@ -249,9 +249,9 @@ _TABLES: tuple[tuple[str, ReportSpec], ...] = (
         ReportSpec(
             _in("pilots"),
             "Ganesh et al. Fig. 3 (the CPU profile's tuning)",
-            "eta, eps_s (IME / BC), eps_s1 and the clip (STP, per column) and DP-SGD's momentum the CPU ganesh_fig3 "
-            "uses: every tuning run, scored on the val split",
-            "~60 min (36 runs, LAUNCHER=joblib)",
+            "eta, eps_s1 (STP, per column) and DP-SGD's momentum the CPU ganesh_fig3 uses: every tuning run, scored "
+            "on the val split",
+            "~45 min (27 runs, LAUNCHER=joblib)",
             experiment="ganesh_fig3_tuning",
             runtime_paper="none: the paper profile tunes every cell inside ganesh_fig3",
             args=(
