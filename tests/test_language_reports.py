@@ -240,6 +240,28 @@ def test_ganesh_fig3_explains_stp_from_its_diagnostics(g3_store):
     assert "sqrt(v^) > eps_s1 in 40.00% of coordinates" in md and "stays nearly flat" not in md
 
 
+def test_ganesh_fig3_sets_its_rows_beside_the_horizon_studys_wider_grid_at_its_horizon(g3_store):
+    """The horizon study's runs at ganesh_fig3's own horizon (512 abstracts) choose eta on val from a wider grid:
+    the Fig. 3 report names, per shared cell, the eta it ran and the one chosen there, with both test losses;
+    runs at other horizons are not compared."""
+    root = g3_store / "runs"
+    for subset in (512, 1024):
+        for lr, val, test in ((1e-3, 7.4, 7.5), (4e-3, 7.1, 7.2)):  # the table ran 1e-3 (g3_store)
+            for seed in (0, 1):
+                cfg = g3_cfg("adam", "independent", HIGH, lr, seed)
+                cfg["task"]["train_subset"] = subset
+                scores = {"val_loss": val + 0.01 * seed, "test_loss": test + 0.01 * seed}
+                write_run(root, "ganesh_fig3_horizon_cpu", f"h{subset}-{lr}-{seed}", cfg, {"metrics": scores})
+    ganesh_fig3.build(ReportContext())
+    md = (g3_store / "results" / "ganesh_fig3.md").read_text()
+    assert (
+        "runs this table's 32-step setting again with eta chosen on val abstracts from a wider grid, for the "
+        "cells its gaps need: postprocessing @ dpsgd_sigma1: ran eta 0.001 (test 7.605); the grid {0.001, 0.004} "
+        "chooses 0.004 (test 7.205, -0.400)"
+    ) in md
+    assert md.count("the grid {0.001, 0.004}") == 1  # the 64-step runs are another horizon
+
+
 def test_ganesh_figs4_6_from_the_same_runs(g3_store):
     root, exp = g3_store / "runs", "ganesh_fig3_cpu"
     diag = [

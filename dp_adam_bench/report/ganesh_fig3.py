@@ -281,6 +281,8 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
     chosen = [r for p, c in cells.items() for r in aggregate.chosen_runs(complete, c, p, place)]
     steps = effective_steps(chosen, place)
     notes += [n for n in (order_reading(steps, list(COLUMNS)),) if n]
+    if profile == "cpu":
+        notes += wider_grid_note(preset_runs(ctx, "ganesh_fig3_horizon").complete, setting, cells)
     return write_table(
         TABLE_ID,
         df,
@@ -483,6 +485,41 @@ def tuning_agreement(tuning, s: dict, values: dict) -> list[str]:
         ]
     return [
         f"The tuned values this table ran are ganesh_fig3_tuning's choices ({checked} checked against its runs)."
+    ]
+
+
+def wider_grid_note(horizon_runs, s: dict, cells: dict) -> list[str]:
+    """What the horizon study's own runs at this table's horizon (the same setting, eta tuned on a wider grid on
+    val abstracts) choose for the cells both have, against what this table ran: the learning rate and the test
+    losses side by side. One note; empty without such runs."""
+    from dp_adam_bench.report.ganesh_horizon import horizon_cells, steps_of
+    from dp_adam_bench.sweep import sweep_spec
+
+    here = [r for r in horizon_runs if get(r.config, "task.train_subset") == s["train_subset"]]
+    if not here:
+        return []
+    steps = steps_of(s["train_subset"], s)
+    wider = horizon_cells(here, sweep_spec("ganesh_fig3_horizon", "cpu").selection, s)
+    parts = []
+    for (row, col, h), w in sorted(wider.items()):
+        ours = cells.get((row, col))
+        if h != steps or ours is None:
+            continue
+        grid = ", ".join(f"{c['optimizer.lr']:g}" for c, _ in w.candidates)
+        ran, chose = ours.chosen.get("optimizer.lr"), w.chosen.get("optimizer.lr")
+        parts.append(
+            f"{row} @ {col}: ran eta {ran:g} (test {ours.mean:.3f}); the grid {{{grid}}} chooses {chose:g} "
+            f"(test {w.mean:.3f}, {w.mean - ours.mean:+.3f})"
+        )
+    if not parts:
+        return []
+    return [
+        f"The horizon study (results/ganesh_fig3_horizon.md) runs this table's {steps}-step setting again with eta "
+        "chosen on val abstracts from a wider grid, for the cells its gaps need: "
+        + "; ".join(parts)
+        + ". Where "
+        "it chooses another eta, this table's row is under-tuned by that much, and its claims on that row are "
+        "re-checked there (STP - post-processing, BandMF - DP-SGD)."
     ]
 
 
