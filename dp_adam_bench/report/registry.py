@@ -268,7 +268,7 @@ _TABLES: tuple[tuple[str, ReportSpec], ...] = (
             "Ganesh et al. Fig. 3 (horizon study)",
             "STP - post-processing and BandMF - DP-SGD against the number of steps (32, 64, 96 on CPU), eta "
             "tuned at every horizon on val abstracts, with standard errors and the diagnostics that explain them",
-            "~115 min (54 runs, LAUNCHER=joblib; ~220 core-minutes)",
+            "~150 min (54 runs, LAUNCHER=joblib; ~290 core-minutes measured)",
             experiment="ganesh_fig3_horizon",
             runtime_paper="GPU runs of ~500 and ~1,000 steps over the paper's grid x 5 seeds, after ganesh_fig3",
             also=("ganesh_fig3",),
