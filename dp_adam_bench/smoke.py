@@ -63,6 +63,8 @@ def _smoke_settings(data: dict) -> dict:
         data["diagnostics"]["every"] = 1
     if "test_subset" in task:
         task["test_subset"] = min(int(task["test_subset"] or SMOKE_TEST_EXAMPLES), SMOKE_TEST_EXAMPLES)
+    if task.get("val_subset"):  # scored beside the test examples: as few
+        task["val_subset"] = min(int(task["val_subset"]), SMOKE_TEST_EXAMPLES)
     if "generate_subset" in task:
         task["generate_subset"] = SMOKE_GENERATE
     return data

@@ -492,18 +492,23 @@ def wider_grid_note(horizon_runs, s: dict, cells: dict) -> list[str]:
     """What the horizon study's own runs at this table's horizon (the same setting, eta tuned on a wider grid on
     val abstracts) choose for the cells both have, against what this table ran: the learning rate and the test
     losses side by side. One note; empty without such runs."""
-    from dp_adam_bench.report.ganesh_horizon import horizon_cells, steps_of
     from dp_adam_bench.sweep import sweep_spec
 
     here = [r for r in horizon_runs if get(r.config, "task.train_subset") == s["train_subset"]]
     if not here:
         return []
-    steps = steps_of(s["train_subset"], s)
-    wider = horizon_cells(here, sweep_spec("ganesh_fig3_horizon", "cpu").selection, s)
+    steps = int(s["epochs"]) * int(s["train_subset"]) // int(s["batch_size"])
+    low, high = float(s["sigma_low"]), float(s["sigma_high"])
+
+    def place(cfg):
+        return row_of(cfg), column_of(cfg, low, high)
+
+    selection = sweep_spec("ganesh_fig3_horizon", "cpu").selection  # on val; its test loss reported
+    wider = aggregate.reported_on(select_cells(here, selection, place), here, place, "test_loss")
     parts = []
-    for (row, col, h), w in sorted(wider.items()):
+    for (row, col), w in sorted(wider.items()):
         ours = cells.get((row, col))
-        if h != steps or ours is None:
+        if ours is None:
             continue
         grid = ", ".join(f"{c['optimizer.lr']:g}" for c, _ in w.candidates)
         ran, chose = ours.chosen.get("optimizer.lr"), w.chosen.get("optimizer.lr")
