@@ -216,11 +216,13 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
     cells = cells_for(
         complete, runs.spec.selection, float(setting["sigma_low"]), float(setting["sigma_high"])
     )
+    low, high = float(setting["sigma_low"]), float(setting["sigma_high"])
+
+    def place(cfg):
+        return row_of(cfg), column_of(cfg, low, high)
+
     if runs.spec.selection.metric != "test_loss":  # selected on val abstracts: the table gives the test loss
-        low, high = float(setting["sigma_low"]), float(setting["sigma_high"])
-        cells = aggregate.reported_on(
-            cells, complete, lambda cfg: (row_of(cfg), column_of(cfg, low, high)), "test_loss"
-        )
+        cells = aggregate.reported_on(cells, complete, place, "test_loss")
     init_mean, init_std, init_n = initial_loss(complete)
 
     long_rows, ours, ours_std, ours_n, paper_vals = [], {}, {}, {}, {}
@@ -273,11 +275,6 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
     claims = _claims(ours, ours_std, "ours", ours_n, pairs) + paper_claims
     tuning = preset_runs(ctx, "ganesh_fig3_tuning").complete if profile == "cpu" else []
     notes = _notes(profile, setting, incomplete, complete, tuning)
-    low, high = float(setting["sigma_low"]), float(setting["sigma_high"])
-
-    def place(cfg):
-        return row_of(cfg), column_of(cfg, low, high)
-
     chosen = [r for p, c in cells.items() for r in aggregate.chosen_runs(complete, c, p, place)]
     steps = effective_steps(chosen, place)
     notes += [n for n in (order_reading(steps, list(COLUMNS)),) if n]
