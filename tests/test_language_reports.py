@@ -820,16 +820,26 @@ def test_tuning_agreement_flags_a_table_run_with_values_its_tuning_no_longer_cho
         return SimpleNamespace(config=cfg, summary={"metrics": {"test_loss": loss}}, complete=True)
 
     runs = [run("adam", 3e-4, 5.6), run("adam", 6e-4, 5.5), run("bc", 3e-4, 5.5, eps_s=1e-4)]
-    values = {"pp_lr": [3e-4], "bc_lr": [3e-4], "bc_eps_s": [1e-4]}
+    values = {"pp_lr": {"high": [3e-4], "low": [6e-4]}, "bc_lr": {"high": [3e-4]}, "bc_eps_s": {"high": [1e-4]}}
     (note,) = ganesh_fig3.tuning_agreement(runs, s, values)
     assert (
         note.startswith("STALE:")
-        and "adam @ independent sigma 0.015625: lr = 0.0006 chosen, 0.0003 run" in note
+        and "adam @ independent sigma 0.015625: lr = 0.0006 chosen, 0.0003 run (pp_lr.high)" in note
     )
     assert "bc @" not in note  # bc's choice is what the table ran
-    (note,) = ganesh_fig3.tuning_agreement(runs, s, values | {"pp_lr": [6e-4]})
+    fixed = values | {"pp_lr": {"high": [6e-4], "low": [3e-4]}}
+    (note,) = ganesh_fig3.tuning_agreement(runs, s, fixed)
     assert (
         note
         == "The tuned values this table ran are ganesh_fig3_tuning's choices (3 checked against its runs)."
     )
+    # each column is checked against its own values: a sigma_low cell against pp_lr.low, not the high column's
+    low_run = SimpleNamespace(
+        config=g3_cfg("adam", "independent", s["sigma_low"], 1.2e-3, 0),
+        summary={"metrics": {"test_loss": 5.4}},
+        complete=True,
+    )
+    (note,) = ganesh_fig3.tuning_agreement([*runs, low_run], s, fixed)
+    assert "adam @ independent sigma 0.0076783: lr = 0.0012 chosen, 0.0003 run (pp_lr.low)" in note
+    assert "sigma 0.015625" not in note
     assert ganesh_fig3.tuning_agreement([], s, values) == []

@@ -419,34 +419,35 @@ def _tuning_note(profile: str) -> str:
     """What the CPU profile tuned, and where, from the values the preset sets (ganesh_fig3_tuning's choices)."""
     v = load_preset("ganesh_fig3", profile)["sweep"]["profiles"][profile]
 
-    def one(key):
-        return ", ".join(f"{x:g}" for x in v[key])
+    def one(key, c):
+        return ", ".join(f"{x:g}" for x in v[key][c])
 
-    stp = "; ".join(
-        f"{col}: eps_s1 = {one(f'stp_eps_s1_{c}')}, clip {one(f'stp_clip_{c}')}"
+    per_column = "; ".join(
+        f"{col}: eta PP / IME / BC / STP = {one('pp_lr', c)} / {one('ime_lr', c)} / {one('bc_lr', c)} / "
+        f"{one('stp_lr', c)}, eps_s IME / BC = {one('ime_eps_s', c)} / {one('bc_eps_s', c)}, STP eps_s1 = "
+        f"{one('stp_eps_s1', c)} and clip {one('stp_clip', c)}, DP-SGD lr {one('sgd_lr', c)} with momentum "
+        f"{one('sgd_momentum', c)}"
         for col, c in zip(COLUMNS, ("low", "bandmf", "high"), strict=True)
     )
     return (
         "CPU profile, the tuning (the paper's rule, the lowest mean loss, on the VAL split: "
-        "results/ganesh_fig3_tuning.md; one seed, a smaller grid than the paper's): eta for post-processing / IME / "
-        f"BC = {one('pp_lr')} / {one('ime_lr')} / {one('bc_lr')} and DP-SGD's momentum {one('sgd_momentum')} (lr "
-        f"{one('sgd_lr')}) and eps_s for IME / BC = {one('ime_eps_s')} / {one('bc_eps_s')} (the paper's best: "
-        f"1e-4), chosen at the column DP-SGD at BandMF's epsilon and used in all three; scale-then-privatize (eta "
-        f"{one('stp_lr')}) per column: {stp}. "
-        "The non-private rows keep the pilots' learning rates (results/ganesh_fig3_pilots.md)."
+        "results/ganesh_fig3_tuning.md; one seed, a smaller grid than the paper's, per (row, column)): "
+        f"{per_column}. DP-SGD's lr at the low column and the non-private rows' learning rates are the pilots' "
+        "(results/ganesh_fig3_pilots.md)."
     )
 
 
-#: (optimizer, noise, column) of a ganesh_fig3_tuning cell -> {tuned key: the ganesh_fig3 cpu key that runs it}
+#: optimizer of a ganesh_fig3_tuning cell -> {tuned key: the ganesh_fig3 cpu key that runs it, one value list per
+#: column under it}
 _TUNED_KEYS = {
-    ("adam", "independent", "high"): {"optimizer.lr": "pp_lr"},
-    ("ime", "independent", "high"): {"optimizer.lr": "ime_lr", "optimizer.eps_s": "ime_eps_s"},
-    ("bc", "independent", "high"): {"optimizer.lr": "bc_lr", "optimizer.eps_s": "bc_eps_s"},
-    ("sgd", "independent", "high"): {"optimizer.momentum": "sgd_momentum"},
-    ("stp", "independent", "low"): {"optimizer.eps_s1": "stp_eps_s1_low", "privacy.clip": "stp_clip_low"},
-    ("stp", "bandmf", "high"): {"optimizer.eps_s1": "stp_eps_s1_bandmf", "privacy.clip": "stp_clip_bandmf"},
-    ("stp", "independent", "high"): {"optimizer.eps_s1": "stp_eps_s1_high", "privacy.clip": "stp_clip_high"},
+    "adam": {"optimizer.lr": "pp_lr"},
+    "ime": {"optimizer.lr": "ime_lr", "optimizer.eps_s": "ime_eps_s"},
+    "bc": {"optimizer.lr": "bc_lr", "optimizer.eps_s": "bc_eps_s"},
+    "sgd": {"optimizer.lr": "sgd_lr", "optimizer.momentum": "sgd_momentum"},
+    "stp": {"optimizer.lr": "stp_lr", "optimizer.eps_s1": "stp_eps_s1", "privacy.clip": "stp_clip"},
 }
+#: (noise, sigma level) -> the column's key under a tuned value's entry
+_COLUMN_KEY = {("independent", "low"): "low", ("bandmf", "high"): "bandmf", ("independent", "high"): "high"}
 
 
 def tuning_agreement(tuning, s: dict, values: dict) -> list[str]:
@@ -465,15 +466,16 @@ def tuning_agreement(tuning, s: dict, values: dict) -> list[str]:
         col = (
             "low" if math.isclose(float(sigma), low) else "high" if math.isclose(float(sigma), high) else None
         )
-        for knob, key in _TUNED_KEYS.get((opt, noise, col), {}).items():
-            ran = values.get(key)
+        column = _COLUMN_KEY.get((noise, col))
+        for knob, key in _TUNED_KEYS.get(opt, {}).items() if column else ():
+            ran = (values.get(key) or {}).get(column)
             if ran is None or cell.chosen.get(knob) is None:
                 continue
             checked += 1
             if not any(math.isclose(float(cell.chosen[knob]), float(x)) for x in ran):
                 stale.append(
                     f"{opt} @ {noise} sigma {float(sigma):g}: {knob.split('.')[-1]} = {cell.chosen[knob]:g} chosen, "
-                    f"{', '.join(f'{float(x):g}' for x in ran)} run ({key})"
+                    f"{', '.join(f'{float(x):g}' for x in ran)} run ({key}.{column})"
                 )
     if stale:
         return [
