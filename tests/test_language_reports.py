@@ -820,7 +820,11 @@ def test_tuning_agreement_flags_a_table_run_with_values_its_tuning_no_longer_cho
         return SimpleNamespace(config=cfg, summary={"metrics": {"test_loss": loss}}, complete=True)
 
     runs = [run("adam", 3e-4, 5.6), run("adam", 6e-4, 5.5), run("bc", 3e-4, 5.5, eps_s=1e-4)]
-    values = {"pp_lr": {"high": [3e-4], "low": [6e-4]}, "bc_lr": {"high": [3e-4]}, "bc_eps_s": {"high": [1e-4]}}
+    values = {
+        "pp_lr": {"high": [3e-4], "low": [6e-4]},
+        "bc_lr": {"high": [3e-4]},
+        "bc_eps_s": {"high": [1e-4]},
+    }
     (note,) = ganesh_fig3.tuning_agreement(runs, s, values)
     assert (
         note.startswith("STALE:")
