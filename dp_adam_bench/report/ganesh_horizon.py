@@ -448,8 +448,9 @@ def _notes(
     ]
     if profile == "cpu":
         notes.append(
-            "CPU profile: only eta is re-tuned at each horizon; STP's eps_s1 and clip stay as ganesh_fig3_tuning "
-            "chose them at 32 steps (the CPU cannot afford their grid at every horizon)."
+            "CPU profile: only the learning rate is re-tuned at each horizon; STP's eps_s1 and clip and DP-SGD's "
+            "momentum stay as ganesh_fig3_tuning chose them at 32 steps (the CPU cannot afford their grids at every "
+            "horizon)."
         )
     if edges:
         notes.append(

@@ -232,8 +232,8 @@ _TABLES: tuple[tuple[str, ReportSpec], ...] = (
         ReportSpec(
             _in("pilots"),
             "Ganesh et al. Fig. 3 (the CPU profile's pilots)",
-            "the starting learning rates of the CPU ganesh_fig3 (its non-private rows and DP-SGD keep them; "
-            "ganesh_fig3_tuning tunes the private rows): every pilot run, scored on the val split",
+            "the starting learning rates of the CPU ganesh_fig3 (its non-private rows and DP-SGD's lr at the low "
+            "column keep them; ganesh_fig3_tuning tunes the private rows): every pilot run, scored on the val split",
             "~10 min (11 runs, LAUNCHER=joblib)",
             experiment="ganesh_fig3_pilots",
             runtime_paper="none: the paper profile tunes every cell inside ganesh_fig3",
@@ -249,8 +249,8 @@ _TABLES: tuple[tuple[str, ReportSpec], ...] = (
         ReportSpec(
             _in("pilots"),
             "Ganesh et al. Fig. 3 (the CPU profile's tuning)",
-            "eta, eps_s1 (STP, per column) and DP-SGD's momentum the CPU ganesh_fig3 uses: every tuning run, scored "
-            "on the val split",
+            "eta for every row, eps_s (IME / BC), DP-SGD's lr and momentum, eps_s1 and the clip (STP), per column, "
+            "that the CPU ganesh_fig3 uses: every tuning run, scored on the val split",
             "~45 min (27 runs, LAUNCHER=joblib)",
             experiment="ganesh_fig3_tuning",
             runtime_paper="none: the paper profile tunes every cell inside ganesh_fig3",
@@ -266,8 +266,9 @@ _TABLES: tuple[tuple[str, ReportSpec], ...] = (
         ReportSpec(
             _in("ganesh_horizon"),
             "Ganesh et al. Fig. 3 (horizon study)",
-            "STP - post-processing and BandMF - DP-SGD against the number of steps (32, 64, 96 on CPU), eta "
-            "tuned at every horizon on val abstracts, with standard errors and the diagnostics that explain them",
+            "STP - post-processing, BandMF - DP-SGD and post-processing - DP-SGD with momentum against the number "
+            "of steps (32, 64, 96 on CPU), the learning rate tuned at every horizon on val abstracts, with standard "
+            "errors and the diagnostics that explain them",
             "~150 min (54 runs, LAUNCHER=joblib; ~290 core-minutes measured)",
             experiment="ganesh_fig3_horizon",
             runtime_paper="GPU runs of ~500 and ~1,000 steps over the paper's grid x 5 seeds, after ganesh_fig3",
