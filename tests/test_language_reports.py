@@ -215,6 +215,18 @@ def test_tuning_report_checks_each_knob_through_the_chosen_setting(isolated_dirs
         in md
     )
     assert "optimizer=adam, noise=independent, sigma=0.015625: the chosen optimizer.eps_s1" not in md
+    assert "Not checked against an edge" not in md  # every knob has a slice of two or more through the choice
+    # a coordinate-wise grid whose best point has no neighbour along a knob: said, not claimed either way
+    cfg = g3_cfg("stp", "independent", HIGH, 6e-4, 0, eps_s1=1e-3)
+    write_run(root, exp, "stp-best-alone", cfg, {"metrics": {"test_loss": 5.40}})
+    pilots.build(ReportContext(), "ganesh_fig3_tuning", "ganesh_fig3", "on the val split")
+    md = (isolated_dirs / "results" / "ganesh_fig3_tuning.md").read_text()
+    assert (
+        "optimizer=stp, noise=independent, sigma=0.015625: optimizer.lr = 0.0006 (tried 0.0001, 0.0003, 0.0006, "
+        "0.001 at other settings of the other knobs)" in md
+    )
+    assert "optimizer.eps_s1 = 0.001 (tried 1e-07, 1e-06, 1e-05, 0.001" in md
+    assert f"{label}.lr is inside its grid" not in md
 
 
 def test_ganesh_fig3_explains_stp_from_its_diagnostics(g3_store):

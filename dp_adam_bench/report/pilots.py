@@ -50,7 +50,7 @@ def build(ctx: ReportContext | None, preset: str, table: str | tuple[str, ...], 
     # the choice is the preset's selection rule itself, so a table that used select_best would pick the same
     chosen_by = select_best(runs.complete, per=per, tuned=tuned, metric=sel.metric, mode=sel.mode)
 
-    rows, claims = [], []
+    rows, claims, unchecked = [], [], []
     for key in sorted(groups, key=lambda k: tuple(str(v) for v in k)):
         cell = chosen_by.get(key)
         # None: every value diverged
@@ -75,6 +75,12 @@ def build(ctx: ReportContext | None, preset: str, table: str | tuple[str, ...], 
             grid = sorted(
                 st[i] for st in groups[key] if all(st[j] == best[j] for j in range(len(tuned)) if j != i)
             )
+            tried = sorted({st[i] for st in groups[key] if st[i] is not None})
+            if len(grid) == 1 and len(tried) > 1:  # a coordinate-wise grid: the slice misses the others
+                unchecked.append(
+                    f"{_group_label(per, key)}: {tuned[i]} = {best[i]:g} (tried {', '.join(f'{v:g}' for v in tried)} "
+                    "at other settings of the other knobs)"
+                )
             if len(grid) > 1:
                 claims.append(
                     Claim(
@@ -94,6 +100,11 @@ def build(ctx: ReportContext | None, preset: str, table: str | tuple[str, ...], 
         "report, so at least the table's numbers are not selected on themselves.",
         *incomplete_note(runs.incomplete),
     ]
+    if unchecked:
+        notes.append(
+            "Not checked against an edge (the chosen value is the only one run at the chosen setting of the other "
+            "knobs, so no slice through it brackets it): " + "; ".join(unchecked) + "."
+        )
     setting = (
         f"the pilots of {named} (preset `{preset}`, profile {ctx.profile}): {sel.metric} {scored_on}, "
         f"{'/'.join(map(str, n_seeds))} seed(s) per value; chosen = the best mean ({sel.mode}) per "
