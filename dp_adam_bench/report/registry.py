@@ -251,7 +251,7 @@ _TABLES: tuple[tuple[str, ReportSpec], ...] = (
             "Ganesh et al. Fig. 3 (the CPU profile's tuning)",
             "eta for every row, eps_s (IME / BC), DP-SGD's lr and momentum, eps_s1 and the clip (STP), per column, "
             "that the CPU ganesh_fig3 uses: every tuning run, scored on the val split",
-            "~45 min (27 runs, LAUNCHER=joblib)",
+            "~110 min (75 runs, LAUNCHER=joblib; ~200 core-minutes measured)",
             experiment="ganesh_fig3_tuning",
             runtime_paper="none: the paper profile tunes every cell inside ganesh_fig3",
             args=(
