@@ -859,3 +859,29 @@ def test_tuning_agreement_flags_a_table_run_with_values_its_tuning_no_longer_cho
     assert "adam @ independent sigma 0.0076783: lr = 0.0012 chosen, 0.0003 run (pp_lr.low)" in note
     assert "sigma 0.015625" not in note
     assert ganesh_fig3.tuning_agreement([], s, values) == []
+
+
+def test_ganesh_fig3_names_noiseless_baselines_that_end_above_the_initial_model():
+    """A noiseless baseline runs its private row's learning rate; where that diverges (a loss above the initial
+    model's) the report says so with the setting, and says nothing when every baseline trained."""
+    from types import SimpleNamespace
+
+    low, band, high = ganesh_fig3.COLUMNS
+    cells = {
+        ("stp_noiseless_precond", high): SimpleNamespace(
+            chosen={"optimizer.lr": 6e-4, "privacy.clip": 100.0}
+        ),
+        ("noiseless_precond", low): SimpleNamespace(
+            chosen={"optimizer.lr": 3e-4, "optimizer.momentum": None}
+        ),
+    }
+    values = {
+        ("no_finetuning", low): 6.545,
+        ("stp_noiseless_precond", high): 182.5,
+        ("noiseless_precond", low): 5.6,
+    }
+    (note,) = ganesh_fig3.baseline_note(values, cells)
+    assert f"stp_noiseless_precond @ {high}: 182.500 (lr=0.0006, clip=100)" in note
+    assert "noiseless_precond @" not in note.replace("stp_noiseless_precond @", "")
+    assert ganesh_fig3.baseline_note(values | {("stp_noiseless_precond", high): 6.0}, cells) == []
+    assert ganesh_fig3.baseline_note({("stp_noiseless_precond", high): 182.5}, cells) == []

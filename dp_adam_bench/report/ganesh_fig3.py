@@ -275,6 +275,7 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
     claims = _claims(ours, ours_std, "ours", ours_n, pairs) + paper_claims
     tuning = preset_runs(ctx, "ganesh_fig3_tuning").complete if profile == "cpu" else []
     notes = _notes(profile, setting, incomplete, complete, tuning)
+    notes += baseline_note(ours, cells)
     chosen = [r for p, c in cells.items() for r in aggregate.chosen_runs(complete, c, p, place)]
     steps = effective_steps(chosen, place)
     notes += [n for n in (order_reading(steps, list(COLUMNS)),) if n]
@@ -415,6 +416,32 @@ def _notes(profile: str, s: dict, incomplete, complete, tuning=()) -> list[str]:
     return notes
 
 
+def baseline_note(values: dict, cells: dict) -> list[str]:
+    """The noiseless baselines (run at their private row's setting, not tuned on their own) that end above the
+    initial model's loss: they diverged at that setting, so their row says nothing about what a clean
+    preconditioner can do. One note; empty when none did (or without the initial model's loss)."""
+    start = values.get(("no_finetuning", COLUMNS[0]))
+    if start is None:
+        return []
+    worse = []
+    for row in ("noiseless_precond", "stp_noiseless_precond"):
+        for col in COLUMNS:
+            if (row, col) in cells and values.get((row, col), -math.inf) > start:
+                ran = ", ".join(
+                    f"{k.split('.')[-1]}={v:g}" for k, v in cells[(row, col)].chosen.items() if v is not None
+                )
+                worse.append(f"{row} @ {col}: {values[(row, col)]:.3f} ({ran})")
+    if not worse:
+        return []
+    return [
+        f"Above the initial model's loss ({start:.3f}), i.e. diverged at the setting they ran: "
+        + "; ".join(worse)
+        + ". The noiseless baselines run their private row's learning rate, not one tuned for a clean "
+        "preconditioner (whose steps are far larger: its v is ~1e-7 of the noise's), so these cells are not "
+        "what a clean preconditioner can do; they are in no claim."
+    ]
+
+
 def _tuning_note(profile: str) -> str:
     """What the CPU profile tuned, and where, from the values the preset sets (ganesh_fig3_tuning's choices)."""
     v = load_preset("ganesh_fig3", profile)["sweep"]["profiles"][profile]
@@ -523,7 +550,7 @@ def wider_grid_note(horizon_runs, s: dict, cells: dict) -> list[str]:
         + "; ".join(parts)
         + ". Where "
         "it chooses another eta, this table's row is under-tuned by that much, and its claims on that row are "
-        "re-checked there (STP - post-processing, BandMF - DP-SGD)."
+        "re-checked there (STP - post-processing, BandMF - DP-SGD, post-processing - DP-SGD with momentum)."
     ]
 
 
