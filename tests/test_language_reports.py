@@ -681,8 +681,8 @@ def _run_config(point: dict) -> dict:
 def _horizon_runs(root, base_subset: int, base_offset: float) -> list[float]:
     """Every run of the horizon preset (cpu) and ganesh_fig3's runs of the same cells at ``base_subset`` abstracts
     (their loss ``base_offset`` above the formula), losses built so that STP - post-processing turns negative at
-    96 steps and BandMF - DP-SGD never does; the horizon runs score val and test so that the largest eta wins on
-    val and would lose on test. Returns the eta grid."""
+    96 steps and BandMF - DP-SGD and post-processing - DP-SGD never do; the horizon runs score val and test so
+    that each optimizer's largest learning rate wins on val and would lose on test. Returns the Adam eta grid."""
     from dp_adam_bench.sweep import sweep_spec
 
     horizon = sweep_spec("ganesh_fig3_horizon", "cpu")
@@ -693,8 +693,12 @@ def _horizon_runs(root, base_subset: int, base_offset: float) -> list[float]:
         if (p["optimizer"], p["noise"]) in followed and float(p["privacy.sigma"]) == HIGH
     ]
     gap = {256: 0.15, 512: 0.10, 1024: 0.03, 1536: -0.10}  # STP - post-processing at 16, 32, 64, 96 steps
-    lrs = sorted({p["optimizer.lr"] for p in horizon.points()})
-    assert len(lrs) >= 2  # every horizon is tuned
+    grids = {
+        opt: sorted({p["optimizer.lr"] for p in horizon.points() if p["optimizer"] == opt})
+        for opt in {p["optimizer"] for p in horizon.points()}
+    }
+    lrs = grids["adam"]
+    assert all(len(g) >= 2 for g in grids.values())  # every horizon is tuned
     for spec_name, points in (("ganesh_fig3_cpu", base), ("ganesh_fig3_horizon_cpu", horizon.points())):
         for i, p in enumerate(points):
             cfg = _run_config(p)
@@ -704,7 +708,7 @@ def _horizon_runs(root, base_subset: int, base_offset: float) -> list[float]:
             loss += 0.2 if p["noise"] == "bandmf" else 0.0
             scores = {"test_loss": loss + base_offset}
             if spec_name == "ganesh_fig3_horizon_cpu":
-                top = p["optimizer.lr"] == lrs[-1]
+                top = p["optimizer.lr"] == grids[p["optimizer"]][-1]
                 scores = {"test_loss": loss if top else loss - 0.5, "val_loss": loss - (0.05 if top else 0.0)}
             phi = 2.4e-7 * (2.25 if p["noise"] == "bandmf" else 1.0)  # BandMF: more noise a step at one sigma
             metrics = [
@@ -726,13 +730,20 @@ def test_ganesh_horizon_follows_the_gaps_across_horizons(isolated_dirs):
     errors over seeds, the claims name the first horizon from which the paper's sign holds, and the trend line's
     zero crossing is an extrapolation."""
     from dp_adam_bench.report import ganesh_horizon
+    from dp_adam_bench.sweep import sweep_spec
 
     lrs = _horizon_runs(isolated_dirs / "runs", 512, base_offset=1.0)
     ganesh_horizon.build(ReportContext())
     df = pd.read_csv(isolated_dirs / "results" / "ganesh_fig3_horizon.csv")
     assert sorted(set(df.steps)) == [32, 64, 96] and set(df.n) == {2}
-    assert len(df) == 9  # 3 cells x 3 horizons
-    assert all(f"lr={lrs[-1]:g}" in c for c in df.chosen)  # chosen on val_loss ...
+    assert len(df) == 12  # 4 cells x 3 horizons
+    sgd_top = max(
+        p["optimizer.lr"]
+        for p in sweep_spec("ganesh_fig3_horizon", "cpu").points()
+        if p["optimizer"] == "sgd"
+    )
+    for row, chosen in zip(df.row, df.chosen, strict=True):  # chosen on val_loss ...
+        assert f"lr={sgd_top if row == 'dpsgd_momentum' else lrs[-1]:g}" in chosen
     pp = df[(df.row == "postprocessing") & (df.column == "dpsgd_sigma1")].set_index("steps").test_loss
     assert pp[64] == pytest.approx(6.0 - 0.1 + 0.005)  # ... and reported on test_loss
     assert pp[32] == pytest.approx(6.005)  # this preset's 32-step runs, not ganesh_fig3's (1.0 higher)
@@ -756,6 +767,10 @@ def test_ganesh_horizon_follows_the_gaps_across_horizons(isolated_dirs):
         "BandMF - DP-SGD (same epsilon), post-processing: negative (the paper's sign) beyond seed noise at "
         "none of the horizons run: **does not hold**" in md
     )
+    assert (
+        "post-processing - DP-SGD with momentum, DP-SGD noise at BandMF's sigma: negative (the paper's sign) beyond "
+        "seed noise at none of the horizons run: **does not hold**" in md
+    )
     assert "32 steps: +0.1000 ± 0.0071" in md  # the seeds differ by 0.01 in both cells: SE = 0.01 / sqrt(2)
     assert (
         md.count("a straight line would cross zero near") == 0
@@ -774,7 +789,7 @@ def test_ganesh_horizon_reads_the_base_tables_runs_at_a_horizon_it_does_not_run(
     _horizon_runs(isolated_dirs / "runs", 256, base_offset=0.0)
     ganesh_horizon.build(ReportContext())
     df = pd.read_csv(isolated_dirs / "results" / "ganesh_fig3_horizon.csv")
-    assert sorted(set(df.steps)) == [16, 32, 64, 96] and len(df) == 12
+    assert sorted(set(df.steps)) == [16, 32, 64, 96] and len(df) == 16
     md = (isolated_dirs / "results" / "ganesh_fig3_horizon.md").read_text()
     assert "the 16-step horizon is ganesh_fig3's own runs" in md
     assert "16 steps: +0.1500 ± 0.0071" in md
