@@ -269,7 +269,7 @@ _TABLES: tuple[tuple[str, ReportSpec], ...] = (
             "STP - post-processing, BandMF - DP-SGD and post-processing - DP-SGD with momentum against the number "
             "of steps (32, 64, 96 on CPU), the learning rate tuned at every horizon on val abstracts, with standard "
             "errors and the diagnostics that explain them",
-            "~150 min (54 runs, LAUNCHER=joblib; ~290 core-minutes measured)",
+            "~190 min (72 runs, LAUNCHER=joblib; ~370 core-minutes measured)",
             experiment="ganesh_fig3_horizon",
             runtime_paper="GPU runs of ~500 and ~1,000 steps over the paper's grid x 5 seeds, after ganesh_fig3",
             also=("ganesh_fig3",),
