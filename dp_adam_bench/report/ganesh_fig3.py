@@ -91,12 +91,23 @@ def profile_setting(profile: str) -> dict:
     return load_preset("ganesh_fig3", profile)["profiles"][profile]
 
 
+def cell_locator(setting: dict):
+    """config -> (row, column) of the paper's table at the profile ``setting``'s two sigmas."""
+    low, high = float(setting["sigma_low"]), float(setting["sigma_high"])
+    return lambda cfg: (row_of(cfg), column_of(cfg, low, high))
+
+
+def steps_of(train_subset, setting: dict) -> int:
+    """The number of steps a run of ``train_subset`` abstracts makes at the profile's epochs and batch size."""
+    return int(setting["epochs"]) * int(train_subset) // int(setting["batch_size"])
+
+
 def cells_for(
     records, selection: Selection, sigma_low: float, sigma_high: float
 ) -> dict[tuple[str, str], Cell]:
     """{(row, column): Cell}: the preset's selection rule within each of its groups (optimizer, noise, sigma),
     each group being one cell of the paper's table."""
-    return select_cells(records, selection, lambda cfg: (row_of(cfg), column_of(cfg, sigma_low, sigma_high)))
+    return select_cells(records, selection, cell_locator({"sigma_low": sigma_low, "sigma_high": sigma_high}))
 
 
 def initial_loss(records) -> tuple[float | None, float | None, int]:
@@ -216,11 +227,7 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
     cells = cells_for(
         complete, runs.spec.selection, float(setting["sigma_low"]), float(setting["sigma_high"])
     )
-    low, high = float(setting["sigma_low"]), float(setting["sigma_high"])
-
-    def place(cfg):
-        return row_of(cfg), column_of(cfg, low, high)
-
+    place = cell_locator(setting)
     if runs.spec.selection.metric != "test_loss":  # selected on val abstracts: the table gives the test loss
         cells = aggregate.reported_on(cells, complete, place, "test_loss")
     init_mean, init_std, init_n = initial_loss(complete)
@@ -523,12 +530,8 @@ def wider_grid_note(horizon_runs, s: dict, cells: dict) -> list[str]:
     here = [r for r in horizon_runs if get(r.config, "task.train_subset") == s["train_subset"]]
     if not here:
         return []
-    steps = int(s["epochs"]) * int(s["train_subset"]) // int(s["batch_size"])
-    low, high = float(s["sigma_low"]), float(s["sigma_high"])
-
-    def place(cfg):
-        return row_of(cfg), column_of(cfg, low, high)
-
+    steps = steps_of(s["train_subset"], s)
+    place = cell_locator(s)
     selection = sweep_spec("ganesh_fig3_horizon", "cpu").selection  # on val; its test loss reported
     wider = aggregate.reported_on(select_cells(here, selection, place), here, place, "test_loss")
     parts = []

@@ -46,9 +46,9 @@ from dp_adam_bench.report.ganesh_fig3 import (
     COLUMN_LABELS,
     COLUMNS,
     ROW_LABELS,
-    column_of,
+    cell_locator,
     profile_setting,
-    row_of,
+    steps_of,
 )
 
 TABLE_ID = "ganesh_fig3_horizon"
@@ -83,11 +83,6 @@ PHI, CLEAN_V = "Phi: noise variance in v^", "median clean v"
 NOT_FOR_STP = {"diag/frac_negative_after_bc", "diag/phi"}
 
 
-def steps_of(train_subset, setting: dict) -> int:
-    """The number of steps a run of ``train_subset`` abstracts makes at the profile's epochs and batch size."""
-    return int(setting["epochs"]) * int(train_subset) // int(setting["batch_size"])
-
-
 REPORTED = "test_loss"
 
 
@@ -104,12 +99,12 @@ def horizon_cells(records, selection, setting: dict) -> dict[tuple[str, str, int
 
 def _locator(setting: dict):
     """config -> (row, column, steps)."""
-    low, high = float(setting["sigma_low"]), float(setting["sigma_high"])
+    cell = cell_locator(setting)
 
     def locate(cfg):
         subset = get(cfg, "task.train_subset")
         steps = steps_of(subset, setting) if subset is not None else None
-        return row_of(cfg), column_of(cfg, low, high), steps
+        return (*cell(cfg), steps)
 
     return locate
 
