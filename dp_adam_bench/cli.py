@@ -67,8 +67,11 @@ def _report(args) -> int:
 
 
 def _sweep(args) -> int:
-    from dp_adam_bench.sweep import run_sweep
+    from dp_adam_bench.sweep import override_error, run_sweep
 
+    bad = override_error(args.experiment, args.profile, args.overrides)
+    if bad:
+        raise ConfigError(bad)
     if args.plan or args.smoke:
         if args.plan:
             print(  # the imports and the plans of every run take seconds (12 s for ganesh_fig3 on 2 cores)
@@ -290,6 +293,15 @@ def main(argv: list[str] | None = None) -> int:
         data_prepare.DataPrepareError,
     ) as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except Exception as err:
+        from hydra.errors import HydraException
+
+        if not isinstance(err, HydraException):
+            raise
+        from dp_adam_bench.train import hydra_error_line
+
+        print(f"error: {hydra_error_line(err)}", file=sys.stderr)  # a bad override, wherever it was composed
         return 2
 
 

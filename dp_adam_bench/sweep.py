@@ -238,6 +238,30 @@ def shell_line(cmd: Sequence[str]) -> str:
     return shlex.join(cmd)
 
 
+def override_error(experiment: str, profile: str, overrides: Sequence[str]) -> str | None:
+    """Why the preset's config does not compose with the sweep's extra config overrides, in the training entry
+    point's one line (:func:`dp_adam_bench.train.compose_error`: the override, and what is valid); None when it
+    composes. A swept override (``optimizer=adam,sgd``) is checked at each of its values."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    from dp_adam_bench.train import compose_error
+
+    config = [o for o in overrides if not _is_hydra_override(o)]
+    if not config:
+        return None
+    try:
+        (jobs,) = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(config), None)
+    except HydraException:
+        return compose_error(config)  # names the override that does not parse
+    for job in jobs:
+        err = compose_error([f"experiment={experiment}", f"profile={profile}", *job])
+        if err:
+            return err
+    return None
+
+
 def _is_hydra_override(override: str) -> bool:
     return override.lstrip("+~").startswith(("hydra.", "hydra/"))
 

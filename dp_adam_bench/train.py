@@ -229,8 +229,21 @@ def compose_error(overrides: list[str]) -> str | None:
         key = getattr(err.__cause__, "full_key", None)
         if key and "not in struct" in str(err.__cause__):
             return _not_a_field(key, overrides)
-        return _one_line(err)
+        return hydra_error_line(err)
     return None
+
+
+def hydra_error_line(err: BaseException) -> str:
+    """A Hydra error in one line: its message without the config search path and links, and the OmegaConf error
+    under it where the message does not say it (``Error merging override k=[0.1]`` hides "Cannot merge DictConfig
+    with ListConfig", i.e. ``k`` holds a mapping)."""
+    line, cause = _one_line(err), err.__cause__
+    said = str(cause).splitlines()[0].strip() if cause is not None and str(cause).strip() else ""
+    if said and said not in line:
+        line = f"{line}: {said}"
+    if said.startswith("Cannot merge DictConfig with"):
+        line += " (that key holds a mapping: override its entries, <key>.<entry>=...)"
+    return line
 
 
 def _one_line(err: BaseException) -> str:
@@ -243,7 +256,11 @@ def _not_a_field(key: str, overrides: list[str]) -> str:
     """``train.stpes=5 is not a config field (did you mean train.steps?); valid: ...``"""
     from hydra import compose, initialize_config_dir
 
-    given = next((o for o in overrides if o.lstrip("+~").split("=", 1)[0] == key), key)
+    # the override that names the key, or a field under it (nosuch.key=3: Hydra reports `nosuch`)
+    named = [o.lstrip("+~").split("=", 1)[0] for o in overrides]
+    given = next(
+        (o for o, k in zip(overrides, named, strict=True) if k == key or k.startswith(key + ".")), key
+    )
     parent, _, leaf = key.rpartition(".")
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):

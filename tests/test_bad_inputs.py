@@ -160,6 +160,20 @@ HYDRA_CASES = [
     (["optimizer.lr=1,2"], "Ambiguous value for argument 'optimizer.lr=1,2'"),
     (["seed=["], "'seed=[' does not parse as an override (key=value)"),
     (["task"], "'task' does not parse as an override (key=value)"),
+    (["nosuch.key=3"], "nosuch.key=3 is not a config field; valid fields of the config: diagnostics"),
+]
+
+# a sweep's extra overrides are checked the same way, before any run is planned or launched; the last one is a key
+# the preset holds as a mapping (ganesh_fig3's per-column learning rates), where Hydra only says it cannot merge
+SWEEP_CASES = [
+    (["optimizer=nope"], "optimizer=nope is not an option of optimizer; valid: adagrad_ime"),
+    (["train.stpes=3"], "train.stpes=3 is not a config field (did you mean train.steps?)"),
+    (["optimizer.lr=[0.1"], "'optimizer.lr=[0.1' does not parse as an override (key=value)"),
+    (
+        ["sweep.profiles.cpu.pp_lr=[0.001]"],
+        "Error merging override sweep.profiles.cpu.pp_lr=[0.001]: Cannot merge DictConfig with ListConfig (that key "
+        "holds a mapping: override its entries, <key>.<entry>=...)",
+    ),
 ]
 
 
@@ -288,3 +302,36 @@ def test_a_model_on_meta_is_refused_in_the_api_callers_terms():
             steps=3,
         )
     assert "train.device" not in str(exc.value)  # a field an API caller never set
+
+
+@pytest.mark.parametrize("mode", ["--dry-run", "--plan"])
+@pytest.mark.parametrize("overrides,expected", SWEEP_CASES, ids=[c[0][0] for c in SWEEP_CASES])
+def test_a_sweep_override_that_does_not_compose_is_one_line_and_exit_2(
+    isolated_dirs, capsys, mode, overrides, expected
+):
+    from dp_adam_bench.cli import main
+
+    assert main(["sweep", "ganesh_fig3", mode, *overrides]) == 2
+    captured = capsys.readouterr()
+    err = [ln for ln in captured.err.splitlines() if not ln.startswith("planning ")]
+    assert len(err) == 1 and err[0].startswith(f"error: {expected}"), err
+    assert "python -m dp_adam_bench.train" not in captured.out  # nothing launched, nothing printed to launch
+
+
+def test_a_swept_sweep_override_is_checked_at_each_value():
+    from dp_adam_bench.sweep import override_error
+
+    assert override_error("ganesh_fig3", "cpu", ["optimizer.lr=0.1,0.2", "hydra.launcher.n_jobs=1"]) is None
+    assert override_error("ganesh_fig3", "cpu", ["optimizer=adam,nope"]).startswith(
+        "optimizer=nope is not an option"
+    )
+    assert "train.stpes=1" in override_error("ganesh_fig3", "cpu", ["train.stpes=1,2"])
+
+
+def test_a_sweep_override_that_composes_alone_but_not_with_an_entry_is_one_line(isolated_dirs, capsys):
+    from dp_adam_bench.cli import main
+
+    # optimizer=sgd replaces every entry's optimizer, and the IME / BC entries then set eps_s, which sgd lacks
+    assert main(["sweep", "ganesh_fig3", "--plan", "optimizer=sgd"]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if not ln.startswith("planning ")]
+    assert len(err) == 1 and err[0].startswith("error: Could not override 'optimizer.eps_s'"), err
