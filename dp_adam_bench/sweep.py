@@ -374,8 +374,10 @@ def run_sweep(
     jobs: int | None = None,
     jobs_per_gpu: int | None = None,
 ) -> int:
-    """Run (or, ``dry_run``, print) the sweep's multirun commands one after the other; the first that fails stops
-    the sweep with its exit code. ``launcher`` None: joblib when ``jobs`` / ``jobs_per_gpu`` is given, else basic."""
+    """Run (or, ``dry_run``, print) the sweep's multirun commands; the first that fails stops the sweep with its
+    exit code. With joblib and more than one worker the commands run side by side, packed onto the workers
+    (:mod:`dp_adam_bench.packing`), else one after the other. ``launcher`` None: joblib when ``jobs`` /
+    ``jobs_per_gpu`` is given, else basic."""
     launcher = resolve_launcher(launcher, jobs, jobs_per_gpu)
     local = local_jobs(jobs, jobs_per_gpu) if launcher == "joblib" else None
     commands = sweep_commands(experiment, profile, launcher, overrides, local=local)
@@ -385,7 +387,9 @@ def run_sweep(
         print(f"joblib: {local.jobs} runs at once, {local.threads} torch thread(s) each, {where}", flush=True)
     if dry_run and launcher == "slurm":
         print(slurm_plan(experiment, profile, commands, overrides), flush=True)
-    tracker = None if dry_run else _sweep_progress(experiment, profile, commands, overrides)
+    packed = not dry_run and local is not None and local.jobs > 1 and len(commands) > 1
+    per_command = [command_runs([cmd]) for cmd in commands] if packed else None
+    tracker = None if dry_run else _sweep_progress(experiment, profile, commands, overrides, per_command)
     prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in env.items())
     try:
         if (
@@ -399,6 +403,8 @@ def run_sweep(
                 flush=True,
             )
             return 0
+        if packed:
+            return _run_packed(commands, per_command, local.jobs, env, prefix)
         for cmd in commands:
             print("+ " + prefix + shell_line(cmd), flush=True)
             if dry_run:
@@ -413,18 +419,48 @@ def run_sweep(
     return 0
 
 
+def _run_packed(commands, per_command, workers: int, env: dict, prefix: str) -> int:
+    """The commands side by side on ``workers`` workers, each given as many as it has pending runs
+    (:func:`dp_adam_bench.packing.run_packed`)."""
+    from dp_adam_bench.packing import Entry, run_packed
+    from dp_adam_bench.paths import runs_dir
+
+    pending = [len(runs) - _counter(runs_dir(), runs)() for runs in per_command]
+    entries = [Entry(tuple(cmd), n) for cmd, n in zip(commands, pending, strict=True)]
+
+    def start(cmd):
+        print("+ " + prefix + shell_line(cmd), flush=True)
+        return subprocess.Popen(cmd, env={**os.environ, **env} if env else None)
+
+    rc = run_packed(entries, workers, start)
+    if rc != 0:
+        print(
+            f"sweep command failed with exit code {rc} (the commands already running were let finish)",
+            file=sys.stderr,
+        )
+    return rc
+
+
 def _sweep_progress(
-    experiment: str, profile: str, commands: Sequence[Sequence[str]], overrides: Sequence[str]
+    experiment: str,
+    profile: str,
+    commands: Sequence[Sequence[str]],
+    overrides: Sequence[str],
+    per_command: Sequence[set] | None = None,
 ):
     """Runs done / total across all the sweep's multirun commands (:class:`~dp_adam_bench.progress.SweepProgress`),
     counted in the run store, runs completed by an earlier launch included. With the preset's runs (no config
     overrides) the run ids are the preset's (:func:`expected_runs`); with config overrides they are the commands'
-    own (:func:`command_runs`), worked out in the tracker's thread while the runs start (a second or two)."""
+    own (:func:`command_runs`), worked out in the tracker's thread while the runs start (a second or two).
+    ``per_command``: the commands' runs, already worked out."""
     from dp_adam_bench.paths import runs_dir
     from dp_adam_bench.progress import SweepProgress
 
     root = runs_dir()
     what = f"sweep {experiment}"
+    if per_command is not None:
+        runs = set().union(*per_command)
+        return SweepProgress(len(runs), _counter(root, runs), what=what).start()
     if all(_is_hydra_override(o) for o in overrides):
         name, ids = expected_runs(experiment, profile)
         return SweepProgress(len(ids), _counter(root, {(name, rid) for rid in ids}), what=what).start()

@@ -92,18 +92,23 @@ def test_joblib_commands_on_a_gpu_machine(monkeypatch, capsys):
     assert len(printed) == 3 and all(line.startswith(f"+ {ENV_SLOTS}=0,1,0,1 ") for line in printed)
 
 
-def test_a_sweep_launches_its_commands_with_the_gpu_slots(monkeypatch):
+def test_a_sweep_launches_its_commands_with_the_gpu_slots(isolated_dirs, monkeypatch):
     monkeypatch.setattr(sweep, "visible_gpus", lambda: ["0"])
     monkeypatch.setattr(sweep, "_sweep_progress", lambda *a, **k: None)
     seen = []
 
-    def fake_run(cmd, check, env):
-        seen.append(env[ENV_SLOTS])
-        return subprocess.CompletedProcess(cmd, 0)
+    class Done:  # a multirun that has already ended
+        def __init__(self, cmd, env):
+            workers = next(a for a in cmd if a.startswith("hydra.launcher.n_jobs="))
+            seen.append((env[ENV_SLOTS], workers))
 
-    monkeypatch.setattr(subprocess, "run", fake_run)
+        def poll(self):
+            return 0
+
+    monkeypatch.setattr(subprocess, "Popen", Done)
     assert sweep.run_sweep("tang_fig1_cifar10", "cpu", "joblib", jobs=3) == 0
-    assert seen == ["0,0,0"] * 3
+    # its 3 multiruns (3 seeds each) packed onto the 3 workers, every slot in each one's environment
+    assert seen == [("0,0,0", "hydra.launcher.n_jobs=3")] * 3
 
 
 @pytest.mark.parametrize(
