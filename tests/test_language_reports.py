@@ -772,6 +772,8 @@ def test_ganesh_horizon_follows_the_gaps_across_horizons(isolated_dirs):
         "seed noise at none of the horizons run: **does not hold**" in md
     )
     assert "32 steps: +0.1000 ± 0.0071" in md  # the seeds differ by 0.01 in both cells: SE = 0.01 / sqrt(2)
+    # seeds for 2 SE: 8 s^2 / d^2 = 8 * 5e-5 / 0.1^2 < 2, so the 2 it has; at 96 steps d = -0.1 likewise
+    assert "| 32 | 0.1000 | 0.0071 | 2 | against the paper | 2 |" in md
     assert (
         md.count("a straight line would cross zero near") == 0
     )  # STP's line ends negative; BandMF's is flat

@@ -37,6 +37,7 @@ from dp_adam_bench.report.aggregate import (
     difference_se,
     get,
     reported_on,
+    seeds_to_separate,
     select_cells,
 )
 from dp_adam_bench.report.common import Claim, incomplete_note, markdown_table, save_figure, write_table
@@ -163,8 +164,9 @@ def grid_claims(positions) -> list[Claim]:
 
 
 def gap_table(cells: dict) -> pd.DataFrame:
-    """Every gap at every horizon where both of its cells are: the difference, its standard error over seeds and
-    whether it is beyond seed noise (|d| > 2 SE) with the paper's sign."""
+    """Every gap at every horizon where both of its cells are: the difference, its standard error over seeds,
+    whether it is beyond seed noise (|d| > 2 SE) with the paper's sign, and the seeds per cell at which it would be
+    (:func:`aggregate.seeds_to_separate`, from the spread seen)."""
     rows = []
     for name, what, a, b in GAPS:
         for h in sorted({k[2] for k in cells}):
@@ -182,9 +184,11 @@ def gap_table(cells: dict) -> pd.DataFrame:
                     "se": se,
                     "n": min(ca.n, cb.n),
                     "verdict": _verdict(d, se),
+                    "seeds_for_2se": seeds_to_separate(ca.std, ca.n, cb.std, cb.n, d),
                 }
             )
-    return pd.DataFrame(rows, columns=["gap", "what", "steps", "difference", "se", "n", "verdict"])
+    columns = ["gap", "what", "steps", "difference", "se", "n", "verdict", "seeds_for_2se"]
+    return pd.DataFrame(rows, columns=columns).astype({"seeds_for_2se": "Int64"})
 
 
 def _verdict(d: float, se: float | None) -> str:
@@ -392,7 +396,9 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
         digits=4,
         extra_sections=[
             (
-                "The gaps (first - second; the paper finds each negative; 'beyond seed noise' = |d| > 2 SE)",
+                "The gaps (first - second; the paper finds each negative; 'beyond seed noise' = |d| > 2 SE; "
+                "seeds_for_2se: seeds per cell at which |d| would be 2 SE, from the spread between these seeds, a "
+                "rough count)",
                 markdown_table(gaps, 4) if len(gaps) else "(no horizon has both cells of a gap yet)",
             ),
             (
