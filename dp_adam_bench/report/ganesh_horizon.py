@@ -307,12 +307,24 @@ def _last(metrics: list[dict], key: str) -> float | None:
     return None
 
 
-def build(ctx: ReportContext | None = None) -> list[Path]:
-    ctx = ctx or ReportContext()
-    profile = ctx.profile
-    command = f"make reproduce-table TABLE={TABLE_ID} PROFILE={profile}"
+@dataclasses.dataclass
+class Study:
+    """The study's cells, each horizon's selection made: ``cells`` every (row, column, steps), ``own`` the ones
+    this preset runs; ``records`` the runs read; ``missing`` the expected runs not there yet."""
+
+    runs: object
+    base: object
+    records: list
+    cells: dict
+    own: dict
+    reads_base: bool
+    missing: list
+
+
+def study(ctx: ReportContext, setting: dict) -> Study:
+    """The runs of this preset, and the base table's runs of the cells it follows at a horizon it does not run
+    itself (the paper profile's ~2,000 steps), each selected by its own preset's rule."""
     runs, base = preset_runs(ctx, PRESET), preset_runs(ctx, BASE)
-    setting = profile_setting(profile)
     # the base table's runs of the cells this study follows add its horizon, unless this preset runs that horizon
     # itself (the cpu profile does, on its own eta grid)
     points = runs.spec.points()
@@ -332,21 +344,30 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
         )
         in followed
     ]
-    records = shortest + runs.complete
-    if not records:
-        raise FileNotFoundError(f"no complete runs in {ctx.where(runs.spec.name)}; run `{command}`")
     # each preset's own rule: the base table's (on test_loss, one setting a cell here), this one's on val_loss
     cells = horizon_cells(shortest, base.spec.selection, setting)
     own = horizon_cells(runs.complete, runs.spec.selection, setting)
     if cells.keys() & own.keys():
         raise ValueError(f"{BASE} and {PRESET} both have runs at {sorted(cells.keys() & own.keys())}")
-    cells |= own
     missing = runs.missing + [
         m
         for opt, noise, sigma in sorted(followed)
         if reads_base
         for m in base.lacking(optimizer=opt, noise=noise, **{"privacy.sigma": sigma})
     ]
+    return Study(runs, base, shortest + runs.complete, cells | own, own, reads_base, missing)
+
+
+def build(ctx: ReportContext | None = None) -> list[Path]:
+    ctx = ctx or ReportContext()
+    profile = ctx.profile
+    command = f"make reproduce-table TABLE={TABLE_ID} PROFILE={profile}"
+    setting = profile_setting(profile)
+    found = study(ctx, setting)
+    runs, base, records, cells, own = found.runs, found.base, found.records, found.cells, found.own
+    reads_base, missing = found.reads_base, found.missing
+    if not records:
+        raise FileNotFoundError(f"no complete runs in {ctx.where(runs.spec.name)}; run `{command}`")
 
     table = []
     for (row, col, h), c in sorted(

@@ -1,0 +1,82 @@
+"""The ganesh_fig3 report's section on where and why the CPU table differs from the paper: built from the claims,
+the effective steps and the horizon gaps it is given, never from fixed text."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from dp_adam_bench.report.common import Claim
+from dp_adam_bench.report.ganesh_differs import differing_claims, differs_section, margin_se
+from dp_adam_bench.report.ganesh_steps import STEP
+
+STMT = "DP-BandMF: DP-Adam (post-processing) beats DP-SGD with momentum"
+
+
+def _claims(ours_holds: bool, se: str = "-0.4") -> list[Claim]:
+    return [
+        Claim(
+            f"[ours] {STMT}",
+            ours_holds,
+            f"post-processing vs DP-SGD: 5.603 vs 5.601, {se} standard errors over 2 / 2 seeds",
+        ),
+        Claim(
+            "[ours] non-private Adam beats non-private SGD",
+            True,
+            "5.5 vs 5.7, +4.0 standard errors over 2 / 2 seeds",
+        ),
+        Claim(f"[paper] {STMT}", True, "post-processing vs DP-SGD: 3.493 vs 3.605", from_runs=False),
+        Claim("[paper] non-private Adam beats non-private SGD", True, "2.781 vs 3.269", from_runs=False),
+        Claim("[ours] a statement the paper's numbers do not check", False, ""),
+    ]
+
+
+def _steps() -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "row": ["postprocessing", "postprocessing", "dpsgd_momentum"],
+            "column": ["a", "b", "a"],
+            STEP: [1.3, 2.5, 3.0],
+            "median clean v / Phi": [2e-8, 1.2e-7, math.nan],
+        }
+    )
+
+
+def test_only_statements_checked_on_both_tables_with_other_verdicts_differ():
+    claims = _claims(ours_holds=False)
+    differ = differing_claims(claims)
+    assert [(o.text, p.text) for o, p in differ] == [(f"[ours] {STMT}", f"[paper] {STMT}")]
+    assert margin_se(differ[0][0]) == -0.4
+    assert margin_se(Claim("x", True, "5 of 5 rows")) is None
+    assert differing_claims(_claims(ours_holds=True)) == []
+
+
+def test_the_section_says_how_far_the_differences_are_and_why_from_its_inputs():
+    gaps = pd.DataFrame(
+        {
+            "gap": ["g", "g"],
+            "what": ["BandMF - DP-SGD", "BandMF - DP-SGD"],
+            "steps": [32, 64],
+            "difference": [-0.0001, -0.043],
+            "se": [math.nan, 0.003],
+            "verdict": ["fewer than 2 seeds", "paper's sign"],
+        }
+    )
+    text = differs_section(_claims(ours_holds=False), _steps(), gaps)
+    assert text.startswith("**1 of 2 statements have another verdict here than on the paper's numbers:**")
+    assert f"- {STMT}: paper holds (post-processing vs DP-SGD: 3.493 vs 3.605); here does not hold" in text
+    assert "the largest margin is 0.4 standard errors" in text
+    assert "at most 1e-07 of the noise variance Phi" in text  # the largest ratio logged, NaN (SGD) left out
+    assert "dpsgd_momentum 3; postprocessing 1.3 to 2.5" in text
+    assert (
+        "BandMF - DP-SGD: 32 steps -0.000 (fewer than 2 seeds), 64 steps -0.043 ± 0.003 (paper's sign)"
+        in text
+    )
+
+    beyond = differs_section(_claims(ours_holds=False, se="-2.6"), _steps(), None)
+    assert "1 of them are beyond seed noise" in beyond and "What more steps change" not in beyond
+    assert differs_section(_claims(ours_holds=True), _steps(), gaps) == (
+        "Every one of the 2 statements checked on both tables has the paper's verdict here."
+    )
+    assert "needs the runs' diagnostics" in differs_section(_claims(ours_holds=False), pd.DataFrame(), None)
