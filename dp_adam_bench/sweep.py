@@ -72,18 +72,21 @@ def load_preset(experiment: str, profile: str = "cpu", overrides: Sequence[str] 
 
 #: the keys of a preset's ``sweep:`` node
 SWEEP_KEYS = ("entries", "grid", "seeds", "selection", "profiles")
-SELECTION_KEYS = ("metric", "mode", "per", "tuned")
+SELECTION_KEYS = ("metric", "mode", "per", "tuned", "heldout_seeds")
 
 
 @dataclass(frozen=True)
 class Selection:
     """How a report picks a table cell from a tuning grid: within each group of runs equal in ``per``, the
-    ``tuned`` setting with the best mean final ``metric`` (``mode`` min or max)."""
+    ``tuned`` setting with the best mean final ``metric`` (``mode`` min or max). Runs with a seed in
+    ``heldout_seeds`` take no part in the choice: they score the chosen setting afresh (no winner's curse: a
+    setting chosen on seeds that happened to do well is not also judged on them)."""
 
     metric: str
     mode: str
     per: tuple[str, ...]
     tuned: tuple[str, ...] = ()
+    heldout_seeds: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -119,14 +122,23 @@ def sweep_spec(experiment: str, profile: str = "cpu") -> SweepSpec:
         unknown = sorted(set(selection) - set(SELECTION_KEYS))
         if unknown or "metric" not in selection or "per" not in selection:
             raise ConfigError(
-                f"{where} = {selection!r}: needs metric and per (optional: mode, tuned); valid keys: "
+                f"{where} = {selection!r}: needs metric and per (optional: mode, tuned, heldout_seeds); valid keys: "
                 f"{', '.join(SELECTION_KEYS)}"
             )
         mode = selection.get("mode", "min")
         if mode not in ("min", "max"):
             raise ConfigError(f"{where}: mode={mode!r}; valid: min, max")
+        heldout = selection.get("heldout_seeds") or ()
+        if not isinstance(heldout, list | tuple) or not all(
+            isinstance(x, int) and not isinstance(x, bool) for x in heldout
+        ):
+            raise ConfigError(f"{where}: heldout_seeds={heldout!r}; valid: a list of whole-number seeds")
         selection = Selection(
-            str(selection["metric"]), mode, tuple(selection["per"]), tuple(selection.get("tuned") or ())
+            str(selection["metric"]),
+            mode,
+            tuple(selection["per"]),
+            tuple(selection.get("tuned") or ()),
+            tuple(heldout),
         )
     return SweepSpec(
         experiment=experiment,

@@ -193,3 +193,40 @@ def test_ganesh_presets_that_tune_on_a_grid_select_on_val_abstracts_scored_in_ev
         for profile in ("cpu", "paper"):
             cfg = compose_cfg([f"experiment={preset}", f"profile={profile}"])
             assert cfg.task.eval_split == "val" and cfg.task.val_subset is None, (preset, profile)
+
+
+@pytest.mark.parametrize(
+    "selection, match",
+    [
+        (
+            {"metric": "test_loss", "per": ["optimizer"], "heldout_seeds": [2, "3"]},
+            r"heldout_seeds=\[2, '3'\]",
+        ),
+        (
+            {"metric": "test_loss", "per": ["optimizer"], "heldout_seeds": 2},
+            r"heldout_seeds=2; valid: a list",
+        ),
+        (
+            {"metric": "test_loss", "per": ["optimizer"], "holdout": [2]},
+            r"valid keys: metric, mode, per, tuned",
+        ),
+    ],
+)
+def test_a_bad_selection_is_refused_naming_the_key(monkeypatch, selection, match):
+    from dp_adam_bench import sweep
+    from dp_adam_bench.errors import ConfigError
+
+    preset = {"experiment_name": "x_cpu", "sweep": {"entries": {}, "selection": selection}}
+    monkeypatch.setattr(sweep, "load_preset", lambda experiment, profile="cpu": preset)
+    with pytest.raises(ConfigError, match=match):
+        sweep.sweep_spec("ganesh_fig3_horizon", "cpu")
+
+
+def test_held_out_seeds_reach_the_selection_and_only_the_cpu_profile_runs_them():
+    from dp_adam_bench.sweep import sweep_spec
+
+    cpu, paper = sweep_spec("ganesh_fig3_horizon", "cpu"), sweep_spec("ganesh_fig3_horizon", "paper")
+    assert cpu.selection.heldout_seeds == (2, 3, 4, 5) and paper.selection.heldout_seeds == ()
+    held = [p for p in cpu.points() if p["seed"] in cpu.selection.heldout_seeds]
+    assert len(held) == 16 and {p["task.train_subset"] for p in held} == {1536}  # 4 cells x 4 seeds, 96 steps
+    assert not [p for p in paper.points() if p["seed"] not in paper.seeds]

@@ -74,6 +74,11 @@ def test_the_section_says_how_far_the_differences_are_and_why_from_its_inputs():
         in text
     )
 
+    held = differs_section(_claims(ours_holds=False), _steps(), gaps, gaps.iloc[1:])
+    assert held.endswith(
+        "On seeds no choice saw (the horizon study's held-out seeds): BandMF - DP-SGD: 64 steps -0.043 ± 0.003 "
+        "(paper's sign)."
+    )
     beyond = differs_section(_claims(ours_holds=False, se="-2.6"), _steps(), None)
     assert "1 of them are beyond seed noise" in beyond and "What more steps change" not in beyond
     assert differs_section(_claims(ours_holds=True), _steps(), gaps) == (

@@ -781,6 +781,48 @@ def test_ganesh_horizon_follows_the_gaps_across_horizons(isolated_dirs):
     assert "| stp | dpsgd_sigma1 | 96 | 1 |" in md.replace("1.0000", "1")  # the diagnostics section
 
 
+def test_ganesh_horizon_scores_the_chosen_setting_on_held_out_seeds(isolated_dirs):
+    """Runs of sweep.selection.heldout_seeds take no part in any choice: the table and the tuning section keep
+    2 seeds a cell, the held-out section scores each cell at the setting seeds 0 and 1 chose, its gaps become
+    claims, and a held-out run at another setting is named as stale."""
+    from dp_adam_bench.report import ganesh_horizon
+    from dp_adam_bench.sweep import sweep_spec
+
+    root = isolated_dirs / "runs"
+    lrs = _horizon_runs(root, 512, base_offset=1.0)  # its held-out runs ran the preset's ho_* values
+    spec = sweep_spec("ganesh_fig3_horizon", "cpu")
+    held = spec.selection.heldout_seeds
+    assert held and not set(held) & set(spec.seeds)
+    points = [p for p in spec.points() if p["seed"] in held]
+    top = {
+        opt: max(q["optimizer.lr"] for q in spec.points() if q["optimizer"] == opt)
+        for opt in ("adam", "sgd", "stp")
+    }
+    # the same cells again at the chosen (top) setting, STP 0.05 below the rest
+    for i, p in enumerate(points):
+        p = p | {"optimizer.lr": top[p["optimizer"]]}
+        loss = 5.0 + 0.001 * p["seed"] - (0.05 if p["optimizer"] == "stp" else 0.0)
+        write_run(root, "ganesh_fig3_horizon_cpu", f"h{i}", _run_config(p), {"metrics": {"test_loss": loss}})
+    ganesh_horizon.build(ReportContext())
+    df = pd.read_csv(isolated_dirs / "results" / "ganesh_fig3_horizon.csv")
+    assert set(df.n) == {2}  # the held-out seeds are in no cell of the table
+    md = (isolated_dirs / "results" / "ganesh_fig3_horizon.md").read_text()
+    assert "## Held-out seeds (2, 3, 4, 5)" in md
+    assert (
+        f"| 96 | stp | dpsgd_sigma1 | 4.9535 | 0.0011 | 4 | lr={top['stp']:g}, eps_s1=0.0001, clip=100 |"
+        in md
+    )
+    assert (
+        "[held-out seeds] STP - post-processing, DP-SGD noise at BandMF's sigma, 96 steps: negative (the paper's "
+        "sign) beyond seed noise: **holds** (-0.0500 ± 0.0009 over seeds 2, 3, 4, 5 (4 a cell)"
+    ) in md
+    assert "[held-out seeds] BandMF - DP-SGD (same epsilon), post-processing, 96 steps" in md
+    # the runs at the preset's ho_* values (not the top of these synthetic grids) are stale
+    stale = [p for p in points if p["optimizer.lr"] != top[p["optimizer"]]]
+    assert stale and "Held-out runs at a setting their cell no longer chooses" in md
+    assert f"ran lr={stale[0]['optimizer.lr']:g}" in md and f"chosen lr={lrs[-1]:g}" in md
+
+
 def test_ganesh_horizon_reads_the_base_tables_runs_at_a_horizon_it_does_not_run(isolated_dirs, monkeypatch):
     """As the paper profile reads ganesh_fig3's ~2,000-step runs: a base horizon the preset does not run (here
     16 steps, by a patched setting) is merged in, selected by the base table's own rule on test_loss."""

@@ -135,9 +135,10 @@ def select_best(
 def select_cells(records: list[RunRecord], selection, locate) -> dict[tuple[str, str], Cell]:
     """The selection rule of a preset (``selection``: per, tuned, metric, mode) applied to ``records``, each group's
     cell placed at ``locate(config of the group) -> (row, column)`` (None: not in the table). Two groups in one
-    place are a bug in the preset or in ``locate``: ValueError."""
+    place are a bug in the preset or in ``locate``: ValueError. Runs of the selection's held-out seeds take no part
+    (:func:`tuning_runs`)."""
     cells = select_best(
-        records,
+        tuning_runs(records, selection),
         per=list(selection.per),
         tuned=list(selection.tuned),
         metric=selection.metric,
@@ -152,6 +153,12 @@ def select_cells(records: list[RunRecord], selection, locate) -> dict[tuple[str,
             raise ValueError(f"two selection groups fall in cell {place}: {out[place].key} and {key}")
         out[place] = cell
     return out
+
+
+def tuning_runs(records: list[RunRecord], selection) -> list[RunRecord]:
+    """The runs a selection may choose from: all but those of its ``heldout_seeds``."""
+    held = set(getattr(selection, "heldout_seeds", ()) or ())
+    return [r for r in records if get(r.config, "seed") not in held] if held else list(records)
 
 
 def chosen_runs(records: list[RunRecord], cell: Cell, place, place_of) -> list[RunRecord]:

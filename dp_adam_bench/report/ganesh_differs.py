@@ -43,8 +43,11 @@ def margin_se(claim: Claim) -> float | None:
     return float(found.group(1)) if found else None
 
 
-def differs_section(claims: list[Claim], steps: pd.DataFrame, gaps: pd.DataFrame | None) -> str:
-    """The section's markdown: the differing claims, the effective-step reading, the horizon gaps."""
+def differs_section(
+    claims: list[Claim], steps: pd.DataFrame, gaps: pd.DataFrame | None, heldout: pd.DataFrame | None = None
+) -> str:
+    """The section's markdown: the differing claims, the effective-step reading, the horizon gaps (``heldout``:
+    the same gaps on the horizon study's held-out seeds)."""
     both = [
         c for c in claims if c.text.startswith(OURS) and c.text.removeprefix(OURS) in _texts(claims, PAPER)
     ]
@@ -79,6 +82,11 @@ def differs_section(claims: list[Claim], steps: pd.DataFrame, gaps: pd.DataFrame
     lines.append(_step_reading(steps))
     if gaps is not None and len(gaps):
         lines += ["", _horizon_reading(gaps)]
+    if heldout is not None and len(heldout):
+        lines += [
+            "",
+            "On seeds no choice saw (the horizon study's held-out seeds): " + _per_gap(heldout) + ".",
+        ]
     return "\n".join(lines).strip()
 
 
@@ -111,6 +119,13 @@ def _step_reading(steps: pd.DataFrame) -> str:
 
 def _horizon_reading(gaps: pd.DataFrame) -> str:
     """Each gap at every horizon run, from the horizon study's gap table."""
+    return (
+        "What more steps change (results/ganesh_fig3_horizon.md: the same epsilon at every horizon, the learning "
+        "rate tuned at each on val abstracts; the paper finds every gap negative): " + _per_gap(gaps) + "."
+    )
+
+
+def _per_gap(gaps: pd.DataFrame) -> str:
     parts = []
     for _, g in gaps.groupby("gap", sort=False):
         per = ", ".join(
@@ -118,7 +133,4 @@ def _horizon_reading(gaps: pd.DataFrame) -> str:
             for s, d, se, v in zip(g.steps, g.difference, g.se, g.verdict, strict=True)
         )
         parts.append(f"{g.what.iloc[0]}: {per}")
-    return (
-        "What more steps change (results/ganesh_fig3_horizon.md: the same epsilon at every horizon, the learning "
-        "rate tuned at each on val abstracts; the paper finds every gap negative): " + "; ".join(parts) + "."
-    )
+    return "; ".join(parts)

@@ -258,9 +258,7 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
                     "ours": mean,
                     "ours_std": std,
                     "n": n,
-                    "chosen": ", ".join(
-                        f"{k.split('.')[-1]}={v:g}" for k, v in (chosen or {}).items() if v is not None
-                    ),
+                    "chosen": named(chosen or {}),
                 }
             )
     df = pd.DataFrame(long_rows)
@@ -289,7 +287,7 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
     notes += [n for n in (order_reading(steps, list(COLUMNS)),) if n]
     if profile == "cpu":
         notes += wider_grid_note(preset_runs(ctx, "ganesh_fig3_horizon").complete, setting, cells)
-    differs = differs_section(claims, steps, _horizon_gaps(ctx, setting))
+    differs = differs_section(claims, steps, *_horizon_gaps(ctx, setting))
     return write_table(
         TABLE_ID,
         df,
@@ -315,12 +313,20 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
     )
 
 
-def _horizon_gaps(ctx: ReportContext, setting: dict) -> pd.DataFrame | None:
-    """The horizon study's gap table (results/ganesh_fig3_horizon.md), None without its runs."""
+def named(setting: dict) -> str:
+    """``lr=0.0006, eps_s1=0.0001`` for a chosen setting {dotted key: value}; keys without a value left out."""
+    return ", ".join(f"{k.split('.')[-1]}={v:g}" for k, v in setting.items() if v is not None)
+
+
+def _horizon_gaps(ctx: ReportContext, setting: dict) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
+    """The horizon study's gap tables (results/ganesh_fig3_horizon.md): on the tuning seeds, and on its held-out
+    seeds; None where it has no runs."""
     from dp_adam_bench.report import ganesh_horizon  # it imports this module
 
     found = ganesh_horizon.study(ctx, setting)
-    return ganesh_horizon.gap_table(found.cells) if found.cells else None
+    gaps = ganesh_horizon.gap_table(found.cells) if found.cells else None
+    held = ganesh_horizon.gap_table(found.heldout) if found.heldout else None
+    return gaps, held
 
 
 def _seed_section(pairs, values, std, n) -> str:
@@ -445,9 +451,7 @@ def baseline_note(values: dict, cells: dict) -> list[str]:
     for row in ("noiseless_precond", "stp_noiseless_precond"):
         for col in COLUMNS:
             if (row, col) in cells and values.get((row, col), -math.inf) > start:
-                ran = ", ".join(
-                    f"{k.split('.')[-1]}={v:g}" for k, v in cells[(row, col)].chosen.items() if v is not None
-                )
+                ran = named(cells[(row, col)].chosen)
                 worse.append(f"{row} @ {col}: {values[(row, col)]:.3f} ({ran})")
     if not worse:
         return []

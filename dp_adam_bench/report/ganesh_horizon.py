@@ -39,6 +39,7 @@ from dp_adam_bench.report.aggregate import (
     reported_on,
     seeds_to_separate,
     select_cells,
+    tuning_runs,
 )
 from dp_adam_bench.report.common import Claim, incomplete_note, markdown_table, save_figure, write_table
 from dp_adam_bench.report.context import ReportContext
@@ -48,6 +49,7 @@ from dp_adam_bench.report.ganesh_fig3 import (
     COLUMNS,
     ROW_LABELS,
     cell_locator,
+    named,
     profile_setting,
     steps_of,
 )
@@ -94,8 +96,33 @@ def horizon_cells(records, selection, setting: dict) -> dict[tuple[str, str, int
     if "task.train_subset" not in selection.per:  # the base table's rule: its cells are one horizon
         selection = dataclasses.replace(selection, per=(*selection.per, "task.train_subset"))
     locate = _locator(setting)
+    records = tuning_runs(records, selection)
     cells = select_cells(records, selection, locate)
     return cells if selection.metric == REPORTED else reported_on(cells, records, locate, REPORTED)
+
+
+def heldout_cells(records, cells: dict, selection, setting: dict) -> tuple[dict, list[str]]:
+    """The runs of the selection's held-out seeds at each cell's chosen setting, as cells of ``test_loss`` (mean,
+    std, n over those seeds), and a line per held-out run at a setting its cell does not choose (the preset ran
+    them at an earlier choice: stale). Cells without held-out runs are left out."""
+    held = set(selection.heldout_seeds)
+    runs = [r for r in records if get(r.config, "seed") in held]
+    locate = _locator(setting)
+    out, stale = {}, []
+    for place, cell in cells.items():
+        here = [r for r in runs if locate(r.config) == place]
+        chosen = chosen_runs(here, cell, place, locate)
+        for r in here:
+            if r not in chosen:
+                ran = named({k: get(r.config, k) for k in cell.chosen})
+                where = "/".join(map(str, place))
+                stale.append(f"{where} seed {get(r.config, 'seed')}: ran {ran}, chosen {named(cell.chosen)}")
+        if chosen:
+            vals = [float(r.summary["metrics"][REPORTED]) for r in chosen]
+            out[place] = dataclasses.replace(
+                cell, mean=float(np.mean(vals)), std=float(np.std(vals)), n=len(vals), values=vals
+            )
+    return out, stale
 
 
 def _locator(setting: dict):
@@ -240,6 +267,47 @@ def gap_claims(gaps: pd.DataFrame) -> list[Claim]:
     return claims
 
 
+def heldout_claims(gaps: pd.DataFrame, seeds) -> list[Claim]:
+    """Per gap and horizon with held-out runs: the paper's sign beyond seed noise on the seeds no choice saw."""
+    named = ", ".join(map(str, sorted(seeds)))
+    claims = []
+    for _, g in gaps.iterrows():
+        se = None if pd.isna(g.se) else float(g.se)
+        claims.append(
+            Claim(
+                f"[held-out seeds] {g.what}, {int(g.steps)} steps: negative (the paper's sign) beyond seed noise",
+                g.verdict == "paper's sign",
+                f"{g.difference:+.4f}" + ("" if se is None else f" ± {se:.4f}") + f" over seeds {named} "
+                f"({int(g.n)} a cell), each cell at the setting seeds outside them chose",
+            )
+        )
+    return claims
+
+
+def _heldout_markdown(heldout: dict, gaps: pd.DataFrame) -> str:
+    """The held-out cells and their gaps, or a line saying none has run."""
+    if not heldout:
+        return "(no held-out run at a chosen setting yet)"
+    cells = pd.DataFrame(
+        [
+            {
+                "steps": h,
+                "row": row,
+                "column": col,
+                "test_loss": c.mean,
+                "std": c.std,
+                "n": c.n,
+                "chosen": named(c.chosen),
+            }
+            for (row, col, h), c in sorted(heldout.items(), key=lambda kv: (kv[0][2], kv[0][0], kv[0][1]))
+        ]
+    )
+    out = markdown_table(cells, 4)
+    if len(gaps):
+        out += "\n\n" + markdown_table(gaps, 4)
+    return out
+
+
 def _chosen_runs(records, cell: Cell, place, setting: dict) -> list:
     """The runs behind ``cell``: its group's runs at the chosen setting."""
     return chosen_runs(records, cell, place, _locator(setting))
@@ -310,7 +378,9 @@ def _last(metrics: list[dict], key: str) -> float | None:
 @dataclasses.dataclass
 class Study:
     """The study's cells, each horizon's selection made: ``cells`` every (row, column, steps), ``own`` the ones
-    this preset runs; ``records`` the runs read; ``missing`` the expected runs not there yet."""
+    this preset runs; ``records`` the runs read, but those of held-out seeds; ``missing`` the expected runs not
+    there yet; ``heldout`` the cells scored on the held-out seeds at their chosen setting (``stale_heldout``: the
+    held-out runs at another setting)."""
 
     runs: object
     base: object
@@ -319,6 +389,8 @@ class Study:
     own: dict
     reads_base: bool
     missing: list
+    heldout: dict = dataclasses.field(default_factory=dict)  # (row, column, steps) -> Cell of held-out seeds
+    stale_heldout: list = dataclasses.field(default_factory=list)
 
 
 def study(ctx: ReportContext, setting: dict) -> Study:
@@ -355,7 +427,9 @@ def study(ctx: ReportContext, setting: dict) -> Study:
         if reads_base
         for m in base.lacking(optimizer=opt, noise=noise, **{"privacy.sigma": sigma})
     ]
-    return Study(runs, base, shortest + runs.complete, cells | own, own, reads_base, missing)
+    heldout, stale = heldout_cells(runs.complete, own, runs.spec.selection, setting)
+    records = shortest + tuning_runs(runs.complete, runs.spec.selection)  # the held-out runs are in `heldout`
+    return Study(runs, base, records, cells | own, own, reads_base, missing, heldout, stale)
 
 
 def build(ctx: ReportContext | None = None) -> list[Path]:
@@ -381,18 +455,29 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
                 "test_loss": c.mean,
                 "std": c.std,
                 "n": c.n,
-                "chosen": ", ".join(
-                    f"{k.split('.')[-1]}={v:g}" for k, v in c.chosen.items() if v is not None
-                ),
+                "chosen": named(c.chosen),
             }
         )
     df = pd.DataFrame(table)
     gaps = gap_table(cells)
     positions = grid_positions(own)
-    claims = gap_claims(gaps) + grid_claims(positions)
+    seeds = runs.spec.selection.heldout_seeds
+    held_gaps = gap_table(found.heldout)
+    claims = gap_claims(gaps) + heldout_claims(held_gaps, seeds) + grid_claims(positions)
     diag = diagnostics_table(records, cells, setting)
     metric = runs.spec.selection.metric
-    tuning = tuning_table(runs.complete, own, setting, metric)
+    tuning = tuning_table(tuning_runs(runs.complete, runs.spec.selection), own, setting, metric)
+    held_section = (
+        [
+            (
+                f"Held-out seeds ({', '.join(map(str, seeds))}): each cell at the setting the other seeds chose, "
+                "scored on test abstracts; no choice saw these runs",
+                _heldout_markdown(found.heldout, held_gaps),
+            )
+        ]
+        if seeds
+        else []
+    )
     fig = _figure(cells, gaps, ctx.out)
     horizons = sorted({k[2] for k in cells})
     return write_table(
@@ -412,10 +497,19 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
             metric,
             reads_base,
         )
-        + [n for n in (step_size_note(diag, cells),) if n],
+        + [n for n in (step_size_note(diag, cells),) if n]
+        + (
+            [
+                "Held-out runs at a setting their cell no longer chooses (re-run them at the choice): "
+                + "; ".join(found.stale_heldout)
+            ]
+            if found.stale_heldout
+            else []
+        ),
         figure=fig,
         digits=4,
-        extra_sections=[
+        extra_sections=held_section
+        + [
             (
                 "The gaps (first - second; the paper finds each negative; 'beyond seed noise' = |d| > 2 SE; "
                 "seeds_for_2se: seeds per cell at which |d| would be 2 SE, from the spread between these seeds, a "
