@@ -480,8 +480,8 @@ def _tuning_note(profile: str) -> str:
     )
     return (
         "CPU profile, the tuning (the paper's rule, the lowest mean loss, on the VAL split: "
-        "results/ganesh_fig3_tuning.md; one seed, a smaller grid than the paper's, per (row, column)): "
-        f"{per_column}. DP-SGD's lr at the low column and the non-private rows' learning rates are the pilots' "
+        "results/ganesh_fig3_tuning.md; one seed (two for DP-SGD's best learning rates), a smaller grid than the "
+        f"paper's, per (row, column)): {per_column}. The non-private rows' learning rates are the pilots' "
         "(results/ganesh_fig3_pilots.md)."
     )
 

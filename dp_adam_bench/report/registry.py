@@ -232,8 +232,8 @@ _TABLES: tuple[tuple[str, ReportSpec], ...] = (
         ReportSpec(
             _in("pilots"),
             "Ganesh et al. Fig. 3 (the CPU profile's pilots)",
-            "the starting learning rates of the CPU ganesh_fig3 (its non-private rows and DP-SGD's lr at the low "
-            "column keep them; ganesh_fig3_tuning tunes the private rows): every pilot run, scored on the val split",
+            "the starting learning rates of the CPU ganesh_fig3 (its non-private rows keep them; ganesh_fig3_tuning "
+            "tunes the private rows): every pilot run, scored on the val split",
             "~10 min (11 runs, LAUNCHER=joblib)",
             experiment="ganesh_fig3_pilots",
             runtime_paper="none: the paper profile tunes every cell inside ganesh_fig3",
