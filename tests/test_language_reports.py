@@ -682,7 +682,8 @@ def _horizon_runs(root, base_subset: int, base_offset: float) -> list[float]:
     """Every run of the horizon preset (cpu) and ganesh_fig3's runs of the same cells at ``base_subset`` abstracts
     (their loss ``base_offset`` above the formula), losses built so that STP - post-processing turns negative at
     96 steps and BandMF - DP-SGD and post-processing - DP-SGD never do; the horizon runs score val and test so
-    that each optimizer's largest learning rate wins on val and would lose on test. Returns the Adam eta grid."""
+    that each cell's largest learning rate wins on val and would lose on test. Returns each cell's grid,
+    {(optimizer, noise): sorted learning rates}."""
     from dp_adam_bench.sweep import sweep_spec
 
     horizon = sweep_spec("ganesh_fig3_horizon", "cpu")
@@ -694,10 +695,9 @@ def _horizon_runs(root, base_subset: int, base_offset: float) -> list[float]:
     ]
     gap = {256: 0.15, 512: 0.10, 1024: 0.03, 1536: -0.10}  # STP - post-processing at 16, 32, 64, 96 steps
     grids = {
-        opt: sorted({p["optimizer.lr"] for p in horizon.points() if p["optimizer"] == opt})
-        for opt in {p["optimizer"] for p in horizon.points()}
+        cell: sorted({p["optimizer.lr"] for p in horizon.points() if (p["optimizer"], p["noise"]) == cell})
+        for cell in followed
     }
-    lrs = grids["adam"]
     assert all(len(g) >= 2 for g in grids.values())  # every horizon is tuned
     for spec_name, points in (("ganesh_fig3_cpu", base), ("ganesh_fig3_horizon_cpu", horizon.points())):
         for i, p in enumerate(points):
@@ -708,7 +708,7 @@ def _horizon_runs(root, base_subset: int, base_offset: float) -> list[float]:
             loss += 0.2 if p["noise"] == "bandmf" else 0.0
             scores = {"test_loss": loss + base_offset}
             if spec_name == "ganesh_fig3_horizon_cpu":
-                top = p["optimizer.lr"] == grids[p["optimizer"]][-1]
+                top = p["optimizer.lr"] == grids[(p["optimizer"], p["noise"])][-1]
                 scores = {"test_loss": loss if top else loss - 0.5, "val_loss": loss - (0.05 if top else 0.0)}
             phi = 2.4e-7 * (2.25 if p["noise"] == "bandmf" else 1.0)  # BandMF: more noise a step at one sigma
             metrics = [
@@ -721,7 +721,7 @@ def _horizon_runs(root, base_subset: int, base_offset: float) -> list[float]:
                 }
             ]
             write_run(root, spec_name, f"r{i}", cfg, {"metrics": scores}, metrics=metrics)
-    return lrs
+    return grids
 
 
 def test_ganesh_horizon_follows_the_gaps_across_horizons(isolated_dirs):
@@ -730,20 +730,21 @@ def test_ganesh_horizon_follows_the_gaps_across_horizons(isolated_dirs):
     errors over seeds, the claims name the first horizon from which the paper's sign holds, and the trend line's
     zero crossing is an extrapolation."""
     from dp_adam_bench.report import ganesh_horizon
-    from dp_adam_bench.sweep import sweep_spec
 
-    lrs = _horizon_runs(isolated_dirs / "runs", 512, base_offset=1.0)
+    grids = _horizon_runs(isolated_dirs / "runs", 512, base_offset=1.0)
+    lrs = grids[("adam", "independent")]
     ganesh_horizon.build(ReportContext())
     df = pd.read_csv(isolated_dirs / "results" / "ganesh_fig3_horizon.csv")
     assert sorted(set(df.steps)) == [32, 64, 96] and set(df.n) == {2}
     assert len(df) == 12  # 4 cells x 3 horizons
-    sgd_top = max(
-        p["optimizer.lr"]
-        for p in sweep_spec("ganesh_fig3_horizon", "cpu").points()
-        if p["optimizer"] == "sgd"
-    )
-    for row, chosen in zip(df.row, df.chosen, strict=True):  # chosen on val_loss ...
-        assert f"lr={sgd_top if row == 'dpsgd_momentum' else lrs[-1]:g}" in chosen
+    cell_of = {
+        ("dpsgd_momentum", "dpsgd_sigma1"): ("sgd", "independent"),
+        ("postprocessing", "dpsgd_sigma1"): ("adam", "independent"),
+        ("postprocessing", "bandmf_sigma1_b128"): ("adam", "bandmf"),
+        ("stp", "dpsgd_sigma1"): ("stp", "independent"),
+    }
+    for row, col, chosen in zip(df.row, df.column, df.chosen, strict=True):  # chosen on val_loss ...
+        assert f"lr={grids[cell_of[(row, col)]][-1]:g}" in chosen
     pp = df[(df.row == "postprocessing") & (df.column == "dpsgd_sigma1")].set_index("steps").test_loss
     assert pp[64] == pytest.approx(6.0 - 0.1 + 0.005)  # ... and reported on test_loss
     assert pp[32] == pytest.approx(6.005)  # this preset's 32-step runs, not ganesh_fig3's (1.0 higher)
@@ -789,38 +790,38 @@ def test_ganesh_horizon_scores_the_chosen_setting_on_held_out_seeds(isolated_dir
     from dp_adam_bench.sweep import sweep_spec
 
     root = isolated_dirs / "runs"
-    lrs = _horizon_runs(root, 512, base_offset=1.0)  # its held-out runs ran the preset's ho_* values
+    grids = _horizon_runs(root, 512, base_offset=1.0)  # its held-out runs ran the preset's ho_* values
     spec = sweep_spec("ganesh_fig3_horizon", "cpu")
     held = spec.selection.heldout_seeds
     assert held and not set(held) & set(spec.seeds)
     points = [p for p in spec.points() if p["seed"] in held]
-    top = {
-        opt: max(q["optimizer.lr"] for q in spec.points() if q["optimizer"] == opt)
-        for opt in ("adam", "sgd", "stp")
-    }
+    top = {cell: grid[-1] for cell, grid in grids.items()}
     # the same cells again at the chosen (top) setting, STP 0.05 below the rest
     for i, p in enumerate(points):
-        p = p | {"optimizer.lr": top[p["optimizer"]]}
+        p = p | {"optimizer.lr": top[(p["optimizer"], p["noise"])]}
         loss = 5.0 + 0.001 * p["seed"] - (0.05 if p["optimizer"] == "stp" else 0.0)
         write_run(root, "ganesh_fig3_horizon_cpu", f"h{i}", _run_config(p), {"metrics": {"test_loss": loss}})
     ganesh_horizon.build(ReportContext())
     df = pd.read_csv(isolated_dirs / "results" / "ganesh_fig3_horizon.csv")
     assert set(df.n) == {2}  # the held-out seeds are in no cell of the table
     md = (isolated_dirs / "results" / "ganesh_fig3_horizon.md").read_text()
-    assert "## Held-out seeds (2, 3, 4, 5)" in md
+    assert f"## Held-out seeds ({', '.join(map(str, held))})" in md
+    mean, n = 4.95 + 0.001 * sum(held) / len(held), len(held)
+    stp = top[("stp", "independent")]
     assert (
-        f"| 96 | stp | dpsgd_sigma1 | 4.9535 | 0.0011 | 4 | lr={top['stp']:g}, eps_s1=0.0001, clip=100 |"
+        f"| 96 | stp | dpsgd_sigma1 | {mean:.4f} | 5.000e-04 | {n} | lr={stp:g}, eps_s1=0.0001, clip=100 |"
         in md
     )
     assert (
         "[held-out seeds] STP - post-processing, DP-SGD noise at BandMF's sigma, 96 steps: negative (the paper's "
-        "sign) beyond seed noise: **holds** (-0.0500 ± 0.0009 over seeds 2, 3, 4, 5 (4 a cell)"
+        f"sign) beyond seed noise: **holds** (-0.0500 ± 0.0007 over seeds {', '.join(map(str, held))} ({n} a cell)"
     ) in md
     assert "[held-out seeds] BandMF - DP-SGD (same epsilon), post-processing, 96 steps" in md
     # the runs at the preset's ho_* values (not the top of these synthetic grids) are stale
-    stale = [p for p in points if p["optimizer.lr"] != top[p["optimizer"]]]
+    stale = [p for p in points if p["optimizer.lr"] != top[(p["optimizer"], p["noise"])]]
     assert stale and "Held-out runs at a setting their cell no longer chooses" in md
-    assert f"ran lr={stale[0]['optimizer.lr']:g}" in md and f"chosen lr={lrs[-1]:g}" in md
+    first = top[(stale[0]["optimizer"], stale[0]["noise"])]
+    assert f"ran lr={stale[0]['optimizer.lr']:g}" in md and f"chosen lr={first:g}" in md
 
 
 def test_ganesh_horizon_reads_the_base_tables_runs_at_a_horizon_it_does_not_run(isolated_dirs, monkeypatch):
