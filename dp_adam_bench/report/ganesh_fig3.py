@@ -23,84 +23,24 @@ from dp_adam_bench.report.aggregate import Cell, difference_se, get, select_cell
 from dp_adam_bench.report.common import Claim, incomplete_note, load_paper, markdown_table, write_table
 from dp_adam_bench.report.context import ReportContext
 from dp_adam_bench.report.expected import preset_runs
+from dp_adam_bench.report.ganesh_cells import (  # noqa: F401 - ganesh_fig3's names, re-exported for its readers
+    COLUMN_LABELS,
+    COLUMNS,
+    DP_ROWS,
+    ROW_LABELS,
+    ROWS,
+    cell_locator,
+    column_of,
+    named,
+    profile_setting,
+    row_of,
+    steps_of,
+)
 from dp_adam_bench.report.ganesh_differs import differs_section
 from dp_adam_bench.report.ganesh_steps import effective_steps, order_reading
 from dp_adam_bench.sweep import Selection, load_preset
 
 TABLE_ID = "ganesh_fig3"
-#: the paper's columns, in its order
-COLUMNS = ("dpsgd_sigma0.134", "bandmf_sigma1_b128", "dpsgd_sigma1")
-COLUMN_LABELS = {
-    "dpsgd_sigma0.134": "DP-SGD, sigma at BandMF's RMSE",
-    "bandmf_sigma1_b128": "DP-BandMF",
-    "dpsgd_sigma1": "DP-SGD, sigma at BandMF's epsilon",
-}
-#: row -> (optimizer name, private?)
-ROWS = {
-    "nonprivate_sgd": ("sgd", False),
-    "nonprivate_adam": ("adam", False),
-    "noiseless_precond": ("noiseless_precond", True),
-    "stp_noiseless_precond": ("stp_noiseless_precond", True),
-    "postprocessing": ("adam", True),
-    "ime": ("ime", True),
-    "bc": ("bc", True),
-    "stp": ("stp", True),
-    "dpsgd_momentum": ("sgd", True),
-}
-ROW_LABELS = {
-    "no_finetuning": "no fine-tuning (the initial model)",
-    "nonprivate_sgd": "non-private SGD",
-    "nonprivate_adam": "non-private Adam",
-    "noiseless_precond": "DP-Adam, noiseless preconditioner",
-    "stp_noiseless_precond": "scale-then-privatize + noiseless preconditioner",
-    "postprocessing": "DP-Adam (post-processing)",
-    "ime": "independent moment estimation",
-    "bc": "bias correction",
-    "stp": "scale-then-privatize",
-    "dpsgd_momentum": "DP-SGD (momentum)",
-}
-#: the DP rows that only use private statistics (the two "noiseless" rows are non-private baselines)
-DP_ROWS = ("postprocessing", "ime", "bc", "stp", "dpsgd_momentum")
-
-
-def column_of(cfg: dict, sigma_low: float, sigma_high: float) -> str | None:
-    """The paper column a run belongs to (non-private runs go to the first column, as in the paper)."""
-    kind = get(cfg, "noise.kind")
-    if kind == "none":
-        return COLUMNS[0]
-    sigma = float(get(cfg, "privacy.sigma"))
-    if kind == "bandmf":
-        return COLUMNS[1]
-    if kind == "independent":
-        if math.isclose(sigma, sigma_low, rel_tol=1e-6):
-            return COLUMNS[0]
-        if math.isclose(sigma, sigma_high, rel_tol=1e-6):
-            return COLUMNS[2]
-    return None
-
-
-def row_of(cfg: dict) -> str | None:
-    name, private = get(cfg, "optimizer.name"), get(cfg, "noise.kind") != "none"
-    for row, (opt, priv) in ROWS.items():
-        if opt == name and priv == private:
-            return row
-    return None
-
-
-def profile_setting(profile: str) -> dict:
-    """The run settings of ``profile`` in the preset (its top-level ``profiles`` node)."""
-    return load_preset("ganesh_fig3", profile)["profiles"][profile]
-
-
-def cell_locator(setting: dict):
-    """config -> (row, column) of the paper's table at the profile ``setting``'s two sigmas."""
-    low, high = float(setting["sigma_low"]), float(setting["sigma_high"])
-    return lambda cfg: (row_of(cfg), column_of(cfg, low, high))
-
-
-def steps_of(train_subset, setting: dict) -> int:
-    """The number of steps a run of ``train_subset`` abstracts makes at the profile's epochs and batch size."""
-    return int(setting["epochs"]) * int(train_subset) // int(setting["batch_size"])
 
 
 def cells_for(
@@ -311,11 +251,6 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
         ],
         missing=runs.missing,
     )
-
-
-def named(setting: dict) -> str:
-    """``lr=0.0006, eps_s1=0.0001`` for a chosen setting {dotted key: value}; keys without a value left out."""
-    return ", ".join(f"{k.split('.')[-1]}={v:g}" for k, v in setting.items() if v is not None)
 
 
 def _horizon_gaps(ctx: ReportContext, setting: dict) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:

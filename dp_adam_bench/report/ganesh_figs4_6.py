@@ -24,7 +24,7 @@ from dp_adam_bench.report.aggregate import get
 from dp_adam_bench.report.common import Claim, incomplete_note, load_paper, save_figure, write_table
 from dp_adam_bench.report.context import ReportContext
 from dp_adam_bench.report.expected import preset_runs
-from dp_adam_bench.report.ganesh_fig3 import COLUMNS, column_of, profile_setting
+from dp_adam_bench.report.ganesh_cells import COLUMNS, column_of, profile_setting
 from dp_adam_bench.sweep import load_preset
 
 TABLE_ID = "ganesh_figs4_6"

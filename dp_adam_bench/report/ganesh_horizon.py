@@ -44,7 +44,7 @@ from dp_adam_bench.report.aggregate import (
 from dp_adam_bench.report.common import Claim, incomplete_note, markdown_table, save_figure, write_table
 from dp_adam_bench.report.context import ReportContext
 from dp_adam_bench.report.expected import preset_runs
-from dp_adam_bench.report.ganesh_fig3 import (
+from dp_adam_bench.report.ganesh_cells import (
     COLUMN_LABELS,
     COLUMNS,
     ROW_LABELS,

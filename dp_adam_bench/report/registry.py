@@ -251,7 +251,7 @@ _TABLES: tuple[tuple[str, ReportSpec], ...] = (
             "Ganesh et al. Fig. 3 (the CPU profile's tuning)",
             "eta for every row, eps_s (IME / BC), DP-SGD's lr and momentum, eps_s1 and the clip (STP), per column, "
             "that the CPU ganesh_fig3 uses: every tuning run, scored on the val split",
-            "~110 min (75 runs, LAUNCHER=joblib; ~200 core-minutes measured)",
+            "~120 min (86 runs, LAUNCHER=joblib; ~230 core-minutes measured)",
             experiment="ganesh_fig3_tuning",
             runtime_paper="none: the paper profile tunes every cell inside ganesh_fig3",
             args=(
@@ -267,9 +267,9 @@ _TABLES: tuple[tuple[str, ReportSpec], ...] = (
             _in("ganesh_horizon"),
             "Ganesh et al. Fig. 3 (horizon study)",
             "STP - post-processing, BandMF - DP-SGD and post-processing - DP-SGD with momentum against the number "
-            "of steps (32, 64, 96 on CPU), the learning rate tuned at every horizon on val abstracts, with standard "
-            "errors and the diagnostics that explain them",
-            "~190 min (72 runs, LAUNCHER=joblib; ~370 core-minutes measured)",
+            "of steps (32, 64, 96 on CPU), the learning rate tuned at every horizon on val abstracts, scored again "
+            "on held-out seeds at the longest, with standard errors and the diagnostics that explain them",
+            "~310 min (110 runs, LAUNCHER=joblib; ~620 core-minutes measured)",
             experiment="ganesh_fig3_horizon",
             runtime_paper="GPU runs of ~500 and ~1,000 steps over the paper's grid x 5 seeds, after ganesh_fig3",
             also=("ganesh_fig3",),
