@@ -284,11 +284,11 @@ def heldout_claims(gaps: pd.DataFrame, seeds) -> list[Claim]:
     return claims
 
 
-def _heldout_markdown(heldout: dict, gaps: pd.DataFrame) -> str:
-    """The held-out cells and their gaps, or a line saying none has run."""
-    if not heldout:
-        return "(no held-out run at a chosen setting yet)"
-    cells = pd.DataFrame(
+def cell_table(cells: dict) -> pd.DataFrame:
+    """One row per (row, column, steps) cell, by horizon, row and the paper's column order: its test loss (mean,
+    std, n over seeds) and the chosen setting."""
+    order = sorted(cells.items(), key=lambda kv: (kv[0][2], kv[0][0], COLUMNS.index(kv[0][1])))
+    return pd.DataFrame(
         [
             {
                 "steps": h,
@@ -299,9 +299,16 @@ def _heldout_markdown(heldout: dict, gaps: pd.DataFrame) -> str:
                 "n": c.n,
                 "chosen": named(c.chosen),
             }
-            for (row, col, h), c in sorted(heldout.items(), key=lambda kv: (kv[0][2], kv[0][0], kv[0][1]))
+            for (row, col, h), c in order
         ]
     )
+
+
+def _heldout_markdown(heldout: dict, gaps: pd.DataFrame) -> str:
+    """The held-out cells and their gaps, or a line saying none has run."""
+    if not heldout:
+        return "(no held-out run at a chosen setting yet)"
+    cells = cell_table(heldout)
     out = markdown_table(cells, 4)
     if len(gaps):
         out += "\n\n" + markdown_table(gaps, 4)
@@ -443,22 +450,7 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
     if not records:
         raise FileNotFoundError(f"no complete runs in {ctx.where(runs.spec.name)}; run `{command}`")
 
-    table = []
-    for (row, col, h), c in sorted(
-        cells.items(), key=lambda kv: (kv[0][2], kv[0][0], COLUMNS.index(kv[0][1]))
-    ):
-        table.append(
-            {
-                "steps": h,
-                "row": row,
-                "column": col,
-                "test_loss": c.mean,
-                "std": c.std,
-                "n": c.n,
-                "chosen": named(c.chosen),
-            }
-        )
-    df = pd.DataFrame(table)
+    df = cell_table(cells)
     gaps = gap_table(cells)
     positions = grid_positions(own)
     seeds = runs.spec.selection.heldout_seeds
