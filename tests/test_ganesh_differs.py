@@ -85,3 +85,6 @@ def test_the_section_says_how_far_the_differences_are_and_why_from_its_inputs():
         "Every one of the 2 statements checked on both tables has the paper's verdict here."
     )
     assert "needs the runs' diagnostics" in differs_section(_claims(ours_holds=False), pd.DataFrame(), None)
+    clean = _steps().assign(**{"median clean v / Phi": [0.3, 0.1, math.nan]})  # v^ carries clean signal
+    text = differs_section(_claims(ours_holds=False), clean, None)
+    assert "at most: 0.3. Above 0.01" in text and "DP-SGD with momentum does" not in text

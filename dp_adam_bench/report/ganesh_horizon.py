@@ -269,7 +269,7 @@ def gap_claims(gaps: pd.DataFrame) -> list[Claim]:
 
 def heldout_claims(gaps: pd.DataFrame, seeds) -> list[Claim]:
     """Per gap and horizon with held-out runs: the paper's sign beyond seed noise on the seeds no choice saw."""
-    named = ", ".join(map(str, sorted(seeds)))
+    seeds_text = ", ".join(map(str, sorted(seeds)))
     claims = []
     for _, g in gaps.iterrows():
         se = None if pd.isna(g.se) else float(g.se)
@@ -277,7 +277,7 @@ def heldout_claims(gaps: pd.DataFrame, seeds) -> list[Claim]:
             Claim(
                 f"[held-out seeds] {g.what}, {int(g.steps)} steps: negative (the paper's sign) beyond seed noise",
                 g.verdict == "paper's sign",
-                f"{g.difference:+.4f}" + ("" if se is None else f" ± {se:.4f}") + f" over seeds {named} "
+                f"{g.difference:+.4f}" + ("" if se is None else f" ± {se:.4f}") + f" over seeds {seeds_text} "
                 f"({int(g.n)} a cell), each cell at the setting seeds outside them chose",
             )
         )
