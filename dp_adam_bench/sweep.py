@@ -400,6 +400,8 @@ def run_sweep(
     if dry_run and launcher == "slurm":
         print(slurm_plan(experiment, profile, commands, overrides), flush=True)
     packed = not dry_run and local is not None and local.jobs > 1 and len(commands) > 1
+    if packed:  # composing every run's config takes ~0.1 s a run: say why nothing starts yet
+        print(f"sweep {experiment}: counting the pending runs of {len(commands)} multiruns ...", flush=True)
     per_command = [command_runs([cmd]) for cmd in commands] if packed else None
     tracker = None if dry_run else _sweep_progress(experiment, profile, commands, overrides, per_command)
     prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in env.items())

@@ -150,6 +150,9 @@ def test_ganesh_fig3_standard_error_and_seed_count_against_simulation():
     assert 2 * sd * np.sqrt(2 / need) <= d < 2 * sd * np.sqrt(2 / (need - 1))
     assert ganesh_fig3.standard_error(std, {a: 1, b: n}, a, b) is None  # one seed: no spread to use
     assert ganesh_fig3.seeds_to_separate(std, {a: n, b: n}, a, b, 0.0) is None
+    # a diverged run's NaN loss: no count (math.ceil(nan) used to raise, taking the whole report down)
+    assert ganesh_fig3.seeds_to_separate(std, {a: n, b: n}, a, b, float("nan")) is None
+    assert ganesh_fig3.seeds_to_separate({a: float("nan"), b: sd}, {a: n, b: n}, a, b, d) is None
 
 
 def test_pilots_report_chooses_per_group_and_checks_the_grid_edges(isolated_dirs):

@@ -92,10 +92,13 @@ def difference_se(std_a: float | None, n_a: int, std_b: float | None, n_b: int) 
 
 def seeds_to_separate(std_a: float | None, n_a: int, std_b: float | None, n_b: int, d: float) -> int | None:
     """Seeds per cell at which a difference ``d`` of means would be 2 standard errors, from the spread seen:
-    n > 8 s^2 / d^2 with s^2 the mean of the two sample variances. None when a cell has < 2 values or d = 0."""
-    if n_a < 2 or n_b < 2 or d == 0:
+    n > 8 s^2 / d^2 with s^2 the mean of the two sample variances. None when a cell has < 2 values, d = 0, or a
+    value is not finite (a diverged run's NaN loss)."""
+    if n_a < 2 or n_b < 2 or d == 0 or not math.isfinite(d):
         return None
     s2 = (_sample_variance(std_a, n_a) + _sample_variance(std_b, n_b)) / 2
+    if not math.isfinite(s2):
+        return None
     return max(2, math.ceil(8 * s2 / d**2))
 
 
@@ -172,9 +175,12 @@ def chosen_runs(records: list[RunRecord], cell: Cell, place, place_of) -> list[R
     ]
 
 
-def reported_on(cells: dict, records: list[RunRecord], place_of, metric: str) -> dict:
+def reported_on(cells: dict, records: list[RunRecord], place_of, metric: str, selection=None) -> dict:
     """``cells`` selected on one metric (a validation loss) holding another (``metric``, the test loss) over each
-    chosen setting's runs: mean, std and n; ``candidates`` keep the selection metric's means."""
+    chosen setting's runs: mean, std and n; ``candidates`` keep the selection metric's means. With the
+    ``selection`` the cells were chosen by, its held-out seeds' runs are left out (:func:`tuning_runs`), as they
+    were from the choice."""
+    records = tuning_runs(records, selection) if selection is not None else records
     out = {}
     for place, cell in cells.items():
         vals = [float(r.summary["metrics"][metric]) for r in chosen_runs(records, cell, place, place_of)]

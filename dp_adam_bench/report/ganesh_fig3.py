@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dp_adam_bench.report import aggregate
+from dp_adam_bench.report import aggregate, ganesh_horizon
 from dp_adam_bench.report.aggregate import Cell, difference_se, get, select_cells
 from dp_adam_bench.report.common import Claim, incomplete_note, load_paper, markdown_table, write_table
 from dp_adam_bench.report.context import ReportContext
@@ -170,7 +170,7 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
     )
     place = cell_locator(setting)
     if runs.spec.selection.metric != "test_loss":  # selected on val abstracts: the table gives the test loss
-        cells = aggregate.reported_on(cells, complete, place, "test_loss")
+        cells = aggregate.reported_on(cells, complete, place, "test_loss", runs.spec.selection)
     init_mean, init_std, init_n = initial_loss(complete)
 
     long_rows, ours, ours_std, ours_n, paper_vals = [], {}, {}, {}, {}
@@ -225,9 +225,10 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
     chosen = [r for p, c in cells.items() for r in aggregate.chosen_runs(complete, c, p, place)]
     steps = effective_steps(chosen, place)
     notes += [n for n in (order_reading(steps, list(COLUMNS)),) if n]
+    horizon = ganesh_horizon.study(ctx, setting)  # read once: the wider-grid note and the differs section
     if profile == "cpu":
-        notes += wider_grid_note(preset_runs(ctx, "ganesh_fig3_horizon").complete, setting, cells)
-    differs = differs_section(claims, steps, *_horizon_gaps(ctx, setting))
+        notes += wider_grid_note(horizon.runs.complete, setting, cells)
+    differs = differs_section(claims, steps, *_horizon_gaps(horizon))
     return write_table(
         TABLE_ID,
         df,
@@ -253,12 +254,9 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
     )
 
 
-def _horizon_gaps(ctx: ReportContext, setting: dict) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
+def _horizon_gaps(found) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
     """The horizon study's gap tables (results/ganesh_fig3_horizon.md): on the tuning seeds, and on its held-out
     seeds; None where it has no runs."""
-    from dp_adam_bench.report import ganesh_horizon  # it imports this module
-
-    found = ganesh_horizon.study(ctx, setting)
     gaps = ganesh_horizon.gap_table(found.cells) if found.cells else None
     held = ganesh_horizon.gap_table(found.heldout) if found.heldout else None
     return gaps, held
@@ -483,7 +481,7 @@ def wider_grid_note(horizon_runs, s: dict, cells: dict) -> list[str]:
     steps = steps_of(s["train_subset"], s)
     place = cell_locator(s)
     selection = sweep_spec("ganesh_fig3_horizon", "cpu").selection  # on val; its test loss reported
-    wider = aggregate.reported_on(select_cells(here, selection, place), here, place, "test_loss")
+    wider = aggregate.reported_on(select_cells(here, selection, place), here, place, "test_loss", selection)
     parts = []
     for (row, col), w in sorted(wider.items()):
         ours = cells.get((row, col))

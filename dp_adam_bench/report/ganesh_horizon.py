@@ -96,9 +96,8 @@ def horizon_cells(records, selection, setting: dict) -> dict[tuple[str, str, int
     if "task.train_subset" not in selection.per:  # the base table's rule: its cells are one horizon
         selection = dataclasses.replace(selection, per=(*selection.per, "task.train_subset"))
     locate = _locator(setting)
-    records = tuning_runs(records, selection)
     cells = select_cells(records, selection, locate)
-    return cells if selection.metric == REPORTED else reported_on(cells, records, locate, REPORTED)
+    return cells if selection.metric == REPORTED else reported_on(cells, records, locate, REPORTED, selection)
 
 
 def heldout_cells(records, cells: dict, selection, setting: dict) -> tuple[dict, list[str]]:
@@ -108,7 +107,7 @@ def heldout_cells(records, cells: dict, selection, setting: dict) -> tuple[dict,
     held = set(selection.heldout_seeds)
     runs = [r for r in records if get(r.config, "seed") in held]
     locate = _locator(setting)
-    out, stale = {}, []
+    scored, stale = {}, []
     for place, cell in cells.items():
         here = [r for r in runs if locate(r.config) == place]
         chosen = chosen_runs(here, cell, place, locate)
@@ -118,11 +117,8 @@ def heldout_cells(records, cells: dict, selection, setting: dict) -> tuple[dict,
                 where = "/".join(map(str, place))
                 stale.append(f"{where} seed {get(r.config, 'seed')}: ran {ran}, chosen {named(cell.chosen)}")
         if chosen:
-            vals = [float(r.summary["metrics"][REPORTED]) for r in chosen]
-            out[place] = dataclasses.replace(
-                cell, mean=float(np.mean(vals)), std=float(np.std(vals)), n=len(vals), values=vals
-            )
-    return out, stale
+            scored[place] = cell
+    return reported_on(scored, runs, locate, REPORTED), stale
 
 
 def _locator(setting: dict):
