@@ -3,11 +3,13 @@ fails the check it breaks, and the stated power against a 10 % error is what sim
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 
 import numpy as np
 import pytest
+import torch
 
 from dp_adam_bench.audit import meter
 from dp_adam_bench.audit.meter import (
@@ -21,6 +23,7 @@ from dp_adam_bench.audit.meter import (
     release_checks,
     release_stats,
 )
+from dp_adam_bench.engine.sampling import ShuffleSampler, SinglePassSampler
 
 
 def _meter(variant, noise, sampler, control=None, n=300, trials=8):
@@ -92,6 +95,106 @@ def test_planted_bugs_fail_the_check_they_break(control, check):
     c = CONTROLS.get(control)
     r = _meter(c.variant, c.noise, c.sampler, control, n=300 if control != "cycle_ignored" else 150, trials=4)
     assert not r.check(*check).passed, r.describe()
+
+
+# --- the sampling check's reference: the documented structure, not the sampler under test ------------------------
+class _ShiftedSinglePass(SinglePassSampler):
+    """One batch ahead of its documented order: step t draws the batch of step t + 1. Every example still comes
+    once per epoch, N // B steps apart, so its sensitivity and the participation ledger are as claimed; only the
+    order is not the documented one (planted here, never in the code)."""
+
+    def iter_from(self, step):
+        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed))
+        for t in range(step, self.steps):
+            i = (t + 1) % self.steps_per_epoch
+            yield order[i * self.batch_size : (i + 1) * self.batch_size]
+
+
+class _ReshuffledSinglePass(SinglePassSampler):
+    """A fresh permutation every epoch (the shuffle sampler's batches) while it calls itself single pass: the
+    min-separation that DP-MF's sensitivity assumes is gone."""
+
+    def iter_from(self, step):
+        return ShuffleSampler.iter_from(self, step)
+
+
+def _structure_of(batches, n):
+    out = np.zeros((len(batches), n), dtype=bool)
+    for t, idx in enumerate(batches):
+        out[t, idx.numpy()] = True
+    return out
+
+
+def test_sampling_reference_is_each_samplers_documented_structure_without_the_samplers_code():
+    """The reference of every kind matches what the honest sampler draws (fixed kinds exactly; cyclic Poisson's
+    draws inside their group's steps, every group the documented order[g::b]), computed with the sampler's batch
+    code and derived structures taken away."""
+    from dp_adam_bench.audit.meter import sampling_reference
+    from dp_adam_bench.engine.sampling import BallsInBinsSampler, CyclicPoissonSampler, PoissonSampler
+
+    samplers = [
+        SinglePassSampler(103, 10, epochs=3, seed=5),  # N mod B = 3 examples never drawn
+        SinglePassSampler(40, 8, epochs=2, seed=1, shuffle=False),
+        BallsInBinsSampler(97, 6, epochs=3, seed=2),
+        CyclicPoissonSampler(103, 5.0, steps=40, cycle_length=4, seed=3),
+        PoissonSampler(50, 5.0, steps=7, seed=1),
+    ]
+    for s in samplers:
+        drawn = _structure_of(list(s), s.n)
+        blind = copy.copy(s)  # no batches, no derived structure: only the public parameters
+        for name in ("groups", "members", "bins", "generator"):
+            blind.__dict__.pop(name, None)
+        blind.iter_from = None
+        ref = sampling_reference(blind, s.steps)
+        assert ref.shape == drawn.shape and not (drawn & ~ref).any(), s.kind
+        if s.kind in ("single_pass", "balls_in_bins"):
+            assert (drawn == ref).all(), s.kind
+        if s.kind == "cyclic_poisson":
+            assert all(np.flatnonzero(ref[g]).tolist() == sorted(s.groups[g].tolist()) for g in range(4))
+        if s.kind == "poisson":
+            assert ref.all()
+
+
+def test_an_index_outside_the_samplers_population_is_drawn_outside_its_structure():
+    """A batch index that is no private example (a held-out public example, or out of range) is outside every
+    structure. A public one used to be counted as the last private position (index -1): one extra example in a
+    Poisson batch, every example eligible, passed the rate check."""
+    from types import SimpleNamespace
+
+    from dp_adam_bench.audit.meter import _sampling_check
+    from dp_adam_bench.engine.sampling import PoissonSampler
+
+    s = PoissonSampler(60, 6.0, steps=20, seed=1)
+    population = np.arange(60)  # the task has 80 examples, the last 20 public
+    recs = [SimpleNamespace(idx=idx) for idx in s]
+    assert _sampling_check(recs, population, s, 80, 4.0).passed
+    for bad in (70, 80):
+        extra = [*recs[:3], SimpleNamespace(idx=torch.cat([recs[3].idx, torch.tensor([bad])])), *recs[4:]]
+        check = _sampling_check(extra, population, s, 80, 4.0)
+        assert not check.passed and check.estimate == 1.0, check.describe()
+
+
+@pytest.mark.parametrize("bug", [None, "shifted", "reshuffled"])
+def test_a_sampler_that_leaves_its_documented_order_fails_the_sampling_check(monkeypatch, bug):
+    """The meter's sampling reference used to be the sampler under test replayed (whitebox.eligible_steps), so a
+    single-pass sampler out of its documented order agreed with itself; the meter now re-derives the order from
+    the seed and fails it, and still passes the honest sampler."""
+    from dp_adam_bench.audit.whitebox import eligible_steps
+    from dp_adam_bench.engine import plan
+
+    if bug is not None:
+        broken = _ShiftedSinglePass if bug == "shifted" else _ReshuffledSinglePass
+        monkeypatch.setattr(plan, "SinglePassSampler", broken)
+        s = broken(300, 6, epochs=2, seed=3)
+        replayed = eligible_steps(s, np.arange(300), s.steps)  # the old reference: the bug agrees with itself
+        assert (replayed == _structure_of(list(s), 300)).all()
+    r = _meter("adam", "independent", "single_pass", trials=2)
+    sampling = r.check("sampling")
+    if bug is None:
+        assert sampling.passed and sampling.estimate == sampling.claimed == 600, r.describe()
+        return
+    assert not sampling.passed and "outside the sampler's public structure" in sampling.detail, r.describe()
+    assert sampling.estimate >= (600 if bug == "shifted" else 1), sampling.detail  # shifted: every pair
 
 
 def test_ime_free_inverted_is_only_an_accounting_bug():

@@ -1,5 +1,6 @@
 """Cyclic Poisson and balls-in-bins samplers: participation pattern, inclusion probability, exact resume, and the
-engine accepting them (plan, trainer, ledger, resume)."""
+engine accepting them (plan, trainer, ledger, resume); the Poisson-type samplers' inclusion probability exact below
+float32's resolution."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from dp_adam_bench.engine.sampling import BallsInBinsSampler, CyclicPoissonSampler
+from dp_adam_bench.engine.sampling import BallsInBinsSampler, CyclicPoissonSampler, PoissonSampler
 from dp_adam_bench.errors import ConfigError
 
 from helpers import ON_CPU, compose_cfg, tiny_poisson
@@ -115,6 +116,47 @@ def test_balls_in_bins_resumes_exactly():
     s = BallsInBinsSampler(40, 4, epochs=2, seed=5)
     s.load_state_dict(s.state_dict())
     assert all(torch.equal(x, y) for x, y in zip(list(s.iter_from(3)), full[3:], strict=True))
+
+
+# --- exact inclusion probability (Poisson, cyclic Poisson) ------------------------------------------------------------
+def _poisson_type(kind: str, n: int, q: float, steps: int, seed: int = 0):
+    """A Poisson sampler, or a cyclic Poisson one with a single group (b = 1: every example at every step), at q."""
+    if kind == "poisson":
+        return PoissonSampler(n, q * n, steps=steps, seed=seed)
+    return CyclicPoissonSampler(n, q * n, steps=steps, cycle_length=1, seed=seed)
+
+
+@pytest.mark.parametrize("kind", ["poisson", "cyclic_poisson"])
+def test_inclusion_probability_is_q_below_float32_resolution(kind):
+    """q = 2^-40, 1/65536 of float32's step 2^-24: 2^27 Bernoulli(q) draws hold about 1.2e-4 examples. With float32
+    uniforms (multiples of 2^-24; the samplers before issue 44) every uniform that is 0 is below q, a realised rate
+    of 2^-24 and about 8 draws: the exact binomial test below fails that with probability 1 - 9 e^-8 = 0.997 and an
+    exact sampler with probability 7e-9. (At q = 1.5 / 2^24, where float32 is +33 %, a count test with that power
+    needs about 5e9 draws, a minute; the rule itself is pinned at that q by the next test.)"""
+    from scipy import stats
+
+    n, steps, q = 2**22, 32, 2.0**-40
+    drawn = sum(len(idx) for idx in _poisson_type(kind, n, q, steps))
+    draws = n * steps
+    # two-sided exact binomial test, false alarm 1e-6
+    p = 2 * min(stats.binom.sf(drawn - 1, draws, q), stats.binom.cdf(drawn, draws, q))
+    assert p > 1e-6, f"{drawn} examples drawn in {draws} Bernoulli({q:.3g}) trials (expected {draws * q:.2g})"
+
+
+@pytest.mark.parametrize("q", [0.3, 1.5 * 2.0**-24])
+@pytest.mark.parametrize("kind", ["poisson", "cyclic_poisson"])
+def test_an_example_joins_when_a_float64_uniform_of_the_generator_is_below_q(kind, q):
+    """The inclusion rule, replayed on a generator seeded as the sampler's: u < q with u float64 (53 random bits, a
+    probability exact to 2^-53). Float32 uniforms fail it twice: other batches at q = 0.3 (another stream), and at
+    q = 1.5 / 2^24, where both rules draw nobody here, a generator that advanced 32 bits a draw instead of 64."""
+    n, steps, seed = 1000, 6, 4
+    s = _poisson_type(kind, n, q, steps, seed)
+    ref = torch.Generator().manual_seed(seed if kind == "poisson" else seed * 1_000_003 + 1)
+    members = torch.arange(n) if kind == "poisson" else s.groups[0]
+    for idx in s:
+        u = torch.rand(n, generator=ref, dtype=torch.float64)
+        assert torch.equal(idx, members[u < q])
+    assert torch.equal(s.generator.get_state(), ref.get_state())
 
 
 # --- the engine ------------------------------------------------------------------------------------------------------

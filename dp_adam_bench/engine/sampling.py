@@ -7,6 +7,11 @@
   mechanism *without* amplification). Because every epoch uses the same order, two participations of an example
   are exactly ``steps_per_epoch`` steps apart: the min-separation that BandMF's sensitivity needs
   (b <= steps_per_epoch). Reshuffling every epoch would break that guarantee, so it is not offered.
+
+The Poisson-type samplers include an example when a float64 uniform from their generator is below q (a Python
+float): the realised inclusion probability is ceil(q 2^53) / 2^53, at most 2^-53 (1.2e-16) above q. Float32
+uniforms (torch's default) are multiples of 2^-24, which rounds the probability up to ceil(q 2^24) / 2^24: +0.58 %
+at N = 1e7, B = 64 and +33 % at q = 1.5 / 2^24, more privacy spent than the accountant's q says.
 """
 
 from __future__ import annotations
@@ -18,6 +23,14 @@ import torch
 
 
 class SinglePassSampler:
+    """Fixed-size batches cycling through one seeded permutation (module docstring).
+
+    Definition (re-derived independently by the mechanism meter, :func:`dp_adam_bench.audit.meter.sampling_reference`):
+    order = ``torch.randperm(N, generator=torch.Generator().manual_seed(seed))`` (``torch.arange(N)`` without
+    ``shuffle``); step t (0-based) is ``order[i B : (i + 1) B]`` with i = t mod (N // B); the last N mod B examples
+    of the order are never drawn.
+    """
+
     kind = "single_pass"
     amplification = False
 
@@ -64,6 +77,17 @@ class SinglePassSampler:
 
 
 class PoissonSampler:
+    """Poisson sampling: at every step each of the N examples joins the batch independently with probability
+    q = B / N (B the expected batch size), the sampling the DP-SGD accountants assume.
+
+    Exactness of q: example i is in the batch when u_i < q, u_i a float64 uniform from the sampler's generator
+    (torch's doubles are multiples of 2^-53), so the realised inclusion probability is ceil(q 2^53) / 2^53: q up to
+    an excess below 2^-53 = 1.2e-16 absolute. Float32 uniforms, torch's default dtype, are multiples of 2^-24, and
+    the probability would be ceil(q 2^24) / 2^24 >= q: +0.58 % at N = 1e7, B = 64, +11.8 % at N = 5e7, B = 16,
+    +33 % at q = 1.5 / 2^24, all of it privacy that the accountant's q does not count. The generator state is the
+    resumable state (:meth:`state_dict`).
+    """
+
     kind = "poisson"
     amplification = True
 
@@ -91,7 +115,8 @@ class PoissonSampler:
     def iter_from(self, step: int) -> Iterator[torch.Tensor]:
         """Batches for steps ``step+1 .. steps``; the generator state is the resumable state (see state_dict)."""
         for _ in range(step, self._steps):
-            mask = torch.rand(self.n, generator=self.generator) < self.q
+            # float64 uniforms: the inclusion probability is q to 2^-53 (the class docstring)
+            mask = torch.rand(self.n, generator=self.generator, dtype=torch.float64) < self.q
             yield mask.nonzero().squeeze(1)
 
     def state_dict(self) -> dict:
@@ -133,7 +158,14 @@ class CyclicPoissonSampler:
     Guarantees (tested): the groups partition the examples (sizes differ by at most one); the batch of step t
     (0-based) holds only members of group t mod b, each included independently with probability
     q = b B / N, so an example's participations are at least b steps apart. The generator state and the
-    step are the resumable state; the partition depends on the seed only.
+    step are the resumable state; the partition depends on the seed only: group g is ``order[g::b]`` of
+    order = ``torch.randperm(N, generator=torch.Generator().manual_seed(seed))`` (the definition the mechanism
+    meter re-derives, :func:`dp_adam_bench.audit.meter.sampling_reference`).
+
+    Exactness of q: a member joins when a float64 uniform from the generator is below q, so the realised inclusion
+    probability is ceil(q 2^53) / 2^53, an excess below 2^-53 = 1.2e-16 absolute. Float32 uniforms (multiples of
+    2^-24) would round it up to ceil(q 2^24) / 2^24, as much as +33 % at q = 1.5 / 2^24 (see
+    :class:`PoissonSampler`).
     """
 
     kind = "cyclic_poisson"
@@ -183,7 +215,8 @@ class CyclicPoissonSampler:
         """Batches for steps ``step+1 .. steps``; the generator state is the resumable state (see state_dict)."""
         for t in range(step, self._steps):
             group = self.groups[t % self.cycle_length]
-            mask = torch.rand(len(group), generator=self.generator) < self.q
+            # float64 uniforms: the inclusion probability is q to 2^-53 (the class docstring)
+            mask = torch.rand(len(group), generator=self.generator, dtype=torch.float64) < self.q
             self.position = t + 1
             yield group[mask]
 
@@ -200,7 +233,9 @@ class BallsInBinsSampler:
 
     Guarantees (tested): an example appears at every step congruent to its bin modulo b and at no other, so
     ``epochs`` participations exactly b steps apart; P(bin = j) = 1 / b for every example and bin. No random
-    state beyond the seed: resuming is exact.
+    state beyond the seed: resuming is exact. The bins are ``torch.randint(b, (N,),
+    generator=torch.Generator().manual_seed(seed))`` (the definition the mechanism meter re-derives,
+    :func:`dp_adam_bench.audit.meter.sampling_reference`).
     """
 
     kind = "balls_in_bins"
