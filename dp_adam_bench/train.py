@@ -2,7 +2,9 @@
 
 Also ``dp-adam-bench train ...``. Hydra composes ``configs/``; every run writes one folder under
 ``runs/<experiment_name>/<run_id>/`` (see :mod:`dp_adam_bench.tracking.run_store`) and logs the same metrics to
-W&B (offline unless a key is set). A complete run folder is skipped, and a run with a checkpoint in its folder
+W&B (offline unless a key is set), except the ``diag/`` keys: diagnostics computed on the private training examples,
+outside the accounted release, which go to the run folder's ``private_diagnostics.jsonl`` only (and to W&B too with
+``logger.share_private_diagnostics=true``). A complete run folder is skipped, and a run with a checkpoint in its folder
 resumes from it, so a relaunched sweep only runs what is missing; ``train.force=true`` reruns the run from scratch
 (complete or not, its checkpoint ignored and removed), ``train.resume=false`` starts an incomplete run afresh.
 Ctrl-C stops a run with one line saying how to go on (exit code 130).
@@ -56,6 +58,7 @@ def train(cfg: DictConfig) -> dict | None:
 
     data = run_config(cfg)
     validate(data)
+    share = share_private_diagnostics(data)
     # force = from scratch: never resume (resume is an operational key, so the run id stays the same)
     if data["train"].get("force"):
         data["train"]["resume"] = False
@@ -113,9 +116,11 @@ def train(cfg: DictConfig) -> dict | None:
         mode=cfg.logger.wandb.mode,
         project=cfg.logger.wandb.project,
         entity=cfg.logger.wandb.entity,
+        share_private_diagnostics=share,
     )
 
     def log_both(step: int, metrics: dict) -> None:
+        # the folder splits the diag/ keys into private_diagnostics.jsonl; W&B gets them only when shared
         folder.log(step, metrics)
         wb.log(step, metrics)
 
@@ -138,6 +143,20 @@ def train(cfg: DictConfig) -> dict | None:
     if verdict != "consistent":  # recorded in summary.json first; then the run fails in one line
         raise PrivacyMismatch(f"{folder.path.name}: participation ledger: {verdict}")
     return summary
+
+
+def share_private_diagnostics(data: dict) -> bool:
+    """``logger.share_private_diagnostics`` of a run config (false when absent): whether the ``diag/`` keys and the
+    summary's records computed on private training examples (``PRIVATE_SUMMARY_KEYS`` of
+    :mod:`dp_adam_bench.tracking.wandb_logger`: self-check, engine probe and watch) also go to W&B. A ConfigError
+    (before the run folder exists) when it is not a boolean."""
+    value = (data.get("logger") or {}).get("share_private_diagnostics", False)
+    if not isinstance(value, bool):
+        raise ConfigError(
+            f"logger.share_private_diagnostics={value!r}; valid: false (the default: diagnostics computed on "
+            "private examples stay in the run folder) or true (also send them to W&B)"
+        )
+    return value
 
 
 def guarantee_line(g: dict) -> str:

@@ -23,6 +23,7 @@ from dp_adam_bench.engine.checkpoint import FILENAME
 from dp_adam_bench.engine.distributed import DistContext, SharedNoise, _buckets, _rank_device, setup
 from dp_adam_bench.privacy.mechanisms import IndependentMechanism
 from dp_adam_bench.tasks import registry
+from dp_adam_bench.tracking.run_store import read_metrics
 from dp_adam_bench.train import train
 
 from helpers import compose_cfg, tiny_poisson
@@ -110,7 +111,8 @@ def the_folder(runs: Path) -> Path:
 
 
 def metrics(folder: Path) -> list[dict]:
-    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    """The logged rows, ``diag/`` keys (private_diagnostics.jsonl) merged back by step."""
+    return read_metrics(folder)
 
 
 @pytest.fixture(scope="module")

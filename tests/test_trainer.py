@@ -8,6 +8,7 @@ import torch
 
 from dp_adam_bench.engine.checkpoint import FILENAME, CheckpointError
 from dp_adam_bench.tasks import registry
+from dp_adam_bench.tracking.run_store import read_metrics
 from dp_adam_bench.train import train
 
 from helpers import ON_CPU, compose_cfg, tiny_poisson
@@ -94,7 +95,7 @@ def test_epsilon_budget_stops_before_the_step_that_would_exceed_it(isolated_dirs
 def test_diagnostics_are_logged_under_diag_and_saved(isolated_dirs):
     train(compose_cfg([*BASE, "diagnostics.every=4", "optimizer=adambc"]))
     folder = folder_of(isolated_dirs)
-    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(folder)  # metrics.jsonl with private_diagnostics.jsonl merged back by step
     diag = [r for r in rows if "diag/frac_negative_after_bc" in r]
     assert [r["step"] for r in diag] == [4, 8]
     r = diag[-1]
@@ -110,9 +111,7 @@ def test_stp_diagnostics_follow_its_clip_and_scale(isolated_dirs):
     """A scale-then-privatize run logs its scaled per-example norms against C (consistent with the fraction
     clipped the trainer logs on the same step) and its scale's spread, bounded by 1 / eps_s1."""
     train(compose_cfg([*BASE, "diagnostics.every=4", "optimizer=stp", "optimizer.eps_s1=1e-3"]))
-    rows = [
-        json.loads(line) for line in (folder_of(isolated_dirs) / "metrics.jsonl").read_text().splitlines()
-    ]
+    rows = read_metrics(folder_of(isolated_dirs))
     diag = [r for r in rows if "diag/stp_scale_max" in r]
     assert [r["step"] for r in diag] == [4, 8]
     for r in diag:

@@ -3,7 +3,13 @@
 Layout of ``runs/<experiment>/<run_id>/``:
 
 * ``config.yaml`` — the resolved config the run used;
-* ``metrics.jsonl`` — one JSON object per logged step (``{"step": t, ...}``);
+* ``metrics.jsonl`` — one JSON object per logged step (``{"step": t, ...}``), without the ``diag/`` keys;
+* ``private_diagnostics.jsonl`` — the ``diag/`` keys of the same steps (``{"step": t, "diag/...": ...}``, only steps
+  that logged any): statistics computed on the private training examples (realised Poisson batch sizes, fractions
+  clipped, per-example norm quantiles, clean-gradient moments), outside the accounted release. NOT private: it
+  stays in the run folder, never goes to W&B unless ``logger.share_private_diagnostics=true``, and must not be
+  shared. :meth:`RunRecord.metrics` merges it back by step, so reports read one row per step as before (and run
+  folders written before the split, with ``diag/`` keys inside ``metrics.jsonl``, read the same);
 * ``ledger.json`` — the privacy ledger;
 * ``summary.json`` — written last, with ``status: complete``, final metrics, wall time, git commit, seed, and
   ``provenance`` (commit, package version, device, GPU, torch and CUDA versions, cores).
@@ -23,6 +29,7 @@ import json
 import math
 import os
 import socket
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,6 +104,84 @@ def run_id(cfg: dict) -> str:
     lr = opt.get("lr")
     lr_part = f"lr{lr:g}" if isinstance(lr, (int, float)) else "lrna"
     return f"{opt.get('name', 'opt')}-{noise.get('kind', 'noise')}-{lr_part}-s{cfg.get('seed', 0)}-{digest}"
+
+
+#: the file a run's diagnostics computed on private examples go to (see the module docstring)
+PRIVATE_DIAGNOSTICS_FILE = "private_diagnostics.jsonl"
+METRICS_FILE = "metrics.jsonl"
+#: metrics under this prefix are diagnostics computed on private examples: kept out of ``metrics.jsonl`` and W&B
+PRIVATE_PREFIX = "diag/"
+
+
+def is_private_key(key: str) -> bool:
+    """Whether a logged metric is a diagnostic computed on private examples (a ``diag/`` key)."""
+    return str(key).startswith(PRIVATE_PREFIX)
+
+
+def split_private(metrics: dict) -> tuple[dict, dict]:
+    """``(public, private)``: ``metrics`` less its ``diag/`` keys, and those keys."""
+    public = {k: v for k, v in metrics.items() if not is_private_key(k)}
+    private = {k: v for k, v in metrics.items() if is_private_key(k)}
+    return public, private
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` all at once: written to a temporary file in the same folder, flushed and
+    fsynced, then renamed over ``path`` (``os.replace``), and the folder fsynced. A reader, or a writer killed
+    half-way, sees the old file or the whole new one, never half of it. The new file keeps the old one's mode
+    (0644 for a new file)."""
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode & 0o777
+    except FileNotFoundError:
+        mode = 0o644
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make a rename in ``folder`` durable (best effort: some file systems refuse to open a directory)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The JSON objects of a ``.jsonl`` file, one a line (blank lines skipped); [] when there is no file."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def read_metrics(folder: Path) -> list[dict]:
+    """A run folder's logged rows, one per logged step: ``metrics.jsonl`` with each row's ``diag/`` keys from
+    ``private_diagnostics.jsonl`` merged back in by step. Rows of the private file at a step ``metrics.jsonl`` does
+    not have are not returned (every logged step writes its ``metrics.jsonl`` row first); a folder without the
+    private file (written before the split) reads as its ``metrics.jsonl``."""
+    folder = Path(folder)
+    rows = read_jsonl(folder / METRICS_FILE)
+    private = {r["step"]: r for r in read_jsonl(folder / PRIVATE_DIAGNOSTICS_FILE)}  # the last row of a step
+    if not private:
+        return rows
+    return [{**r, **{k: v for k, v in private.get(r["step"], {}).items() if k != "step"}} for r in rows]
 
 
 def json_safe(obj):
@@ -208,6 +293,7 @@ class RunFolder:
         self.path = Path(path)
         self.lock = lock
         self.start = time.time()
+        self._logged = False  # whether this writer has logged a row yet
 
     @staticmethod
     def folder(root: Path, experiment: str, run: str) -> Path:
@@ -235,18 +321,31 @@ class RunFolder:
         folder = cls(path, lock)
         # metrics.jsonl is kept: a resumed run truncates it to its checkpoint; a fresh start removes it
         (path / "summary.json").unlink(missing_ok=True)
-        with open(path / "config.yaml", "w") as fh:
-            yaml.safe_dump(cfg, fh, sort_keys=False)
+        atomic_write_text(path / "config.yaml", yaml.safe_dump(cfg, sort_keys=False))
         return folder
 
     def log(self, step: int, metrics: dict) -> None:
-        with open(self.path / "metrics.jsonl", "a") as fh:
-            fh.write(json.dumps(json_safe({"step": step, **metrics})) + "\n")
+        """Append one logged step: ``{"step": step, ...}`` less the ``diag/`` keys to ``metrics.jsonl`` (always, so
+        that it has a row per logged step), and the ``diag/`` keys, if any, to ``private_diagnostics.jsonl``.
+
+        ``metrics.jsonl`` is written first: a writer killed between the two leaves a step without its diagnostics,
+        never diagnostics without their step. At this writer's first row, a private file beside no
+        ``metrics.jsonl`` is left from an earlier attempt that this one does not resume (the trainer removes
+        ``metrics.jsonl`` when it starts afresh and truncates both files when it resumes): it is removed."""
+        public, private = split_private(metrics)
+        if not self._logged:
+            self._logged = True
+            if not (self.path / METRICS_FILE).exists():
+                (self.path / PRIVATE_DIAGNOSTICS_FILE).unlink(missing_ok=True)
+        with open(self.path / METRICS_FILE, "a") as fh:
+            fh.write(json.dumps(json_safe({"step": step, **public})) + "\n")
+        if private:
+            with open(self.path / PRIVATE_DIAGNOSTICS_FILE, "a") as fh:
+                fh.write(json.dumps(json_safe({"step": step, **private})) + "\n")
 
     def write_json(self, name: str, payload: dict) -> None:
-        tmp = self.path / f".{name}.tmp"
-        tmp.write_text(json.dumps(json_safe(payload), indent=2))
-        tmp.replace(self.path / name)
+        """Write ``<folder>/<name>`` atomically (:func:`atomic_write_text`)."""
+        atomic_write_text(self.path / name, json.dumps(json_safe(payload), indent=2))
 
     def finish(self, summary: dict, seed: int, device=None) -> dict:
         """Write ``summary.json`` (last) and release the lock. ``device``: what the run computed on, recorded with
@@ -292,10 +391,8 @@ class RunRecord:
         return bool(self.summary) and self.summary.get("status") == "complete"
 
     def metrics(self) -> list[dict]:
-        f = self.path / "metrics.jsonl"
-        if not f.exists():
-            return []
-        return [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+        """One row per logged step, the ``diag/`` keys merged back in (:func:`read_metrics`)."""
+        return read_metrics(self.path)
 
 
 def is_complete(path: Path) -> bool:

@@ -1,5 +1,13 @@
 """W&B adapter: the same metrics as ``metrics.jsonl``, offline by default.
 
+What does not go to W&B (W&B dashboards are shared): the ``diag/`` keys, statistics computed on the private
+training examples outside the accounted release (the realised Poisson batch size, a count of sensitivity 1; the
+fraction clipped; per-example norm quantiles; clean-gradient moments), and the summary's ``self_check``,
+``engine_probe`` and ``engine_watch`` records (floating-point errors of the clipping engine measured on private
+examples, :data:`PRIVATE_SUMMARY_KEYS`). The run folder keeps them (``private_diagnostics.jsonl``,
+``summary.json``). ``share_private_diagnostics=True`` (``logger.share_private_diagnostics=true``) sends them too, for
+a project whose dashboards only its owner reads.
+
 Settings (:func:`resolve_settings`): a value set in the config (``logger.wandb.*``) is used as given; for a field
 left null the standard W&B environment variable wins over our default:
 
@@ -18,9 +26,10 @@ a sweep without reading configs:
 * ``tags`` = experiment, task, optimizer, mechanism (noise kind) and profile, for the run table's tag filter.
 
 At the end the run's summary mirrors ``summary.json`` (status, metrics, trials, epsilon per accountant, steps,
-privacy notes...), both as top-level keys for the UI and, losslessly, as one JSON string under
-:data:`SUMMARY_JSON_KEY`: with the config and the history, a W&B run alone rebuilds the run store's
-``RunRecord`` (:mod:`dp_adam_bench.tracking.wandb_source`), so reports can read runs made on another machine.
+privacy notes...; less its private records, above), both as top-level keys for the UI and, losslessly, as one JSON
+string under :data:`SUMMARY_JSON_KEY`: with the config and the history, a W&B run alone rebuilds the run store's
+``RunRecord`` (:mod:`dp_adam_bench.tracking.wandb_source`), so reports can read runs made on another machine;
+without its ``diag/`` keys unless they were shared (the W&B reader says so when a report reads such runs).
 """
 
 from __future__ import annotations
@@ -29,9 +38,14 @@ import json
 import os
 from pathlib import Path
 
+from dp_adam_bench.tracking.run_store import split_private
+
 # The summary.json of the run, verbatim, in the W&B summary (nested W&B summary values are not guaranteed to come
 # back from the API exactly as written, a JSON string is).
 SUMMARY_JSON_KEY = "run_summary_json"
+#: summary.json records computed on private examples (engine/self_check.py, engine/probe.py, engine/watch.py): not
+#: sent to W&B unless private diagnostics are shared
+PRIVATE_SUMMARY_KEYS = ("self_check", "engine_probe", "engine_watch")
 # W&B refuses tags and job types longer than this.
 _MAX_LABEL = 64
 
@@ -103,9 +117,16 @@ class WandbLogger:
         tags: list[str] | None = None,
         project: str | None = None,
         entity: str | None = None,
+        share_private_diagnostics: bool = False,
     ):
         """``group`` and ``tags`` default to :func:`run_labels`; tags given are kept, the standard ones added;
-        ``mode``, ``project``, ``entity``: see :func:`resolve_settings`."""
+        ``mode``, ``project``, ``entity``: see :func:`resolve_settings`. ``share_private_diagnostics``: also send
+        the ``diag/`` keys and the summary's private records (the module docstring); off by default."""
+        if not isinstance(share_private_diagnostics, bool):
+            raise ValueError(
+                f"logger.share_private_diagnostics must be true or false, got {share_private_diagnostics!r}"
+            )
+        self.share_private_diagnostics = share_private_diagnostics
         self.settings = resolve_settings(mode=mode, project=project, entity=entity, run_dir=run_dir)
         self.mode = self.settings["mode"]
         self.run_dir = Path(run_dir)
@@ -131,20 +152,40 @@ class WandbLogger:
             reinit="finish_previous",
         )
 
+    def shared(self, metrics: dict) -> dict:
+        """What of ``metrics`` goes to W&B: all of it when private diagnostics are shared, else the non-``diag/``
+        keys."""
+        return dict(metrics) if self.share_private_diagnostics else split_private(metrics)[0]
+
+    def shared_summary(self, payload: dict) -> dict:
+        """``payload`` (a run summary) as W&B receives it: without :data:`PRIVATE_SUMMARY_KEYS` and the ``diag/``
+        keys of its ``metrics``, unless private diagnostics are shared."""
+        if self.share_private_diagnostics:
+            return dict(payload)
+        out = {k: v for k, v in payload.items() if k not in PRIVATE_SUMMARY_KEYS}
+        if isinstance(out.get("metrics"), dict):
+            out["metrics"] = self.shared(out["metrics"])
+        return self.shared(out)
+
     def log(self, step: int, metrics: dict) -> None:
+        """Log one step's metrics, less what is not shared (:meth:`shared`); nothing when that leaves nothing."""
         if self.run is not None:
-            self.run.log(metrics, step=step)
+            shared = self.shared(metrics)
+            if shared:
+                self.run.log(shared, step=step)
 
     def summary(self, values: dict) -> None:
+        """Set W&B summary keys, less what is not shared (:meth:`shared_summary`)."""
         if self.run is not None:
-            for k, v in values.items():
+            for k, v in self.shared_summary(values).items():
                 self.run.summary[k] = v
 
     def _mirror_run_summary(self) -> None:
         """Copy the run folder's ``summary.json`` into the W&B summary, if the run wrote one.
 
         Read from the folder, not passed in, so that W&B carries exactly what the run store holds: a run that
-        failed before ``summary.json`` gets no ``status`` in W&B either, and is incomplete in both.
+        failed before ``summary.json`` gets no ``status`` in W&B either, and is incomplete in both. Less what is
+        not shared (:meth:`shared_summary`): then the JSON string is the shared part, re-serialised.
         """
         path = self.run_dir / "summary.json"
         if not path.exists():
@@ -154,8 +195,9 @@ class WandbLogger:
             payload = json.loads(text)
         except (OSError, json.JSONDecodeError):
             return
-        self.summary(payload)
-        self.run.summary[SUMMARY_JSON_KEY] = text
+        shared = self.shared_summary(payload)
+        self.summary(shared)
+        self.run.summary[SUMMARY_JSON_KEY] = text if shared == payload else json.dumps(shared, indent=2)
 
     def finish(self) -> None:
         if self.run is not None:

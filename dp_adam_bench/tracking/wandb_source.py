@@ -11,6 +11,15 @@ becomes one record:
 * ``metrics()`` — the run's full history (``scan_history``, never the sampled ``history``), one row per logged
   step with ``step`` = W&B's ``_step``, fetched when first asked for.
 
+What W&B does not have: the ``diag/`` keys (diagnostics computed on private examples) of runs logged with
+``logger.share_private_diagnostics=false``, the default, and their summaries' records computed on private examples
+(:data:`~dp_adam_bench.tracking.wandb_logger.PRIVATE_SUMMARY_KEYS`). Such a record says so
+(:attr:`WandbRunRecord.diagnostics_shared` is False), and :func:`dp_adam_bench.tracking.sources.load_runs` prints a
+note naming them: a table built from ``diag/`` keys (tang_table1 and tang_fig2, ganesh_figs4_6, ganesh_steps,
+ganesh_horizon, ganesh_fig3's scale-then-privatize section) needs their run folders (``--source local``, or
+``both`` with the folders present). Runs logged before the split (no such key in their config) did send their
+``diag/`` keys and read as shared.
+
 One run id can have several W&B runs: a run killed and resumed from its checkpoint, or rerun with
 ``train.force=true``, starts a new W&B run under the same name. The local store has one folder per run id, so the
 W&B runs of one name are folded into one record: the summary of the latest complete one (else the latest), and a
@@ -62,6 +71,13 @@ class WandbRunRecord(RunRecord):
         super().__init__(path, config, summary)
         self._history_runs = history_runs
         self._rows: list[dict] | None = None
+
+    @property
+    def diagnostics_shared(self) -> bool:
+        """Whether the run sent its ``diag/`` keys to W&B: ``logger.share_private_diagnostics`` of its config, True
+        for a run logged before that key existed (it sent them all)."""
+        logger = (self.config or {}).get("logger") or {}
+        return bool(logger.get("share_private_diagnostics", True))
 
     def metrics(self) -> list[dict]:
         import wandb
