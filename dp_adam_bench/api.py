@@ -196,6 +196,7 @@ def make_private(
     seed: int = 0,
     secure_rng: bool = False,
     self_check: bool = True,
+    engine_watch_every: int | str = "auto",
 ) -> PrivateTraining:
     """Make ``model`` train privately on ``dataset``: returns a :class:`PrivateTraining` whose ``step()`` draws the
     batch the accountant assumes, clips each example's gradient (``clipping``: ``bk``, ``ghost``, ``hooks``,
@@ -246,6 +247,10 @@ def make_private(
     ``self_check``: before the first step, the engine's per-example norms and clipped sum for a few of your
     examples are compared with the loop over batches of size one on your model; a mismatch refuses the run before
     any noise is released (``private.self_check`` holds the measured error). ``False`` skips it.
+    ``engine_watch_every``: the engine probe (and the self-check, when on) again on the weights training reaches
+    and random examples (:mod:`dp_adam_bench.engine.watch`): ``"auto"`` within 2 % of the measured step time, an
+    integer N every N steps, 0 only after :meth:`~PrivateTraining.load_state_dict`. A failure raises
+    :class:`~dp_adam_bench.engine.watch.EngineCheckFailed` from ``step()`` before its release.
     Seeds: ``seed`` fixes the sampler, the noise and dropout (this re-seeds torch's global generator);
     ``secure_rng=True`` draws them from the OS CSPRNG instead (for real private data; not reproducible).
 
@@ -312,6 +317,7 @@ def make_private(
     if not isinstance(self_check, bool):
         raise ConfigError(f"self_check={self_check!r} must be True or False")
     train["self_check"] = dict(train.get("self_check") or {}, enabled=self_check)
+    train["engine_watch"] = dict(train.get("engine_watch") or {}, every=engine_watch_every)
     if physical_batch_size is not None:
         train["physical_batch_size"] = physical_batch_size
     if steps is not None and epochs is not None:
@@ -368,6 +374,7 @@ _API_NAMES = {
     "train.lr_warmup_steps": "lr_warmup_steps",
     "train.self_check.enabled": "self_check",
     "train.self_check": "self_check",
+    "train.engine_watch.every": "engine_watch_every",
     "optimizer.name": "optimizer",
     "optimizer.lr": "lr",
     "optimizer.weight_decay": "weight_decay",

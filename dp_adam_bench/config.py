@@ -189,7 +189,12 @@ def validate(cfg: Mapping, *, custom_task: bool = False) -> None:
         )
     boolean(cfg, "train.self_check.enabled", default=True)
     integer(cfg, "train.self_check.examples", low=1, default=4)
-    number(cfg, "train.self_check.tolerance", low=0, low_open=True, default=0.01)
+    number(cfg, "train.self_check.tolerance", low=0, low_open=True, default=0.001)
+    every = _get(cfg, "train.engine_watch.every", "auto")
+    if every != "auto":
+        integer(cfg, "train.engine_watch.every", low=0, default=0)
+    number(cfg, "train.engine_watch.budget", low=0, high=1, default=0.02)
+    choice(cfg, "train.noise_check", ("stop", "record"), default="stop")
     ACCOUNTANTS.check(_get(cfg, "privacy.accountant", "rdp"))
     boolean(cfg, "privacy.secure_rng")
     if noise.private:

@@ -101,3 +101,25 @@ def test_corrupt_and_missing_checkpoints(tmp_path):
     (tmp_path / FILENAME).write_bytes(b"not a checkpoint")
     with pytest.raises(CheckpointError, match="corrupt or unreadable.*delete it"):
         ckpt.load(tmp_path, "f" * 40)
+
+
+def test_save_fsyncs_the_file_before_the_rename_and_the_folder_after(tmp_path, monkeypatch):
+    """Durable as well as atomic: the bytes reach the disk before the name points at them, and the rename is
+    flushed with the folder, so a machine crash right after a save leaves a whole checkpoint behind the name."""
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.fstat(fd).st_ino))
+        real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("replace", os.stat(src).st_ino))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    path = ckpt.save(tmp_path, payload())
+    written = path.stat().st_ino
+    assert events == [("fsync", written), ("replace", written), ("fsync", tmp_path.stat().st_ino)]
+    assert ckpt.load(tmp_path, "f" * 40)["step"] == 4

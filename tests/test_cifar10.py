@@ -368,3 +368,69 @@ def test_real_jpeg_archive_decodes_to_cifar10():
     assert np.bincount(y_tr).tolist() == [5000] * 10 and np.bincount(y_te).tolist() == [1000] * 10
     means = x_tr.reshape(-1, 3).mean(0) / 255.0
     assert np.allclose(means, c10.MEAN, atol=1e-3)  # SOURCE.md: (0.49125, 0.48209, 0.44652) vs canonical
+
+
+def augmented_run(data_dir, name: str, *extra: str) -> list[str]:
+    """Overrides of a short private CNN5 run with augmentation on the fixture images, checkpointed every 2 steps."""
+    from helpers import ON_CPU
+
+    return [
+        "task=cifar10_cnn",
+        "task.source=pickle",
+        f"task.data_dir={data_dir}",
+        "task.augment=true",
+        "task.eval_batch_size=10",
+        f"experiment_name={name}",
+        "optimizer=adam",
+        "optimizer.lr=0.01",
+        "noise=independent",
+        "privacy.sigma=1.0",
+        "privacy.clip=1.0",
+        "train.sampler=poisson",
+        "train.batch_size=4",
+        "train.steps=4",
+        "train.physical_batch_size=4",
+        "train.checkpoint_every=2",
+        "logger.wandb.mode=disabled",
+        ON_CPU,
+        *extra,
+    ]
+
+
+def test_an_augmented_run_killed_and_resumed_ends_with_the_uninterrupted_run_weights(isolated_dirs, arrays):
+    """The augmentation generator is in the checkpoint (``Cifar10CNN.rng_state``): without it the resumed run
+    flipped and cropped other images than the uninterrupted one and ended with other weights."""
+    from dp_adam_bench.engine import checkpoint as ckpt
+    from dp_adam_bench.train import train
+
+    from helpers import compose_cfg
+
+    data = write_pickle_folder(isolated_dirs / "py", arrays)
+    full = train(compose_cfg(augmented_run(data, "full")))
+    with pytest.raises(KeyboardInterrupt):
+        train(compose_cfg(augmented_run(data, "killed", "train.stop_after=2")))
+    (path,) = (isolated_dirs / "runs" / "killed").glob(f"*/{ckpt.FILENAME}")
+    saved = torch.load(path, weights_only=False)
+    resumed = train(compose_cfg(augmented_run(data, "killed")))
+    assert resumed["steps"] == 4 and resumed["final_params_sha1"] == full["final_params_sha1"]
+    assert list(saved["task_rng"][0]) == ["augment"] and "rank 0 task 'augment'" in saved["rng_fingerprints"]
+
+
+def test_a_restore_that_forgets_the_augmentation_generator_refuses_to_resume(
+    isolated_dirs, arrays, monkeypatch
+):
+    from dp_adam_bench.engine.checkpoint import CheckpointError
+    from dp_adam_bench.train import train
+
+    from helpers import compose_cfg
+
+    data = write_pickle_folder(isolated_dirs / "py", arrays)
+    with pytest.raises(KeyboardInterrupt):
+        train(compose_cfg(augmented_run(data, "forgot", "train.stop_after=2")))
+    monkeypatch.setattr(Cifar10CNN, "load_rng_state", lambda self, state: None)  # the planted bug
+    with pytest.raises(
+        CheckpointError,
+        match=r"^resume: the rank 0 task 'augment' generator after loading is not the one saved at step 2 .*"
+        r"refusing to resume$",
+    ):
+        train(compose_cfg(augmented_run(data, "forgot")))

@@ -261,6 +261,38 @@ def test_the_rate_test_has_its_stated_false_alarm_and_power():
     assert np.mean([not rate_test(int(t), draws, q)["ok"] for t in rng.binomial(draws, q * 2, 100)]) == 1
 
 
+def test_the_rate_check_says_what_excess_of_q_it_can_see():
+    """The rate check's detail states r_99, the relative excess of q it detects with probability 0.99 at the run's
+    size, and whether that is within 1 %: the toy run's 30 steps of N = 200 at q = 0.1 (6,000 Bernoulli trials)
+    pass it while blind to anything under about 29 %; the verdict does not change. The honest run's record is made
+    here from its plan and sampler (no training: nothing but the sampling is under test)."""
+    from types import SimpleNamespace
+
+    from dp_adam_bench.engine.participation import rate_visibility, reconcile
+
+    plan = trainer.build(cfg_of(*POISSON)).plan
+    part = ParticipationLedger(plan.sampler.n)
+    for idx in plan.sampler:
+        part.observe(idx)
+    part.observe_releases([SimpleNamespace(step=plan.steps)])
+    p = reconcile(part, plan, plan.ledger_after(), 1, plan.steps)
+    (rate,) = [c for c in p["checks"] if c["check"] == "rate"]
+    r99 = p["rate_test"]["r99"]
+    assert p["verdict"] == "consistent" and rate["ok"] and 0.25 < r99 < 0.35, p["verdict"]
+    assert rate["detail"].endswith(
+        f"cannot see a 1 % excess at this run's size: it sees r99 = {100 * r99:.3g} % (the relative excess of q "
+        "detected with probability 0.99)"
+    ), rate["detail"]
+    # r_99 ~ 7.218 / sqrt(M q / (1 - q)) crosses 1 % at M q / (1 - q) ~ 521,000: at q = 0.1, M ~ 4.7M trials
+    big, small = rate_test(500_000, 5_000_000, 0.1), rate_test(47_000, 470_000, 0.1)
+    assert big["ok"] and big["r99"] <= 0.01 < small["r99"]
+    assert rate_visibility(big["r99"]).endswith("with probability 0.99: can see a 1 % excess")
+    assert rate_visibility(small["r99"]).startswith(
+        "cannot see a 1 % excess at this run's size: it sees r99 = 3."
+    )
+    assert rate_visibility(math.inf).startswith("cannot see a 1 % excess at this run's size: no excess of q")
+
+
 def test_cost_for_a_large_dataset():
     """N = 1.7M: 12 bytes an example (20.4 MB); a step of B = 1,024 costs well under a millisecond (the sampler's
     own torch.rand(N) of a Poisson step is several)."""

@@ -66,8 +66,9 @@ from dp_adam_bench.registry import Registry
 
 
 def rebuilt(cls: type[Privatizer], p: Privatizer) -> Privatizer:
-    """A ``cls`` privatizer with everything ``p`` was built with."""
-    return cls(
+    """A ``cls`` privatizer with everything ``p`` was built with (its noise check too: a broken privatizer is
+    watched like the one it replaces)."""
+    q = cls(
         clip=p.clip,
         sigma=p.sigma,
         expected_batch_size=p.B,
@@ -76,6 +77,10 @@ def rebuilt(cls: type[Privatizer], p: Privatizer) -> Privatizer:
         trial_dims=p.trial_dims,
         keep_clean=p.keep_clean,
     )
+    q.noise_check = p.noise_check
+    if q.noise_check is not None:  # recorded, not raised: the audit runs the control to its end, and the
+        q.noise_check.stop = False  # participation ledger's noise check names it among what caught it
+    return q
 
 
 class ScaledNoisePrivatizer(Privatizer):

@@ -13,13 +13,14 @@ side-information examples, an evaluation, and the extra summary fields of their 
 from __future__ import annotations
 
 import inspect
+import math
 
 import torch
 
 from dp_adam_bench.engine.engines import build_engine
 from dp_adam_bench.engine.privatizer import Privatizer, Release
-from dp_adam_bench.engine.probe import probe
-from dp_adam_bench.engine.self_check import DEFAULT_EXAMPLES, DEFAULT_TOLERANCE, self_check, tolerance_for
+from dp_adam_bench.engine.probe import clipped_sum, probe
+from dp_adam_bench.engine.self_check import DEFAULT_TOLERANCE, self_check, tolerance_for
 from dp_adam_bench.errors import ConfigError
 
 
@@ -164,28 +165,80 @@ class ModelBackend:
             torch.device(self.device).type, dtype=torch.bfloat16, enabled=self.precision == "bf16"
         )
 
-    def self_check(self, population: torch.Tensor, clip: float | None, settings) -> dict:
-        """The engine against the size-one loop on the first ``train.self_check.examples`` examples of the private
-        population (:mod:`dp_adam_bench.engine.self_check`); raises ConfigError on a mismatch."""
+    def self_check(self, examples: torch.Tensor, clip: float | None, settings) -> dict:
+        """The engine against the size-one loop on the private ``examples`` (dataset indices, chosen at random by
+        :class:`~dp_adam_bench.engine.watch.EngineWatch`; :mod:`dp_adam_bench.engine.self_check`); raises
+        ConfigError on a mismatch. Under bf16 it compares the autocast path at the bf16 tolerance and the full fp32
+        path at the configured one."""
         settings = settings or {}
         if not settings.get("enabled", True):
             return {"enabled": False}
-        k = min(int(settings.get("examples", DEFAULT_EXAMPLES)), len(population))
-        if k == 0:
+        if len(examples) == 0:
             return {"enabled": True, "examples": 0}
-        batch = {name: v.to(self.device) for name, v in self.task.get_batch(population[:k]).items()}
-        tol = tolerance_for(settings.get("tolerance", DEFAULT_TOLERANCE), self.precision)
-        record = self_check(self.engine, batch, clip, tol, autocast=self._autocast)
+        batch = {name: v.to(self.device) for name, v in self.task.get_batch(examples).items()}
+        configured = float(settings.get("tolerance", DEFAULT_TOLERANCE))
+        tol = tolerance_for(configured, self.precision)
+        fp32_tol = configured if self.precision == "bf16" else None
+        record = self_check(self.engine, batch, clip, tol, autocast=self._autocast, fp32_tolerance=fp32_tol)
         return record | {"precision": self.precision}
 
-    def probe(self, population: torch.Tensor) -> dict:
-        """The engine's unclipped gradient and norm of the population's first example against autograd's
+    def probe(self, examples: torch.Tensor, generator: torch.Generator | None = None) -> dict:
+        """The engine's unclipped gradient and norm of the first of ``examples`` whose gradient is not all zero
+        against autograd's
         (:mod:`dp_adam_bench.engine.probe`), whether or not the self-check is on: refuses a parameter the engine
-        does not see every use of."""
-        if not len(population):
+        does not see every use of; ``generator`` perturbs the weights for parameters whose gradient is zero."""
+        if not len(examples):
             return {"examples": 0}
-        first = {k: v.to(self.device) for k, v in self.task.get_batch(population[:1]).items()}
-        return probe(self.engine, first)
+        for i in range(
+            len(examples)
+        ):  # the first example whose gradient is not all zero (a masked-out example's is)
+            one = {k: v.to(self.device) for k, v in self.task.get_batch(examples[i : i + 1]).items()}
+            record = probe(self.engine, one, generator)
+            if len(record["unverified"]) < len(self.params):
+                break
+        return record
+
+    def dry_pass(self, examples: torch.Tensor, clip: float | None) -> None:
+        """One engine pass on two of ``examples`` exactly as a training step makes it (train mode, dropout as
+        configured, the step's autocast) under a forked random state, releasing nothing: what the engine refuses
+        only on the training path (a module without a bk rule whose forward draws dropout masks; the probe and
+        the self-check set dropout to 0) is refused here, before the run folder exists, not at the first step."""
+        if not len(examples):
+            return
+        batch = {k: v.to(self.device) for k, v in self.task.get_batch(examples[:2]).items()}
+        devices = [self.device] if torch.device(self.device).type == "cuda" else []
+        training = self.model.training
+        try:
+            with torch.random.fork_rng(devices=devices), self._autocast():
+                self.model.train()
+                clipped_sum(self.engine, batch, clip)
+        finally:
+            self.model.train(training)
+
+    def engine_check(self, examples: torch.Tensor, generator, clip: float | None, settings) -> dict:
+        """:meth:`probe` and :meth:`self_check` on ``examples`` (the check of :class:`EngineWatch`): ``{"probe",
+        "self_check", "max_rel_error", "unverified"}``; a parameter is unverified when neither saw its gradient
+        non-zero (the probe's perturbed weights included)."""
+        # the task's own random state (augmentation) as the check found it: a check reads examples through
+        # get_batch, and the run's result must not depend on how many checks it made
+        saved = self.task.rng_state() if hasattr(self.task, "rng_state") else None
+        try:
+            self.dry_pass(examples, clip)
+            probed = self.probe(examples, generator)
+            check = self.self_check(examples, clip, settings)
+        finally:
+            if saved is not None:
+                self.task.load_rng_state(saved)
+        unverified = set(probed.get("unverified", []))
+        if check.get("examples"):
+            unverified &= set(check.get("unverified", []))
+        errs = [r["max_rel_error"] for r in (probed, check) if "max_rel_error" in r]
+        return {
+            "probe": probed,
+            "self_check": check,
+            "max_rel_error": max(errs) if errs else math.nan,
+            "unverified": sorted(unverified),
+        }
 
     def clipped_fraction(self, clip: float | None) -> dict:
         """Diagnostic: the fraction of the last step's examples whose norm exceeded C (a collective under DDP)."""

@@ -1,9 +1,14 @@
 """Checkpoints: everything a run needs to continue bit-identically after a kill.
 
 Saved: step, model parameters, optimizer-variant state, the privatizer's noise-mechanism streaming state
-(generators and BandMF/BLT buffers), the sampler state, the privacy ledger, the diagnostics' shadow state, torch's
-global RNG state, and a fingerprint of the run config. Written atomically (tmp file + rename), so a kill during a
-save leaves the previous checkpoint intact.
+(generators and BandMF/BLT buffers), the sampler state, the privacy ledger, the participation ledger, the
+diagnostics' shadow state, torch's global RNG state (every rank's), the side-information generator, the engine
+watch's state (its check-examples generator), the task's own generators (every rank's; e.g. cifar10_cnn's
+augmentation, ``tasks/base.py``), a digest of every one of those generators taken from the live objects (compared
+with the restored ones on resume: :func:`dp_adam_bench.engine.session.verify_restored_generators`), and a
+fingerprint of the run config. Written atomically and durably: a tmp file, fsynced, renamed over the checkpoint,
+then the folder fsynced (where the OS allows opening a directory), so neither a kill during a save nor a crash of
+the machine after it leaves a truncated or half-written checkpoint behind the name; at worst the previous one.
 
 Loading never runs code from the file: it unpickles with ``torch.load(weights_only=True)``, which rebuilds only
 tensors, torch dtypes / sizes / devices and plain containers and scalars (dict, list, tuple, str, int, float, bool,
@@ -72,6 +77,8 @@ def _reason(err: Exception) -> str:
 
 
 def save(folder: Path, payload: dict) -> Path:
+    """Write ``payload`` as the checkpoint of ``folder``, atomically and durably (the module docstring); refuses,
+    keeping the previous checkpoint, what :func:`load` would refuse to read."""
     path = Path(folder) / FILENAME
     tmp = path.with_suffix(".pt.tmp")
     torch.save(payload, tmp)
@@ -87,8 +94,28 @@ def save(folder: Path, payload: dict) -> Path:
             "(weights_only). Save such state as tensors, lists or Python scalars, or, if it is plain data, add the "
             "type to dp_adam_bench.engine.checkpoint.SAFE_GLOBALS"
         ) from err
+    _fsync(tmp)  # the bytes on disk before the name points at them
     os.replace(tmp, path)
+    _fsync(path.parent, directory=True)  # the rename itself
     return path
+
+
+def _fsync(path: Path, directory: bool = False) -> None:
+    """Flush ``path`` to disk. A directory is fsynced where the OS lets one open and fsync it (POSIX; not Windows,
+    nor a file system that refuses with EINVAL): elsewhere the rename is as durable as the OS makes it."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        if not directory:
+            raise
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        if not directory:
+            raise
+    finally:
+        os.close(fd)
 
 
 def peek(folder: Path, expected_fingerprint: str, key: str) -> tuple[int, object] | None:

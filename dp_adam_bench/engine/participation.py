@@ -34,7 +34,8 @@ record, not through the plan's own helpers (a bug there would otherwise agree wi
   auditing). Power: a true rate q (1 + r) shifts the count by r M q, against the alternative's standard
   deviation sqrt(M q' (1 - q')), q' = q (1 + r) (:func:`rate_power`); the test detects a relative error r_99 with
   probability 0.99 (about (4.892 + 2.326) / sqrt(M q / (1 - q)) for small r); both r_99 and the power at
-  r = 10 % are reported.
+  r = 10 % are reported, and the check's detail states r_99 and whether it is within :data:`RATE_VISIBLE` = 1 %
+  (a passing rate check on a small run says little: at M q = 5,000 it sees only a 10 % excess).
 * **streams**: exactly the noise streams the variant's releases need, each with one release per step taken, no
   two in the same generator state at the start or at the check (they would draw the same noise).
 * **batches**: no example twice in one batch (its clipped gradient would count twice) and no index out of range.
@@ -64,6 +65,8 @@ POWER = 0.99
 Z_POWER = NormalDist().inv_cdf(POWER)  # 2.3263
 #: relative error of q at which the rate test's power is reported
 RATE_EFFECT = 0.10
+#: relative excess of q that the rate check's detail says it can or cannot see (r_99 within it or not)
+RATE_VISIBLE = 0.01
 #: relative slack for comparing sensitivities computed by the same formula in two places
 TOLERANCE = 1e-9
 _NO_GAP = torch.iinfo(torch.int32).max
@@ -261,11 +264,33 @@ def rate_test(drawn: int, draws: int, q: float) -> dict:
     }
 
 
-def reconcile(part: ParticipationLedger, plan, ledger, streams: int, steps: int) -> dict:
+def rate_visibility(r99: float) -> str:
+    """What the rate test can see at this run's size, for the check's detail: its r_99 (the relative excess of q
+    detected with probability :data:`POWER`) and whether that is within :data:`RATE_VISIBLE`. Said in words because
+    a passing test whose r_99 is 30 % vouches for much less than its verdict suggests."""
+    visible = f"{100 * RATE_VISIBLE:g} %"
+    if r99 <= RATE_VISIBLE:
+        return (
+            f"it detects a relative excess of q of r99 = {100 * r99:.3g} % with probability {POWER:g}: can see a "
+            f"{visible} excess"
+        )
+    if not math.isfinite(r99):
+        return (
+            f"cannot see a {visible} excess at this run's size: no excess of q is detected with probability "
+            f"{POWER:g}"
+        )
+    return (
+        f"cannot see a {visible} excess at this run's size: it sees r99 = {100 * r99:.3g} % (the relative excess of "
+        f"q detected with probability {POWER:g})"
+    )
+
+
+def reconcile(part: ParticipationLedger, plan, ledger, streams: int, steps: int, noise=None) -> dict:
     """The participation record against the plan and the privacy ``ledger`` after ``steps`` steps, when the
     variant's releases need ``streams`` noise streams (0 without noise): ``{"verdict": "consistent" |
     "MISMATCH: ...", "checks": [...], ...}`` with :meth:`ParticipationLedger.describe` beside. Callable at any
     step (each check is about the steps taken so far)."""
+    from dp_adam_bench.engine.noise_check import tolerance as noise_tolerance
     from dp_adam_bench.privacy.accounting.events import GaussianEvent, PoissonGaussianEvent
     from dp_adam_bench.privacy.sensitivity import strategy_sensitivity
 
@@ -303,7 +328,13 @@ def reconcile(part: ParticipationLedger, plan, ledger, streams: int, steps: int)
         if plan.accounting == "gaussian" and part.repeats == 0 and k >= 1:
             need = strategy_sensitivity(plan.strategy, k, sep if k > 1 else None)
             mu = math.sqrt(sum(e.count * e.mu**2 for e in ledger.events if isinstance(e, GaussianEvent)))
-            accounted = mu * plan.account_sigma
+            # also the multiplier measured from the noise added (engine/noise_check.py), at its upper confidence
+            # bound: a slip in account_sigma changes mu and the plan's multiplier together, whose product agrees
+            measured = noise is not None and noise.total_n > 0
+            upper = noise.pooled * (1 + noise_tolerance(noise.total_n)) if measured else math.inf
+            multiplier = min(plan.account_sigma, upper)
+            accounted = mu * multiplier
+            source = "the measured one's upper bound" if upper < plan.account_sigma else "the plan's"
             claimed = min(accounted, plan.sensitivity if plan.sensitivity is not None else math.inf)
             apart = f" at least {sep} steps apart" if k > 1 else ""
             checks.append(
@@ -311,7 +342,8 @@ def reconcile(part: ParticipationLedger, plan, ledger, streams: int, steps: int)
                     "sensitivity",
                     claimed >= need * (1 - TOLERANCE),
                     f"{k} participation(s){apart} need sensitivity {need:.4g}; accounted for {accounted:.4g} "
-                    f"(ledger mu {mu:.4g} x noise multiplier {plan.account_sigma:.4g}), plan "
+                    f"(ledger mu {mu:.4g} x noise multiplier {multiplier:.4g}, "
+                    f"{source}), plan "
                     f"{plan.sensitivity if plan.sensitivity is not None else float('nan'):.4g}",
                 )
             )
@@ -336,7 +368,7 @@ def reconcile(part: ParticipationLedger, plan, ledger, streams: int, steps: int)
                         rate["ok"],
                         f"{part.drawn} (step, example) pairs drawn of {draws} Bernoulli trials at the ledger's "
                         f"q = {qs[0]:.6g} (expected {draws * qs[0]:.1f}): z = {rate['z']:+.2f}, alarm beyond "
-                        f"|z| > {Z_ALARM:.3f}",
+                        f"|z| > {Z_ALARM:.3f}; {rate_visibility(rate['r99'])}",
                     )
                 )
             elif steps:
@@ -346,6 +378,16 @@ def reconcile(part: ParticipationLedger, plan, ledger, streams: int, steps: int)
                 "train.sampler=shuffle: fixed-size shuffled batches accounted as Poisson sampling at q = B / N, "
                 "which did not run; the ledger checks the rounds and the streams, not the sampling"
             )
+    if noise is not None and plan.noisy:  # the noise added against the ledger's rounds, every step
+        checks.append(
+            _check(
+                "noise",
+                noise.mismatch is None,
+                noise.mismatch
+                or f"the noise added measures multiplier {noise.pooled:.6g} over {noise.steps} step(s) "
+                f"({noise.total_n} coordinates); every step within tolerance of the ledger's round",
+            )
+        )
     got = len(part.releases)
     short = [(s, r) for s, r in enumerate(part.releases) if r != steps]
     starts = [f for f in part.stream_starts if f is not None]

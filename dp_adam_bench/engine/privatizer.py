@@ -87,6 +87,8 @@ class Privatizer:
         self.trial_dims = trial_dims
         self.keep_clean = keep_clean
         self.step = 0
+        #: measures every noise tensor added to a release (engine/noise_check.py); set by the training session
+        self.noise_check = None
 
     @property
     def noise_std(self) -> float:
@@ -136,7 +138,7 @@ class Privatizer:
         if self.sigma > 0:
             unit = self.mechanisms[0].next()
             in_place = consume and not (self.keep_clean or rel.clean or rel.square_sensitivity is not None)
-            noisy = [m.add_(std * w) if in_place else m + std * w for m, w in zip(mean, unit, strict=True)]
+            noisy = [self._add(m, std * w, 0, in_place) for m, w in zip(mean, unit, strict=True)]
             del unit
             variance = std**2 * self.mechanisms[0].variance(self.step - 1)
         else:
@@ -148,7 +150,7 @@ class Privatizer:
             if self.sigma > 0:
                 sq_std = rel.noise_scale * self.sigma * rel.square_sensitivity(self.clip, self.B)
                 w2 = self.mechanisms[1].next()
-                noisy_square = [q + sq_std * w for q, w in zip(noisy_square, w2, strict=True)]
+                noisy_square = [self._add(q, sq_std * w, 1) for q, w in zip(noisy_square, w2, strict=True)]
         if (
             scale is not None
         ):  # scale-then-privatize: undo the scaling after the noise (Ganesh Alg. 8, line 6)
@@ -166,6 +168,15 @@ class Privatizer:
             clean=mean if rel.clean else None,
         )
         return Release(ctx, mean if self.keep_clean else None)
+
+    def _add(
+        self, release: torch.Tensor, noise: torch.Tensor, stream: int, in_place: bool = False
+    ) -> torch.Tensor:
+        """``release + noise`` (in place when allowed), the noise as added shown to :attr:`noise_check` first: the
+        check measures the tensors that reach the release, one parameter at a time (no extra model-sized copy)."""
+        if self.noise_check is not None:
+            self.noise_check.observe(stream, [noise], self.step - 1)
+        return release.add_(noise) if in_place else release + noise
 
     def state_dict(self) -> dict:
         return {

@@ -57,6 +57,9 @@ TOLERANCE = 1e-3
 #: a parameter's difference is measured relative to its own gradient, but at least to this fraction of the whole
 #: gradient's norm: a parameter whose gradient is almost zero is not refused for rounding
 FLOOR = 1e-3
+#: how far :func:`perturbed` moves each parameter, relative to its RMS: enough to open a gate at exactly 0, small
+#: enough to keep the model's loss finite and its activations in their usual range
+PERTURBATION = 0.05
 
 
 def tolerance(dtype: torch.dtype) -> float:
@@ -102,10 +105,10 @@ def neutral(model: nn.Module):
             m.training = mode
 
 
-def clipped_sum(engine, batch: dict, clip: float | None):
+def clipped_sum(engine, batch: dict, clip: float | None, scale=None):
     """``engine.clipped_sum``, an engine's refusal of what it met in the forward as one :class:`ConfigError` line."""
     try:
-        return engine.clipped_sum(batch, clip)
+        return engine.clipped_sum(batch, clip, scale)
     except ConfigError:
         raise
     except ValueError as err:  # an engine refusing what it met in the forward: one line, no traceback
@@ -134,59 +137,115 @@ def _ghost_norms(engine, one: dict) -> list[float] | None:
             p._norm_sample = None
 
 
-def probe(engine, batch: dict) -> dict:
-    """Compare ``engine`` with autograd on the first example of ``batch`` (module docstring); returns the record
-    for the summary, or raises :class:`ConfigError` naming the first parameter whose gradient the engine gets
-    wrong."""
-    t0 = time.perf_counter()
-    names = [n for n, p in engine.model.named_parameters() if p.requires_grad]
-    one = {k: v[:1] for k, v in batch.items()}
-    # full fp32 for both sides (engine/fp32_exact.py): TF32's error in autograd's reference is of the tolerance's size
+def _compare(engine, one: dict) -> dict:
+    """The engine's unclipped gradient and norm of the single example ``one`` against autograd's (both in full fp32
+    outside autocast): per-parameter relative errors, the norm's, and which parameters autograd gives exactly zero."""
     with neutral(engine.model), ieee_fp32(), torch.autocast(engine.params[0].device.type, enabled=False):
         got, ref = clipped_sum(engine, one, None), engine.plain_grad(one, "sum")
         norm = float(torch.sqrt(sum(r.double().square().sum() for r in ref)))
         if not (math.isfinite(norm) and math.isfinite(float(got.norms[0]))):
             raise ConfigError(
-                f"engine probe: the gradient of the first training example is not finite (autograd's norm {norm}, "
+                f"engine probe: the gradient of a training example is not finite (autograd's norm {norm}, "
                 f"train.clipping={engine.name}'s {float(got.norms[0])}): check the loss and the model's inputs "
                 "(a NaN or inf loss) before training privately"
             )
         errs = [_rel(g, r, FLOOR * norm) for g, r in zip(got.summed, ref, strict=True)]
         norm_err = abs(float(got.norms[0]) - norm) / max(norm, torch.finfo(torch.float64).tiny)
-        what = "the engine's gradient of one example differs from autograd's"
+        ghost = _ghost_norms(engine, one)  # ghost: Opacus' per-parameter norms (its sum comes from autograd)
+        norm_errs = (
+            [
+                abs(n - float(r.double().norm())) / max(float(r.double().norm()), FLOOR * norm, 1e-300)
+                for n, r in zip(ghost, ref, strict=True)
+            ]
+            if ghost is not None
+            else None
+        )
+    zero = [i for i, r in enumerate(ref) if not bool(r.any())]
+    return {
+        "errs": errs,
+        "norm_err": norm_err,
+        "norm": norm,
+        "got_norm": float(got.norms[0]),
+        "norm_errs": norm_errs,
+        "zero": zero,
+    }
+
+
+@contextmanager
+def perturbed(params, generator: torch.Generator, scale: float = PERTURBATION):
+    """Every trainable parameter moved by ``scale`` times its RMS (times 1 for an all-zero tensor: a zero-initialised
+    gate, LoRA's B) in a random direction from ``generator``, and restored bit for bit on exit. A parameter whose
+    gradient is exactly zero at the current weights (behind a gate at 0) is then reached by the check: which uses
+    of a parameter an engine sees is a property of the model's code, not of the weights' values."""
+    saved = [p.detach().clone() for p in params]
+    try:
+        with torch.no_grad():
+            for p in params:
+                rms = float(p.double().square().mean().sqrt()) if p.numel() else 0.0
+                step = torch.randn(p.shape, generator=generator, dtype=torch.float64)
+                p.add_((scale * (rms if rms > 0 else 1.0) * step).to(p.device, p.dtype))
+        yield
+    finally:
+        with torch.no_grad():
+            for p, s in zip(params, saved, strict=True):
+                p.copy_(s)
+
+
+def probe(engine, batch: dict, generator: torch.Generator | None = None) -> dict:
+    """Compare ``engine`` with autograd on the first example of ``batch`` (module docstring); returns the record
+    for the summary, or raises :class:`ConfigError` naming the first parameter whose gradient the engine gets
+    wrong.
+
+    A parameter whose reference gradient is exactly zero at this example and these weights is not verified by the
+    comparison (0 = 0 whatever the engine would do with a non-zero gradient). With a ``generator``, the comparison
+    is made again with every parameter :func:`perturbed`; parameters still exactly zero there (unused by this
+    example's loss) are listed in the record as ``unverified``, never counted as passed."""
+    t0 = time.perf_counter()
+    names = [n for n, p in engine.model.named_parameters() if p.requires_grad]
+    one = {k: v[:1] for k, v in batch.items()}
+    result = _compare(engine, one)
+    _refuse(engine, names, result, "")
+    perturbation = None
+    if result["zero"] and generator is not None:
+        with perturbed(engine.params, generator):
+            again = _compare(engine, one)
+        _refuse(engine, names, again, " (with the weights perturbed, since its gradient is zero at them)")
+        perturbation = {
+            "parameters_reached": len(result["zero"]) - len(set(again["zero"]) & set(result["zero"]))
+        }
+        zero = sorted(set(result["zero"]) & set(again["zero"]))
+        errs = [max(a, b) for a, b in zip(result["errs"], again["errs"], strict=True)]
+    else:
+        zero, errs = result["zero"], result["errs"]
+    record = {
+        "examples": 1,
+        "max_rel_error": max([*errs, result["norm_err"]]),
+        "tolerance": tolerance(engine.params[0].dtype),
+        "unverified": [names[i] for i in zero],
+        "seconds": time.perf_counter() - t0,
+        "note": "diagnostic: the engine's unclipped gradient and norm of one private training example against "
+        "autograd's, not part of the accounted release; 'unverified': parameters whose gradient was exactly zero "
+        "(also with the weights perturbed), which the comparison cannot see",
+    }
+    if perturbation is not None:
+        record["perturbed"] = perturbation
+    return record
+
+
+def _refuse(engine, names: list[str], result: dict, when: str) -> None:
+    """The :class:`ConfigError` of a :func:`_compare` ``result`` beyond tolerance: the first parameter whose gradient
+    (or, ghost, whose norm) differs, else the norm alone."""
+    errs, norm_err = result["errs"], result["norm_err"]
+    what = "the engine's gradient of one example differs from autograd's"
+    bad = [i for i, (e, p) in enumerate(zip(errs, engine.params, strict=True)) if not e <= tolerance(p.dtype)]
+    if (
+        not bad and result["norm_errs"] is not None
+    ):  # ghost: its sum is right by construction, its norms may not be
+        errs = result["norm_errs"]
+        what = "the engine's norm of one example's gradient differs from autograd's"
         bad = [
             i for i, (e, p) in enumerate(zip(errs, engine.params, strict=True)) if not e <= tolerance(p.dtype)
         ]
-        if not bad and not norm_err <= tolerance(engine.params[0].dtype):
-            ghost = _ghost_norms(
-                engine, one
-            )  # ghost: its sum is right, its norms are not; Opacus' name the part
-            if ghost is not None:
-                errs = [
-                    abs(n - float(r.double().norm())) / max(float(r.double().norm()), FLOOR * norm, 1e-300)
-                    for n, r in zip(ghost, ref, strict=True)
-                ]
-                what = "the engine's norm of one example's gradient differs from autograd's"
-                bad = [
-                    i
-                    for i, (e, p) in enumerate(zip(errs, engine.params, strict=True))
-                    if not e <= tolerance(p.dtype)
-                ]
-            if not bad:  # the norm is wrong but no parameter's gradient is: name no parameter
-                raise ConfigError(
-                    f"engine probe: train.clipping={engine.name} reports a per-example norm {float(got.norms[0]):.6g}"
-                    f" where autograd's gradient of the same example has norm {norm:.6g} (relative error "
-                    f"{norm_err:.3g}), so C would not bound each example's contribution; stopped before any noise was "
-                    "released. Use train.clipping=functorch"
-                )
-    record = {
-        "examples": 1,
-        "max_rel_error": max([*errs, norm_err]),
-        "tolerance": tolerance(engine.params[0].dtype),
-        "seconds": time.perf_counter() - t0,
-        "note": "diagnostic: the engine's unclipped gradient and norm of one private training example against "
-        "autograd's, not part of the accounted release",
-    }
     if bad:
         i = bad[0]
         others = (
@@ -194,10 +253,16 @@ def probe(engine, batch: dict) -> dict:
         )
         raise ConfigError(
             f"engine probe: train.clipping={engine.name} misses part of the gradient of parameter {names[i]!r}"
-            f"{others}: {what} by {errs[i]:.3g} (relative; tolerance {tolerance(engine.params[i].dtype):g}), "
+            f"{others}{when}: {what} by {errs[i]:.3g} (relative; tolerance {tolerance(engine.params[i].dtype):g}), "
             "typically a use of the parameter outside the module that owns it (weight tying written as "
             "h @ emb.weight.T), which this engine does not see, so C would not bound each example's contribution; "
             "stopped before any noise was released. Untie it, move the use into the owning module, or use "
             "train.clipping=functorch"
         )
-    return record
+    if not norm_err <= tolerance(engine.params[0].dtype):
+        raise ConfigError(
+            f"engine probe: train.clipping={engine.name} reports a per-example norm {result['got_norm']:.6g}{when} "
+            f"where autograd's gradient of the same example has norm {result['norm']:.6g} (relative error "
+            f"{norm_err:.3g}), so C would not bound each example's contribution; stopped before any noise was "
+            "released. Use train.clipping=functorch"
+        )

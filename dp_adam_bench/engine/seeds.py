@@ -23,6 +23,7 @@ import numpy as np
 
 _DROPOUT_STREAM = 0x64726F70  # "drop"
 _SIDE_STREAM = 17
+_CHECK_STREAM = 0x63686B  # "chk"
 
 
 @dataclass(frozen=True)
@@ -33,12 +34,14 @@ class RunSeeds:
     dropout: int  # the global torch RNG after the model is built
     side: int  # public side-information batches
     secure: bool
+    check: int = 0  # which private examples the engine checks read (engine/watch.py); no effect on training
 
     @classmethod
     def derive(cls, seed: int, *, secure: bool = False) -> RunSeeds:
         dropout = int(
             np.random.SeedSequence([int(seed), _DROPOUT_STREAM]).generate_state(1, np.uint64)[0] >> 1
         )
+        check = int(np.random.SeedSequence([int(seed), _CHECK_STREAM]).generate_state(1, np.uint64)[0] >> 1)
         if secure:
             return cls(
                 model=int(seed),
@@ -55,6 +58,7 @@ class RunSeeds:
             dropout=dropout,
             side=int(seed) + _SIDE_STREAM,
             secure=False,
+            check=check,
         )
 
     def describe(self) -> dict:

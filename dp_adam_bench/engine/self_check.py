@@ -49,12 +49,14 @@ import torch
 
 from dp_adam_bench.engine.fp32_exact import ieee_fp32
 from dp_adam_bench.engine.grads import clip_factors, loop_grads
-from dp_adam_bench.engine.probe import clipped_sum, neutral
+from dp_adam_bench.engine.probe import FLOOR, clipped_sum, neutral
 from dp_adam_bench.errors import ConfigError
 
 #: relative error allowed: float32 engines differ from the loop by ~1e-6 (summation order; the check runs with
-#: TF32 off, engine/fp32_exact.py); the defects this check exists for were off by 10-150 %
-DEFAULT_TOLERANCE = 1e-2
+#: TF32 off, engine/fp32_exact.py); the defects this check exists for were off by 10-150 %, but a module that mixes
+#: the examples of a batch by a small coefficient, or a parameter whose part of the norm is dropped, is off by less
+#: (issue 44): 1e-3 is the probe's tolerance, 1,000 times the fp32 error seen (was 1e-2 before issue 44)
+DEFAULT_TOLERANCE = 1e-3
 DEFAULT_EXAMPLES = 4
 #: the least tolerance under ``train.precision=bf16``: bf16 keeps 8 significant bits (unit roundoff u = 2^-8 ~
 #: 3.9e-3). Engine and loop run the same autocast forward, but the loop's weight gradients come out of bf16
@@ -70,14 +72,47 @@ def tolerance_for(configured: float, precision: str) -> float:
 
 
 def self_check(
-    engine, batch: dict, clip: float | None, tolerance: float = DEFAULT_TOLERANCE, autocast=nullcontext
+    engine,
+    batch: dict,
+    clip: float | None,
+    tolerance: float = DEFAULT_TOLERANCE,
+    autocast=nullcontext,
+    fp32_tolerance: float | None = None,
 ) -> dict:
     """Compare ``engine``'s norms and clipped sum on ``batch`` with the size-one loop; returns the record for the
-    summary, or raises :class:`ConfigError` when the relative error exceeds ``tolerance``. ``autocast``: a
+    summary, or raises :class:`ConfigError` when a relative error exceeds ``tolerance``. ``autocast``: a
     context factory both computations run under (the training step's, e.g. bf16 autocast); the comparison itself
-    is made in the parameters' precision."""
-    model = engine.model
+    is made in the parameters' precision. ``fp32_tolerance``: also compare in full fp32 outside autocast at this
+    tolerance (bf16 runs: a module that mixes the examples of a batch by less than the bf16 tolerance is seen
+    there); the per-parameter norm comparison (:func:`equalized_norm_error`) runs in fp32 only.
+
+    Measured, each against the loop: every example's norm (worst relative error), the clipped sum over all
+    parameters, the clipped sum of each parameter tensor (a parameter whose gradient the engine drops is a 100 %
+    error there, however small its share of the total), and the norms with every parameter weighted to an equal
+    share. Parameters whose loop gradient is exactly zero on every checked example are listed as ``unverified``."""
     t0 = time.perf_counter()
+    names = [n for n, p in engine.model.named_parameters() if p.requires_grad]
+    # without fp32_tolerance the training step runs in fp32 (its autocast is disabled): one pass, equalized too
+    record = _measure(engine, batch, clip, autocast, names, equalize=fp32_tolerance is None)
+    record |= {"enabled": True, "tolerance": tolerance}
+    _refuse_check(engine, record, tolerance, "")
+    if fp32_tolerance is not None:
+        full = _measure(engine, batch, clip, nullcontext, names, equalize=True)
+        full["tolerance"] = fp32_tolerance
+        _refuse_check(engine, full, fp32_tolerance, " in full fp32 (outside the training step's autocast)")
+        record["fp32"] = full
+        record["unverified"] = sorted(set(record["unverified"]) & set(full["unverified"]))
+    record |= {
+        "seconds": time.perf_counter() - t0,
+        "note": "diagnostic: computed on private training examples, not part of the accounted release; "
+        "'unverified': parameters whose loop gradient was exactly zero on every checked example",
+    }
+    return record
+
+
+def _measure(engine, batch: dict, clip: float | None, autocast, names: list[str], equalize: bool) -> dict:
+    """One comparison of the engine with the size-one loop under ``autocast`` (see :func:`self_check`)."""
+    model = engine.model
     # train mode with dropout neutralised (engine/probe.py neutral): the path training takes, computed twice alike
     with neutral(model), ieee_fp32():
         with autocast():
@@ -87,28 +122,89 @@ def self_check(
                 per_ex = loop_grads(model, engine.loss_per_example, engine.params, batch)
             finally:
                 engine._hooks(True)
-    per_ex = [g.to(p.dtype) for g, p in zip(per_ex, engine.params, strict=True)]
-    b = got.count
-    norm_err, sum_err = relative_errors(got, *loop_reference(per_ex, clip))
-    err = max(norm_err, sum_err) if math.isfinite(norm_err + sum_err) else math.nan  # max() would drop a NaN
-    record = {
-        "enabled": True,
-        "examples": b,
+        per_ex = [g.to(p.dtype) for g, p in zip(per_ex, engine.params, strict=True)]
+        norms, summed = loop_reference(per_ex, clip)
+        norm_err, sum_err = relative_errors(got, norms, summed)
+        param_errs = parameter_errors(got.summed, summed)
+        eq_err = equalized_norm_error(engine, batch, clip, per_ex) if equalize else None
+    worst = max(range(len(param_errs)), key=lambda i: param_errs[i]) if param_errs else None
+    errs = [norm_err, sum_err, *(param_errs[worst : worst + 1] if worst is not None else [])]
+    errs += [eq_err] if eq_err is not None else []
+    err = max(errs) if all(math.isfinite(e) for e in errs) else math.nan  # max() would drop a NaN
+    return {
+        "examples": got.count,
         "max_rel_error": err,
         "norm_rel_error": norm_err,
         "sum_rel_error": sum_err,
-        "tolerance": tolerance,
-        "seconds": time.perf_counter() - t0,
-        "note": "diagnostic: computed on private training examples, not part of the accounted release",
+        "param_rel_error": param_errs[worst] if worst is not None else 0.0,
+        "worst_param": names[worst] if worst is not None else None,
+        "equalized_norm_rel_error": eq_err,
+        "unverified": [names[i] for i, g in enumerate(per_ex) if not bool(g.any())],
     }
-    if not err <= tolerance:  # NaN fails too
-        raise ConfigError(
-            f"self-check: train.clipping={engine.name} computes per-example gradients that differ from the loop "
-            f"over batches of size one by {err:.3g} (relative; tolerance {tolerance:g}) on this model, so C would "
-            "not bound each example's contribution; stopped before any noise was released. Use "
-            "train.clipping=functorch or loop (train.self_check.enabled=false skips this check)"
+
+
+def _refuse_check(engine, record: dict, tolerance: float, where: str) -> None:
+    err = record["max_rel_error"]
+    if err <= tolerance:  # NaN fails too
+        return
+    part = ""
+    if record["param_rel_error"] > tolerance and record["param_rel_error"] >= record["sum_rel_error"]:
+        part = f" (worst in the clipped sum of parameter {record['worst_param']!r})"
+    elif (record["equalized_norm_rel_error"] or 0.0) > tolerance:
+        part = (
+            " (in the norms with every parameter weighted to an equal share: a parameter's part of the norm)"
         )
-    return record
+    raise ConfigError(
+        f"self-check: train.clipping={engine.name} computes per-example gradients that differ from the loop "
+        f"over batches of size one by {err:.3g}{part}{where} (relative; tolerance {tolerance:g}) on this model, so "
+        "C would not bound each example's contribution; stopped before any noise was released. Use "
+        "train.clipping=functorch or loop (train.self_check.enabled=false skips this check)"
+    )
+
+
+def parameter_errors(got: list[torch.Tensor], ref: list[torch.Tensor]) -> list[float]:
+    """Each parameter tensor's relative error of the clipped sum, against its own size but at least
+    :data:`~dp_adam_bench.engine.probe.FLOOR` times the whole sum's (a parameter whose share is near zero is not
+    refused for rounding)."""
+    total = math.sqrt(sum(float(r.double().square().sum()) for r in ref))
+    floor = max(FLOOR * total, torch.finfo(torch.float64).tiny)
+    return [
+        float((g.double() - r.double()).norm()) / max(float(r.double().norm()), floor)
+        for g, r in zip(got, ref, strict=True)
+    ]
+
+
+#: parameter tensors weighted to an equal share in one pass of :func:`equalized_norm_error`: a tensor whose part of
+#: the norm the engine drops then moves the norm by at least 1 / (2 x 200) = 2.5e-3 relative, above the fp32
+#: tolerance (1e-3); more tensors are split into several passes
+EQUALIZED_GROUP = 200
+
+
+def equalized_norm_error(engine, batch: dict, clip: float | None, per_ex: list[torch.Tensor]) -> float | None:
+    """The engine's per-example norms with each parameter tensor's gradient scaled to an equal share (scale
+    1 / RMS of its per-example norms; :data:`EQUALIZED_GROUP` tensors a pass, the rest scaled by 0) against the
+    loop's, worst relative error. A parameter whose part of the norm the engine leaves out (a bias ~1/1000 of its
+    weight, which moves the plain norm by 5e-7) is then 1 / (2 x tensors in the pass) of the norm. Uses the
+    engine's scale-then-privatize path (``clipped_sum(..., scale)``), which bk computes with per-example gradients
+    where its plain path may use the Gram form for a dense weight: what this sees there is the scaled path's (the
+    plain path's weight parts are the large ones, which the plain norms compare). None for an engine without a
+    scale (ghost: the probe compares Opacus' per-parameter norms instead)."""
+    if not engine.supports_scale:
+        return None
+    b = per_ex[0].shape[0]
+    part = [g.double().reshape(b, -1).square().sum(1) for g in per_ex]  # (B,) each
+    rms = [float(q.mean().sqrt()) for q in part]
+    live = [i for i, r in enumerate(rms) if r > 0]
+    worst = 0.0
+    for k in range(0, len(live), EQUALIZED_GROUP):
+        group = set(live[k : k + EQUALIZED_GROUP])
+        weight = [1.0 / rms[i] if i in group else 0.0 for i in range(len(per_ex))]
+        scale = [torch.full_like(p, w) for p, w in zip(engine.params, weight, strict=True)]
+        got = clipped_sum(engine, batch, clip, scale)
+        want = torch.sqrt(sum(w * w * q for w, q in zip(weight, part, strict=True)))
+        err = ((got.norms.double() - want).abs() / want.clamp(min=torch.finfo(torch.float64).tiny)).max()
+        worst = max(worst, float(err)) if math.isfinite(float(err)) else math.nan
+    return worst
 
 
 def loop_reference(per_ex: list[torch.Tensor], clip: float | None) -> tuple[torch.Tensor, list[torch.Tensor]]:

@@ -16,8 +16,13 @@ parameters, the optimizer variant and the privacy plan, all validated). Each :me
 :meth:`state_dict` / :meth:`load_state_dict` hold everything a resumed run needs to continue exactly as the
 uninterrupted one would have: parameters, the variant's state, the noise mechanisms' generators and buffers, the
 sampler's state, the ledger, the participation ledger (what the sampler and the noise streams did,
-:mod:`dp_adam_bench.engine.participation`), the diagnostics' shadow moments and the random streams (dropout, side
-information).
+:mod:`dp_adam_bench.engine.participation`), the diagnostics' shadow moments, the engine watch's state and the
+random streams (dropout, side information, the watch's check examples, the task's own generators such as
+cifar10_cnn's augmentation: ``tasks/base.py``). With them go digests of every generator of the run, taken from the
+live generators when the state is saved; :meth:`load_state_dict` recomputes them from the live generators once
+everything is restored and refuses to resume on a difference (:func:`verify_restored_generators`), so restore code
+that forgets a generator (a resumed run redrawing the noise of steps 1, 2, ..., whose releases then differ by no
+noise at all) stops the run instead of passing unnoticed.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +38,7 @@ import torch
 
 from dp_adam_bench.engine.diagnostics import Diagnostics
 from dp_adam_bench.engine.distributed import SharedNoise
+from dp_adam_bench.engine.noise_check import NoiseCheck
 from dp_adam_bench.engine.participation import ParticipationLedger, reconcile
 from dp_adam_bench.engine.privatizer import Privatizer
 from dp_adam_bench.engine.seeds import RunSeeds
@@ -40,7 +47,8 @@ from dp_adam_bench.privacy.noise_factory import build_mechanisms
 
 log = logging.getLogger(__name__)
 
-#: The keys of :meth:`PrivateTraining.state_dict` (a checkpoint's payload adds its step and fingerprint).
+#: The keys of :meth:`PrivateTraining.state_dict` that :meth:`~PrivateTraining.load_state_dict` requires (a
+#: checkpoint's payload adds its step and fingerprint).
 STATE_KEYS = (
     "step",
     "params",
@@ -53,6 +61,13 @@ STATE_KEYS = (
     "side_rng",
     "torch_rng_ranks",
 )
+#: The keys :meth:`PrivateTraining.state_dict` adds that older checkpoints lack. Such a checkpoint still loads:
+#: ``plan`` is not checked, ``participation`` is marked unobserved, the engine watch and the noise check start
+#: afresh, and a log warning says that the task's generators are not restored and the generators not verified.
+#: ``task_rng``: every rank's task random state (``tasks/base.py``); ``watch``: the engine watch's state (its
+#: check-examples generator, :mod:`dp_adam_bench.engine.watch`) and ``noise_check`` the noise check's record (None
+#: without them); ``rng_fingerprints``: a digest of every live generator, checked after a load.
+OPTIONAL_STATE_KEYS = ("plan", "participation", "task_rng", "watch", "noise_check", "rng_fingerprints")
 
 
 class TrainingComplete(RuntimeError):
@@ -141,6 +156,17 @@ class PrivateTraining:
         if self._model_task:
             _seed_global_rng(ddp, seeds, None)
         self.self_check = run.self_check  # the engine's self-check, made by trainer.prepare before any noise
+        # the engine checked again on the weights training reaches, before the release it would vouch for
+        self.watch = getattr(run, "watch", None)
+        # the noise each release gets, measured and reconciled with the ledger's multiplier every step
+        self.noise_check = None
+        if mechanisms:
+            sens = [self.clip / self.privatizer.B]
+            if releases.square_sensitivity is not None:
+                sens.append(releases.square_sensitivity(self.clip, self.privatizer.B))
+            self.noise_check = NoiseCheck(plan.strategy, plan.sampler.steps, sens)
+            self.noise_check.stop = run.cfg.train.get("noise_check", "stop") != "record"
+            self.privatizer.noise_check = self.noise_check
 
     # --- what the run is ------------------------------------------------------------------------------------------
     @property
@@ -177,6 +203,9 @@ class PrivateTraining:
             self._batches = itertools.islice(
                 self.plan.sampler.iter_from(start), max(0, self.plan.steps - start)
             )
+        if self.watch is not None:  # may stop the run (EngineCheckFailed) before this step's release
+            self.watch.before_step(self.steps_done)
+        started = time.perf_counter()
         idx = next(self._batches, None)
         if idx is None:
             raise TrainingComplete(
@@ -202,6 +231,8 @@ class PrivateTraining:
         with torch.no_grad():
             variant.update(backend.params, self.state, ctx)
         self.plan.record_step(self.ledger, self.steps_done)
+        if self.noise_check is not None:  # a mismatch stops the run before the next release
+            self.noise_check.check_step(self.plan, self.ledger, self.steps_done)
         self.last_batch_size = int(idx.numel())
         diag = None
         norms = getattr(backend, "last_norms", None)
@@ -213,7 +244,15 @@ class PrivateTraining:
                 scale=scale,
                 scale_eps=getattr(variant, "eps_s1", None),
             )
+        if self.watch is not None:
+            self.watch.after_step(self.steps_done, time.perf_counter() - started)
         return StepResult(self.steps_done, self.last_batch_size, diag or {}, norms, self.clip)
+
+    def check_engine(self, reason: str) -> dict:
+        """The engine probe and self-check on the current weights now (:mod:`dp_adam_bench.engine.watch`; the
+        trainer calls it at every checkpoint); {} for closed-form toy tasks. :class:`EngineCheckFailed` on a
+        failure."""
+        return self.watch.check(self.steps_done, reason) if self.watch is not None else {}
 
     def evaluate(self, final: bool = False) -> dict:
         """The task's metrics on its held-out data (a model in eval mode, without gradients; the next step puts it
@@ -256,7 +295,9 @@ class PrivateTraining:
         streams = self.privatizer.releases.streams if self.privatizer.sigma > 0 else 0
         self.participation.observe_releases(self.privatizer.mechanisms)  # also before the first step
         self.participation.observe_generators([m._gen for m in self.privatizer.mechanisms])
-        return reconcile(self.participation, self.plan, self.ledger, streams, self.steps_done)
+        return reconcile(
+            self.participation, self.plan, self.ledger, streams, self.steps_done, noise=self.noise_check
+        )
 
     def check_participation(self) -> dict:
         """:meth:`participation_report`, raising :class:`~dp_adam_bench.errors.PrivacyMismatch` (one line) when
@@ -270,7 +311,13 @@ class PrivateTraining:
 
     # --- state --------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """Everything resuming needs (:data:`STATE_KEYS`). Data-parallel, a collective: every rank calls it."""
+        """Everything resuming needs (:data:`STATE_KEYS`, :data:`OPTIONAL_STATE_KEYS`), with a digest of every
+        generator of the run taken from the live objects (``rng_fingerprints``, :func:`rng_fingerprints`), which
+        :meth:`load_state_dict` compares with the restored ones. Data-parallel, a collective: every rank calls it;
+        the per-rank random state (global torch RNG, task generators) and its digests are every rank's."""
+        shared, own = rng_fingerprints(self)
+        # one collective for what each rank holds of its own: (global torch RNG, task random state, their digests)
+        ranks = self.run.ddp.gather_objects((torch.get_rng_state(), task_rng_state(self.run), own))
         return {
             "step": self.steps_done,
             "params": [p.detach().clone() for p in self.backend.params],
@@ -281,9 +328,13 @@ class PrivateTraining:
             "diagnostics": self.diagnostics.state_dict() if self.diagnostics is not None else None,
             "torch_rng": torch.get_rng_state(),
             "side_rng": self.side_gen.get_state(),
-            "torch_rng_ranks": self.run.ddp.gather_objects(torch.get_rng_state()),
+            "torch_rng_ranks": [r[0] for r in ranks],
             "plan": self.plan.describe(),  # what the ledger was accounted under (checked on load)
             "participation": self.participation.state_dict(),
+            "task_rng": [r[1] for r in ranks],
+            "watch": self.watch.state_dict() if getattr(self, "watch", None) is not None else None,
+            "noise_check": self.noise_check.state_dict() if self.noise_check is not None else None,
+            "rng_fingerprints": shared | {k: v for r in ranks for k, v in r[2].items()},
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -318,6 +369,21 @@ class PrivateTraining:
         self._batches = None
         if self._model_task:
             _seed_global_rng(self.run.ddp, self.run.seeds, state)
+        if getattr(self, "watch", None) is not None and state.get("watch") is not None:
+            self.watch.load_state_dict(state["watch"])
+        if self.noise_check is not None and state.get("noise_check") is not None:
+            self.noise_check.load_state_dict(state["noise_check"])
+        older = _load_task_rng(self.run, state)
+        if "rng_fingerprints" in state:  # everything restored: the live generators against the saved digests
+            verify_restored_generators(self, state)
+        else:
+            older.append("the restored generators are not verified (it holds no generator fingerprints)")
+        if older:
+            log.warning(
+                "the checkpoint of step %d was written by an older version: %s",
+                self.steps_done,
+                "; ".join(older),
+            )
 
     def close(self) -> None:
         """Release the clipping engine's hooks (the model is left as it was given)."""
@@ -343,3 +409,117 @@ def _seed_global_rng(ddp, seeds: RunSeeds, payload: dict | None) -> None:
 
 def _rank_seed(seeds: RunSeeds, rank: int, step: int) -> int:
     return int(np.random.SeedSequence([seeds.dropout, rank, step]).generate_state(1, np.uint64)[0] >> 1)
+
+
+# --- random state: the task's generators, and a digest of every generator of the run ---------------------------------
+def task_rng_state(run) -> dict[str, torch.Tensor]:
+    """The task's random state, ``task.rng_state()`` (``tasks/base.py``); {} for a task without one."""
+    get = getattr(getattr(run, "task", None), "rng_state", None)
+    if get is None:
+        return {}
+    state = dict(get())
+    bad = [k for k, v in state.items() if not isinstance(v, torch.Tensor)]
+    if bad:
+        raise TypeError(
+            f"{type(run.task).__name__}.rng_state() must map names to tensors (generator states); "
+            f"{', '.join(map(repr, bad))} are not"
+        )
+    return state
+
+
+def _load_task_rng(run, state: dict) -> list[str]:
+    """Restore this rank's task random state from ``state["task_rng"]`` (every rank's, in rank order); returns what
+    an older checkpoint lacked, for the caller's warning. Resumed with another number of ranks, rank r > 0 keeps the
+    stream it has (as :func:`_seed_global_rng` gives it a fresh one)."""
+    names = sorted(task_rng_state(run))
+    if not names:
+        return []
+    ddp, saved = run.ddp, state.get("task_rng")
+    if saved is not None and len(saved) != ddp.world and not ddp.is_main:
+        log.info(
+            "rank %d: the checkpoint holds %d ranks' task random state: this rank's is not restored",
+            ddp.rank,
+            len(saved),
+        )
+        return []
+    mine = (saved[ddp.rank] if len(saved) == ddp.world else saved[0]) if saved else None
+    if not mine:
+        return [
+            f"it holds no task random state, so the task's generators ({', '.join(names)}) do not continue where the "
+            "killed run's were (the resumed run differs from an uninterrupted one)"
+        ]
+    run.task.load_rng_state(mine)
+    return []
+
+
+def rng_fingerprints(training: PrivateTraining) -> tuple[dict[str, str], dict[str, str]]:
+    """Digests (:func:`~dp_adam_bench.engine.participation.generator_fingerprint`) of every generator of the run,
+    read from the live objects, as ``(shared, this rank's)``. Shared (the same on every rank): each noise stream's
+    (held by rank 0 alone), the sampler's, the side information's and the engine watch's check examples'. This
+    rank's own: the global torch RNG (model tasks; a toy task draws nothing from it, and it is not restored for
+    one) and the task's generators."""
+    from dp_adam_bench.engine.participation import generator_fingerprint
+
+    shared = {}
+    for i, m in enumerate(training.privatizer.mechanisms):
+        if m._gen is not None:  # data-parallel ranks > 0 hold no noise generator
+            shared[f"noise stream {i}"] = generator_fingerprint(m._gen)
+    sampler_gen = getattr(training.plan.sampler, "generator", None)
+    if isinstance(sampler_gen, torch.Generator):  # the other samplers draw from their seed alone
+        shared["sampler"] = generator_fingerprint(sampler_gen)
+    shared["side information"] = generator_fingerprint(training.side_gen)
+    watch = getattr(training, "watch", None)
+    if watch is not None:
+        shared["check examples"] = generator_fingerprint(watch.generator)
+    rank = training.run.ddp.rank
+    own = {}
+    if training._model_task:
+        own[f"rank {rank} global (dropout)"] = generator_fingerprint(torch.default_generator)
+    for name, value in task_rng_state(training.run).items():
+        own[f"rank {rank} task {name!r}"] = generator_fingerprint(_SavedState(value))
+    return shared, own
+
+
+class _SavedState:
+    """A generator state as :func:`generator_fingerprint` reads one."""
+
+    def __init__(self, state: torch.Tensor):
+        self.state = state
+
+    def get_state(self) -> torch.Tensor:
+        return self.state
+
+
+def verify_restored_generators(training: PrivateTraining, state: dict) -> None:
+    """After :meth:`PrivateTraining.load_state_dict` restored ``state``: recompute the digests of the live
+    generators (:func:`rng_fingerprints`) and compare them with ``state["rng_fingerprints"]``, taken from the
+    live generators when ``state`` was saved, so that restore code that forgets a generator is caught. Raises
+    :class:`~dp_adam_bench.errors.PrivacyMismatch` for a noise stream or the sampler (a resumed run would redraw
+    released noise, or other batches than the accountant's), :class:`~dp_adam_bench.engine.checkpoint.CheckpointError`
+    for any other generator; one line naming the generator. This rank's own generators are checked only where they
+    were restored (rank 0, or the same number of ranks)."""
+    from dp_adam_bench.engine.checkpoint import CheckpointError
+    from dp_adam_bench.errors import PrivacyMismatch
+
+    saved = state["rng_fingerprints"]
+    shared, own = rng_fingerprints(training)
+    ddp = training.run.ddp
+    live = shared | (own if ddp.is_main or len(state.get("torch_rng_ranks") or []) == ddp.world else {})
+    wrong = [name for name, digest in live.items() if name in saved and saved[name] != digest]
+    if not wrong:
+        return
+    privacy = [name for name in wrong if name.startswith("noise stream") or name == "sampler"]
+    first = (privacy or wrong)[0]
+    if first.startswith("noise stream"):
+        why = "a resumed run would redraw noise it already released"
+    elif first == "sampler":
+        why = "a resumed run would not draw the batches the uninterrupted run draws"
+    else:
+        why = "a resumed run would not continue as the uninterrupted run"
+    also = [name for name in wrong if name != first]
+    raise (PrivacyMismatch if privacy else CheckpointError)(
+        f"resume: the {first} generator after loading is not the one saved at step {int(state['step'])} (saved "
+        f"{saved[first]}, restored {live[first]}): {why}"
+        + (f" (also wrong: {', '.join(also)})" if also else "")
+        + "; refusing to resume"
+    )

@@ -36,9 +36,10 @@ from dp_adam_bench.engine.diagnostics import Diagnostics
 from dp_adam_bench.engine.fp32_exact import settings as fp32_settings
 from dp_adam_bench.engine.plan import PrivacyPlan, build_plan
 from dp_adam_bench.engine.seeds import RunSeeds
-from dp_adam_bench.engine.self_check import carried_over, carried_probe, carry_key, passed
+from dp_adam_bench.engine.self_check import DEFAULT_EXAMPLES, carried_over, carried_probe, carry_key, passed
 from dp_adam_bench.engine.session import PrivateTraining
-from dp_adam_bench.errors import ConfigError
+from dp_adam_bench.engine.watch import EngineWatch
+from dp_adam_bench.errors import ConfigError, PrivacyMismatch
 from dp_adam_bench.optim.base import Variant
 from dp_adam_bench.optim.decay import decay_mask
 from dp_adam_bench.optim.registry import build_variant
@@ -96,6 +97,8 @@ class Run:
     self_check_key: dict | None = None
     # the engine against autograd on a probe batch (engine/probe.py; model tasks)
     engine_probe: dict = field(default_factory=dict)
+    # the engine checked again on the weights training reaches (engine/watch.py; model tasks)
+    watch: EngineWatch | None = None
 
 
 def build(cfg, folder: Path | None = None) -> Run:
@@ -153,12 +156,20 @@ def prepare(cfg, task, folder: Path | None = None) -> Run:
             cfg, len(population), variant, numel=backend.numel_per_trial, sampler_seed=seeds.sampler
         )
         schedule = build_schedule(cfg.train.get("lr_schedule"), cfg.train.get("lr_warmup_steps"), plan.steps)
-        # the engine against the size-one loop on a few of the user's examples (engine/self_check.py): before any
-        # run folder is written or noise released; {} for closed-form toy tasks, whose gradients are the task's
-        check, key, probed = {}, None, {}
+        # the engine against autograd and the size-one loop on a few of the user's examples, drawn at random
+        # (engine/watch.py): before any run folder is written or noise released, then again as the run trains;
+        # none for closed-form toy tasks, whose gradients are the task's
+        check, key, probed, watch = {}, None, {}, None
         if not vector:
             clip = float(cfg.privacy.clip) if plan.noisy else None
             settings = cfg.train.get("self_check") or {}
+            watch = EngineWatch(
+                lambda idx, gen: backend.engine_check(idx, gen, clip, settings),
+                population,
+                int(settings.get("examples", DEFAULT_EXAMPLES)),
+                seeds.check,
+                cfg.train.get("engine_watch"),
+            )
             if settings.get("enabled", True):
                 fp = ckpt.fingerprint(_to_dict(cfg))
                 key = carry_key(fp, settings, backend.engine_name, backend.device, backend.model, task)
@@ -170,14 +181,16 @@ def prepare(cfg, task, folder: Path | None = None) -> Run:
                 check = carried_over(found[1], key, found[0]) if found else None
                 probed = carried_probe(found[1], found[0]) if check else None
             # every use of every parameter seen by the engine (engine/probe.py), self-check or not: on every
-            # attempt but a resume that carries over a check (and this probe) passed under the same key
-            probed = probed or backend.probe(population)
-            check = check or backend.self_check(population, clip, settings)
+            # attempt but a resume that carries over a check (and this probe) passed under the same key; a resume
+            # checks the loaded weights again before its first release (EngineWatch.before_step)
+            if not (check and probed):
+                records = watch.check(0, "start")
+                probed, check = records["probe"], records["self_check"]
     except Exception:
         backend.close()
         raise
     return Run(
-        cfg, task, backend, variant, plan, seeds, population, public, ddp, schedule, check, key, probed
+        cfg, task, backend, variant, plan, seeds, population, public, ddp, schedule, check, key, probed, watch
     )
 
 
@@ -191,11 +204,39 @@ def _check_to_carry(r: Run) -> dict | None:
     return {"key": r.self_check_key, "record": record, "probe": probe}
 
 
+#: written in the run folder when an engine or noise check stops a run: the run is not complete, and no report
+#: reads it
+STOPPED_FILE = "stopped_by_check.json"
+
+
+def _record_stop(folder: Path, session: PrivateTraining, err: Exception) -> None:
+    """What stopped the run (one line), at which step, and the engine checks so far, written before the error
+    propagates: the run is not complete (no summary), so reports leave it out, and a relaunch starts it again."""
+    from dp_adam_bench.tracking.run_store import json_safe
+
+    record = {
+        "status": "stopped_by_check",
+        "error": str(err),
+        "step": session.steps_done,
+        "engine_watch": session.watch.describe() if session.watch is not None else {},
+        "noise_check": session.noise_check.describe() if session.noise_check is not None else {},
+    }
+    tmp = folder / (STOPPED_FILE + ".tmp")
+    tmp.write_text(json.dumps(json_safe(record), indent=2))
+    tmp.replace(folder / STOPPED_FILE)
+
+
 def _truncate_metrics(folder: Path, step: int) -> None:
-    f = folder / "metrics.jsonl"
-    if f.exists():
-        lines = [ln for ln in f.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
-        f.write_text("".join(ln + "\n" for ln in lines))
+    """On resume from the checkpoint of ``step``: keep the rows up to ``step`` of ``metrics.jsonl`` and of
+    ``private_diagnostics.jsonl`` (the diag/ keys of the same steps), each rewritten atomically (a temporary file in
+    the folder, fsynced, then ``os.replace``): a kill during the rewrite leaves the old file or the new one."""
+    from dp_adam_bench.tracking.run_store import METRICS_FILE, PRIVATE_DIAGNOSTICS_FILE, atomic_write_text
+
+    for name in (METRICS_FILE, PRIVATE_DIAGNOSTICS_FILE):
+        f = folder / name
+        if f.exists():
+            lines = [ln for ln in f.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
+            atomic_write_text(f, "".join(ln + "\n" for ln in lines))
 
 
 def run(cfg, folder: Path, log_metrics: Callable[[int, dict], None], prepared: Run | None = None) -> dict:
@@ -275,7 +316,13 @@ def _train(r: Run, folder: Path, log_metrics, t0: float) -> dict:
     )
     # plan.steps < sampler.steps when the epsilon budget stops the run: the step that would exceed it is never drawn
     while not session.done:
-        result = session.step()
+        try:
+            result = session.step()
+        except PrivacyMismatch as err:  # an engine or noise check stopped the run before its next release
+            if ddp.is_main:
+                _record_stop(folder, session, err)
+            bar.close()
+            raise
         step = result.step
         if trim_heap and step % memory.TRIM_EVERY == 0:
             memory.release_free_memory()
@@ -301,6 +348,13 @@ def _train(r: Run, folder: Path, log_metrics, t0: float) -> dict:
             log_metrics(step, metrics)
         bar.update(step, metrics, logged)
         if every_ckpt and step % every_ckpt == 0:
+            try:  # the weights this checkpoint saves, checked (engine/watch.py): every rank runs the same check
+                session.check_engine("checkpoint")
+            except PrivacyMismatch as err:
+                if ddp.is_main:
+                    _record_stop(folder, session, err)
+                bar.close()
+                raise
             state = session.state_dict()  # a collective: every rank takes part
             if ddp.is_main:
                 ckpt.save(folder, {"fingerprint": fp, **state, "self_check": _check_to_carry(r)})
@@ -333,6 +387,8 @@ def _train(r: Run, folder: Path, log_metrics, t0: float) -> dict:
         # what ran, reconciled with what the ledger and the sensitivity assumed (engine/participation.py);
         # train.py fails the run, after writing the summary, on a MISMATCH
         "participation": session.participation_report() if ddp.is_main else {},
+        # the noise added to each release against the ledger's multiplier (engine/noise_check.py)
+        "noise_check": session.noise_check.describe() if session.noise_check is not None else {},
         "privacy_notes": notes,
         "stopped_by_budget": stopped_by_budget,
         "train_time_s": time.time() - t0,
@@ -346,6 +402,8 @@ def _train(r: Run, folder: Path, log_metrics, t0: float) -> dict:
             "world_size": ddp.world,
             "self_check": session.self_check,
             "engine_probe": r.engine_probe,
+            # the engine checked again as the run trained (engine/watch.py)
+            "engine_watch": session.watch.describe() if session.watch is not None else {},
             # the TF32 / reduced-precision fp32 settings (engine/fp32_exact.py); clipping runs in IEEE fp32
             "fp32_math": fp32_settings(),
         }

@@ -13,6 +13,14 @@ A task knows data loading, the model builder, the per-example loss and the metri
 
 A per-example loss must depend on that example only (no batch statistics such as BatchNorm): otherwise
 per-example gradients and the privacy analysis are wrong.
+
+Optional, for a task that keeps random state of its own which training draws from (cifar10_cnn's augmentation
+generator): ``rng_state()`` returns it as ``{name: uint8 tensor}`` (``torch.Generator.get_state()``), and
+``load_rng_state(state)`` restores it from that dict. The checkpoint saves it beside the engine's generators
+(:meth:`~dp_adam_bench.engine.session.PrivateTraining.state_dict`), so that a killed and resumed run continues
+exactly as the uninterrupted one; after a resume each tensor's digest is compared with the one saved. A task
+whose randomness is a function of fixed seeds only (a data subset drawn at construction, arxiv_mlm's per-row
+masks) needs neither. The global torch RNG (dropout) is checkpointed by the engine.
 """
 
 from __future__ import annotations

@@ -479,6 +479,15 @@ class Cifar10CNN(ModelTask):
         cols = (dx[:, None] + ar)[:, None, None, :]
         return xp[torch.arange(b)[:, None, None, None], torch.arange(3)[None, :, None, None], rows, cols]
 
+    def rng_state(self) -> dict[str, torch.Tensor]:
+        """The random state :meth:`get_batch` draws from (the augmentation generator, whether or not ``augment``
+        is on): checkpointed, so that a resumed run augments exactly as the uninterrupted one (``base.py``)."""
+        return {"augment": self._aug_gen.get_state()}
+
+    def load_rng_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Continue from :meth:`rng_state`'s output."""
+        self._aug_gen.set_state(state["augment"].cpu())  # generator states are CPU byte tensors
+
     def get_batch(self, indices) -> dict[str, torch.Tensor]:
         idx = torch.as_tensor(indices, dtype=torch.long)
         x = self.normalise(self.x_train[idx])
