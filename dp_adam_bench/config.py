@@ -189,7 +189,7 @@ def validate(cfg: Mapping, *, custom_task: bool = False) -> None:
         )
     boolean(cfg, "train.self_check.enabled", default=True)
     integer(cfg, "train.self_check.examples", low=1, default=4)
-    number(cfg, "train.self_check.tolerance", low=0, low_open=True, default=0.001)
+    number(cfg, "train.self_check.tolerance", low=0, low_open=True, default=0.01)
     every = _get(cfg, "train.engine_watch.every", "auto")
     if every != "auto":
         integer(cfg, "train.engine_watch.every", low=0, default=0)

@@ -211,6 +211,7 @@ def test_report_writes_its_table(tmp_path, monkeypatch):
     monkeypatch.setattr(privacy_audit, "BACKGROUND", 20)
     monkeypatch.setattr(privacy_audit, "BLACKBOX", None)  # CIFAR-10 training: tested on a tiny task below
     monkeypatch.setattr(privacy_audit, "MODEL_ROWS", (("hooks", "adam", "independent", "poisson"),))
+    monkeypatch.setattr(privacy_audit, "RESUMED_ROWS", (("adam", "independent", "poisson"),))
     monkeypatch.setattr(
         privacy_audit,
         "candidates",
@@ -233,7 +234,7 @@ def test_report_writes_its_table(tmp_path, monkeypatch):
     white = df[df.auditor == "white-box"]  # the vector canaries
     assert (
         white.control.isna()
-    ).sum() == 2  # ime x poisson and ime x balls_in_bins are refused by the engine
+    ).sum() == 3  # ime x poisson and ime x balls_in_bins are refused by the engine; + the resumed row
     assert white.meter.notna().all() and white.gdp_mu_lower.notna().all() and white.fdp_mu_lower.notna().all()
     # on the same counts the f-DP bound is never below the Gaussian one (it uses the curve inside the bound)
     assert (df.fdp_mu_lower >= df.gdp_mu_lower - 1e-9).all(), df[["gdp_mu_lower", "fdp_mu_lower"]]
@@ -244,7 +245,7 @@ def test_report_writes_its_table(tmp_path, monkeypatch):
     assert df[df.control.isna()].meter_joint.str.startswith("pass").all()
     model = df[df.auditor.str.startswith("white-box (model task")]
     assert model.gdp_mu_lower.notna().all() and model.fdp_mu_lower.notna().all() and model.meter.notna().all()
-    assert set(model.control.fillna("")) == {"", "bias_unclipped"}
+    assert set(model.control.fillna("")) == {"", "bias_unclipped", "bias_norm_dropped", "wrong_when_trained"}
     caught = df[df.control.notna()]
     assert (caught.verdict == "caught").all() and caught.caught_by.notna().all(), caught[
         ["control", "caught_by"]
@@ -253,7 +254,11 @@ def test_report_writes_its_table(tmp_path, monkeypatch):
     assert set(df[df.control.isna()].participation) == {"consistent"}
     for name, check in (("mf_one_participation", "sensitivity"), ("ledger_round_short", "rounds")):
         assert (df[df.control == name].caught_by == f"participation ledger: {check}").all(), df.caught_by
-    assert set(white.sampler[white.control.isna()]) == {"single_pass", "cyclic_poisson"}
+    assert set(white.sampler[white.control.isna()]) == {
+        "single_pass",
+        "cyclic_poisson",
+        f"poisson (resumed at step {privacy_audit.RESUME_AT})",
+    }
     md = paths[1].read_text()
     assert "Regenerate: `make reproduce-table TABLE=privacy_audit`" in md
     assert "ime x independent x poisson" in md
@@ -398,3 +403,40 @@ def test_black_box_control_replaces_the_privatizer_once():
     first = backend.release(None, honest, None)
     assert isinstance(first, NoNoisePrivatizer) and first.noise_std == 0.0
     assert backend.release(None, honest, None) is first
+
+
+# --- issue 44: the run's own checks catch what the start-up checks and the meter did not --------------------------
+@pytest.mark.parametrize(
+    "control,by",
+    [
+        ("ledger_sigma_doubled", "participation ledger: noise"),
+        ("ledger_sigma_doubled_mf", "participation ledger: noise"),
+        ("resume_redraws_noise", "resume check (restored generators)"),
+    ],
+)
+def test_issue_44_controls_are_caught_by_the_runs_own_checks(control, by):
+    """The halved column norm passes the meter (it compares with the plan's multiplier, which the slip changed
+    too); the noise check measures the noise added. A resumed run whose noise generator is the fresh stream's is
+    refused by the restored-generator check (and, with it bypassed, the meter sees the reused noise)."""
+    from dp_adam_bench.audit.controls import CONTROLS
+
+    c = CONTROLS.get(control)
+    r = _audit(c.variant, c.noise, c.sampler, control, m=200)
+    assert r.verdict == "caught" and by in r.caught_by, r.describe()
+
+
+def test_issue_44_engine_controls_are_caught_by_the_engine_checks():
+    """bias_norm_dropped (a bias left out of bk's norms) by the start-up self-check's equalized norms;
+    wrong_when_trained (norms 0.9 of the true ones once the weights moved) by the engine watch, mid-run; an honest
+    micro-batched row stays consistent."""
+    from dp_adam_bench.report import privacy_audit
+
+    rows = privacy_audit.model_rows(
+        rows=[("bk", "adam", "independent", "poisson", "train.physical_batch_size=16")],
+        controls=["bias_norm_dropped", "wrong_when_trained"],
+        n=200,
+    )
+    by = {r["control"] or "": r for r in rows}
+    assert by[""]["verdict"] == "consistent" and "physical_batch_size=16" in by[""]["sampler"]
+    assert by["bias_norm_dropped"]["caught_by"].startswith("engine self-check at the start")
+    assert by["wrong_when_trained"]["caught_by"].startswith("engine watch")

@@ -307,3 +307,41 @@ def test_an_example_with_a_zero_gradient_does_not_pass_the_probe_vacuously():
     ):
         make_private(Tied(), data, loss, clipping="bk", **dict(KW, batch_size=4))
     assert ModelBackend and DistContext  # the backend's probe loops over the drawn examples
+
+
+class SlightMix(nn.Module):
+    """Mixes the examples of a batch by 2 %, in every precision: below bf16's tolerance (2^-5), above fp32's."""
+
+    def forward(self, h):
+        return h - 0.02 * h.mean(0)
+
+
+def test_a_small_mixing_under_bf16_is_seen_by_the_fp32_pass():
+    """The review's suspicion: the bf16 tolerance (~3 %) passes a module that mixes examples by less. A bf16 run
+    now also compares the engine with the loop in full fp32, at the fp32 tolerance (1 %)."""
+
+    def net():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(6, 8), SlightMix(), nn.Tanh(), nn.Linear(8, 2))
+
+    with pytest.raises(ConfigError, match=r"self-check: clipping=bk .* in full fp32 .*tolerance 0\.01\)"):
+        make_private(net(), _data(), CE, clipping="bk", precision="bf16", **KW)
+
+
+def test_a_public_set_that_overlaps_the_private_population_is_refused(monkeypatch):
+    """Every example a step reads is in the accounted population or in a declared public set disjoint from it: a
+    split that leaks private examples into the public side information is refused before any step."""
+    from dp_adam_bench.engine import trainer
+
+    real = trainer.split_public
+
+    def leaky(cfg, n, seed, needed):
+        private, public = real(cfg, n, seed, needed)
+        return private, (None if public is None else torch.cat([public, private[:3]]))
+
+    monkeypatch.setattr(trainer, "split_public", leaky)
+    torch.manual_seed(0)
+    with pytest.raises(PrivacyMismatch, match=r"3 example\(s\) are both in the public side-information set"):
+        make_private(
+            nn.Sequential(nn.Linear(6, 2)), _data(2000), CE, **dict(KW, optimizer="side_info", clipping="bk")
+        )

@@ -287,6 +287,105 @@ class UnclippedBiasEngine:
         return getattr(self.inner, name)
 
 
+def halved_column_norm(plan):
+    """Issue 44's planted slip: the strategy's column norm halved in the plan (a stand-in for any slip in
+    ``account_sigma`` or the column norms), so the privacy ledger records twice the noise multiplier the privatizer
+    applies and the run reports a fraction of its epsilon (0.586 for 1.460 in the review)."""
+    if plan.accounting not in ("poisson", "amplified_mf"):
+        raise ValueError(
+            f"the ledger_sigma_doubled control needs Poisson rounds, got {plan.accounting!r} accounting"
+        )
+    return dataclasses.replace(plan, column_norm=plan.column_norm / 2)
+
+
+class NormWithoutBiasEngine:
+    """bk whose per-example norms leave out the bias gradients, their sums kept (issue 44: the self-check compared
+    totals, and a bias ~1/1000 of its weight moved the total by less than its tolerance). Planted in bk's dense
+    rule for the duration of each ``clipped_sum``, so the clip factors use the short norms."""
+
+    def __init__(self, inner, model):
+        if getattr(inner, "name", "") != "bk":
+            raise ValueError(
+                "the bias_norm_dropped control plants its bug in bk's dense rule: use clipping bk"
+            )
+        self.inner = inner
+
+    def clipped_sum(self, batch, clip, scale=None):
+        import importlib
+
+        linear = importlib.import_module("dp_adam_bench.engine.bk_rules.linear")
+        real = linear.dense
+
+        def dense(engine, name, ops, *, weight, bias, sw=None, sb=None):
+            sq, finish = real(engine, name, ops, weight=weight, bias=bias, sw=sw, sb=sb)
+            if bias:
+                gb = ops.G.sum(1, dtype=engine.dtype).reshape(sq.shape[0], -1)
+                sq = sq - (gb if sb is None else gb * sb).square().sum(1)
+            return sq, finish
+
+        linear.dense = dense
+        try:
+            return self.inner.clipped_sum(batch, clip, scale)
+        finally:
+            linear.dense = real
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+class WrongWhenTrainedEngine:
+    """An engine right on the weights it starts from and wrong once they have moved: its per-example norms 0.9 of
+    the true ones after the first update (issue 44's zero-gate adapter: a use of a parameter outside its module
+    behind a gate at 0 is invisible at step 0, and bk's norms were 0.974-0.9998 of the true ones once trained)."""
+
+    def __init__(self, inner, model):
+        self.inner = inner
+        self.start = [p.detach().clone() for p in inner.params]
+
+    def clipped_sum(self, batch, clip, scale=None):
+        if all(torch.equal(p, s) for p, s in zip(self.inner.params, self.start, strict=True)):
+            return self.inner.clipped_sum(batch, clip, scale)
+        n = batch_len(batch)
+        if not n:
+            return self.inner.clipped_sum(batch, clip, scale)
+        per_ex = self.inner.clipped_sum  # the honest norms, then the sum clipped at the short ones
+        honest = per_ex(batch, None, scale)
+        short = honest.norms * 0.9
+        # one example at a time: the honest engine's gradient of each, clipped at its short norm
+        summed = [torch.zeros_like(p) for p in self.inner.params]
+        for i in range(n):
+            one = {k: v[i : i + 1] for k, v in batch.items()}
+            g = per_ex(one, None, scale).summed
+            f = clip_factors(short[i : i + 1], clip)[0] if clip else 1.0
+            for acc, gi in zip(summed, g, strict=True):
+                acc.add_(gi * f)
+        honest.summed, honest.norms = summed, short
+        return honest
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def restart_noise_stream(payload: dict, run) -> dict:
+    """Issue 44's planted resume bug, applied to the checkpoint a resumed run loads: the noise generator's state is
+    the fresh stream's (as when the restore code forgets to set it), so the resumed run redraws the noise of steps
+    1, 2, ... and the difference of two releases is noise-free."""
+    from dp_adam_bench.privacy.noise_factory import build_mechanisms
+
+    params = run.backend.params
+    fresh = build_mechanisms(
+        run.plan.strategy,
+        [p.shape for p in params],
+        run.variant.releases().streams,
+        run.seeds.noise,
+        params[0].dtype,
+        params[0].device,
+    )
+    for saved, m in zip(payload["privatizer"]["mechanisms"], fresh, strict=True):
+        saved["generator"] = m._gen.get_state()
+    return payload
+
+
 class CycleIgnoredSampler(CyclicPoissonSampler):
     """A cyclic Poisson sampler that ignores the cycle: at every step every example joins with probability q (the
     group rate b B / N), instead of only the members of group t mod b. Its ``cycle_length`` is the honest
@@ -316,8 +415,9 @@ class Control:
     replacement), the variant (``variant_bug``: a class built with the config's optimizer fields in place of the
     registered one, and the plan rebuilt for it, so its sigma factor reaches the ledger) or the clipping engine
     (``engine_bug``: (engine, model) -> a wrapper; model tasks only) or the privacy plan (``plan_bug``: the
-    prepared run's plan -> the broken plan the run is accounted with). ``planted``: one of issue 25's (or 32's)
-    planted kinds; ``leaks``: False for a bug whose true epsilon is about the claim."""
+    prepared run's plan -> the broken plan the run is accounted with) or the checkpoint a resumed run loads
+    (``resume_at`` / ``checkpoint_bug``). ``planted``: one of issue 25's (or 32's, 44's) planted kinds; ``leaks``:
+    False for a bug whose true epsilon is about the claim."""
 
     variant: str
     noise: str
@@ -330,6 +430,10 @@ class Control:
     plan_bug: Callable | None = None
     planted: bool = False
     leaks: bool = True
+    #: resume the run from a checkpoint after this many steps (a resumed run: issue 44); with ``checkpoint_bug``
+    #: (payload, run) -> payload applied to the checkpoint it resumes from
+    resume_at: int | None = None
+    checkpoint_bug: Callable | None = None
 
     def wrap(self, p: Privatizer) -> Privatizer:
         return p if self.privatizer is None else rebuilt(self.privatizer, p)
@@ -533,6 +637,62 @@ for _name, _control in (
             "privacy ledger one Poisson round short of the steps taken",
             plan_bug=one_round_short,
             leaks=False,
+        ),
+    ),
+    (
+        "ledger_sigma_doubled",
+        Control(
+            "adam",
+            "independent",
+            "poisson",
+            None,
+            "column norm halved: the ledger records twice the noise multiplier applied",
+            plan_bug=halved_column_norm,
+        ),
+    ),
+    (
+        "ledger_sigma_doubled_mf",
+        Control(
+            "sgd",
+            "bandmf",
+            "cyclic_poisson",
+            None,
+            "BandMF column norm halved: each amplified round recorded at twice its multiplier",
+            plan_bug=halved_column_norm,
+        ),
+    ),
+    (
+        "bias_norm_dropped",
+        Control(
+            "adam",
+            "independent",
+            "poisson",
+            None,
+            "bias gradients left out of bk's per-example norms (their sums kept)",
+            engine_bug=NormWithoutBiasEngine,
+        ),
+    ),
+    (
+        "wrong_when_trained",
+        Control(
+            "adam",
+            "independent",
+            "poisson",
+            None,
+            "engine right at the initial weights, norms 0.9 of the true ones once trained",
+            engine_bug=WrongWhenTrainedEngine,
+        ),
+    ),
+    (
+        "resume_redraws_noise",
+        Control(
+            "adam",
+            "independent",
+            "poisson",
+            None,
+            "resumed run whose noise generator is not restored: it redraws the noise of steps 1, 2, ...",
+            resume_at=50,
+            checkpoint_bug=restart_noise_stream,
         ),
     ),
 ):

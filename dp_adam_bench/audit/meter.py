@@ -973,6 +973,30 @@ class ModelRecorder:
         return getattr(self.inner, name)
 
 
+#: the engine watch's period in the meter's checked runs (``self_check=True``): every this many steps
+WATCH_EVERY = 10
+
+
+def watched(run, checks: bool):
+    """The prepared model ``run`` with the engine watch (engine/watch.py) as the meter runs it: off when the meter
+    measures the engine on its own (``checks`` False; the start-up checks ran on the honest engine in
+    ``prepare``), else every :data:`WATCH_EVERY` steps."""
+    if not checks or run.watch is None:
+        return dataclasses.replace(run, watch=None)
+    run.watch.every = WATCH_EVERY
+    return run
+
+
+def recorder(run, control) -> ModelRecorder:
+    """:class:`ModelRecorder` around the run's backend; the control's engine is checked by the run's own engine
+    watch from its first step on, as it would be had the run been built with it (``prepare`` checked the honest
+    engine before the control replaced it)."""
+    out = ModelRecorder(run.backend, control)
+    if run.watch is not None and control is not None and control.engine_bug is not None:
+        run.watch.seen_step = None
+    return out
+
+
 def _replay_lists(
     cfg, schedule, records, before: list[list[torch.Tensor]], final: list[torch.Tensor], decay_mask=None
 ):
@@ -1032,14 +1056,14 @@ def meter_model(
         OmegaConf.update(cfg, key, value, force_add=True)
     clip = float(cfg.privacy.clip)
     task = ModelMeterTask(n, clip, norms=True)
-    run = trainer.prepare(cfg, task)
+    run = watched(trainer.prepare(cfg, task), self_check)
     population = run.population.numpy()
     # as meter_config: the sampling check has its own reference (sampling_reference), not run_controlled's
     run, _, honest_sampler, _ = run_controlled(
         cfg,
         run,
         control,
-        lambda run: ModelRecorder(run.backend, control),
+        lambda run: recorder(run, control),
         np.arange(len(population)),
         prefix="dp-adam-bench-meter-",
     )
@@ -1126,7 +1150,7 @@ def audit_model(
     n = int(canaries)
     included = np.random.default_rng([int(seed), 12]).random(n) < 0.5
     task = ModelMeterTask(n, float(cfg.privacy.clip), shared=0.0, included=included)
-    run = trainer.prepare(cfg, task)
+    run = watched(trainer.prepare(cfg, task), False)
     population = run.population.numpy()
     if len(population) != n:
         run.backend.close()
@@ -1138,7 +1162,7 @@ def audit_model(
     # depends on which canaries are in. Whether that order is the documented one is the meter's sampling check
     # (sampling_reference), attached below unless meter=False.
     run, summary, _, eligible = run_controlled(
-        cfg, run, control, lambda run: ModelRecorder(run.backend, control), positions
+        cfg, run, control, lambda run: recorder(run, control), positions
     )
     backend, plan = run.backend, run.plan
     weights = [b[0][0, 1:].double() for b in backend.params_before]

@@ -274,6 +274,9 @@ class AuditResult:
     #: the run's participation ledger reconciled with its accounting (summary["participation"],
     #: dp_adam_bench.engine.participation); {} when the run did not record one
     participation: dict = field(default_factory=dict)
+    #: the run's own checks that refused or stopped it (summary["stopped_by"]: a resumed run's restored-generator
+    #: check, issue 44), the run then measured with that check bypassed
+    stopped_by: list = field(default_factory=list)
 
     @classmethod
     def of_run(cls, run, summary: dict, **fields) -> AuditResult:
@@ -297,6 +300,7 @@ class AuditResult:
             "claimed_mu": mu,
             "claimed_mu_exact": exact,
             "participation": summary.get("participation") or {},
+            "stopped_by": list(summary.get("stopped_by") or []),
         } | fields
         return cls(
             variant=run.variant.name,
@@ -372,7 +376,7 @@ class AuditResult:
         if self.ledger_verdict.startswith("MISMATCH"):
             failed = [c["check"] for c in self.participation.get("checks", []) if not c["ok"]]
             out.append("participation ledger: " + ", ".join(failed))
-        return out
+        return out + list(self.stopped_by)
 
     @property
     def ledger_verdict(self) -> str:
@@ -523,8 +527,77 @@ def run_controlled(cfg, run, control, make_backend, positions, prefix: str = "dp
         plan = dataclasses.replace(plan, sampler=control.wrap_sampler(honest))
     run = dataclasses.replace(run, backend=backend, plan=plan)
     with tempfile.TemporaryDirectory(prefix=prefix) as folder:
-        summary = trainer.run(cfg, Path(folder), lambda step, metrics: None, prepared=run)
+        if control is not None and control.resume_at:
+            summary, run = run_resumed(cfg, run, control, make_backend, Path(folder))
+        else:
+            summary = trainer.run(cfg, Path(folder), lambda step, metrics: None, prepared=run)
     return run, summary, honest, eligible
+
+
+#: what a recording backend keeps per step: a resumed run's second attempt continues the first's lists
+_RECORDED = ("records", "params_before", "trajectory", "released", "scaled")
+
+
+def run_resumed(cfg, run, control, make_backend, folder: Path):
+    """Issue 44: ``run`` (already controlled and recording) killed after ``control.resume_at`` steps with a
+    checkpoint there, that checkpoint broken by ``control.checkpoint_bug`` if any, and resumed from it in a fresh
+    process's way (prepare, the control, a new recording backend that continues the first one's records). When the
+    resumed run refuses its checkpoint (a restored generator that is not the one saved: engine/session.py), the
+    refusal goes to ``summary["stopped_by"]`` and the run is resumed once more with that check bypassed, so that the
+    audit and the meter measure what the check prevented. Returns (summary, the resumed run)."""
+    from omegaconf import OmegaConf
+
+    from dp_adam_bench.engine import checkpoint as ckpt
+    from dp_adam_bench.engine import session as session_module
+    from dp_adam_bench.engine import trainer
+    from dp_adam_bench.errors import PrivacyMismatch
+
+    k = int(control.resume_at)
+
+    def with_train(**keys):
+        out = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+        for key, value in keys.items():
+            OmegaConf.update(out, f"train.{key}", value, force_add=True)
+        return out
+
+    first = with_train(checkpoint_every=k, stop_after=k, resume=True)
+    try:  # the trainer reads the prepared run's own config
+        trainer.run(first, folder, lambda step, metrics: None, prepared=dataclasses.replace(run, cfg=first))
+    except KeyboardInterrupt:
+        pass
+    second = with_train(checkpoint_every=k, stop_after=None, resume=True)
+    if control.checkpoint_bug is not None:
+        fp = ckpt.fingerprint(trainer._to_dict(second))
+        ckpt.save(folder, control.checkpoint_bug(ckpt.load(folder, fp), run))
+
+    def attempt():
+        again = control.apply_to_run(trainer.prepare(second, run.task, folder), second)
+        backend = make_backend(again)
+        if backend is not run.backend:  # a new recorder: it continues the first attempt's records
+            for name in _RECORDED:
+                if hasattr(run.backend, name) and hasattr(backend, name):
+                    setattr(backend, name, [*getattr(run.backend, name), *getattr(backend, name)])
+        if hasattr(backend, "_broken"):  # a control's privatizer is built again around this attempt's
+            backend._broken = None
+        sampler = control.wrap_sampler(again.plan.sampler)
+        return dataclasses.replace(
+            again, backend=backend, plan=dataclasses.replace(again.plan, sampler=sampler)
+        )
+
+    stopped = []
+    resumed = attempt()
+    try:
+        summary = trainer.run(second, folder, lambda step, metrics: None, prepared=resumed)
+    except PrivacyMismatch:  # the refusal is what the row records; its line is in the run log
+        stopped.append("resume check (restored generators)")
+        resumed = attempt()
+        real = session_module.verify_restored_generators
+        session_module.verify_restored_generators = lambda *a, **kw: None
+        try:
+            summary = trainer.run(second, folder, lambda step, metrics: None, prepared=resumed)
+        finally:
+            session_module.verify_restored_generators = real
+    return {**summary, "stopped_by": stopped}, resumed
 
 
 AUDIT_OVERRIDES = {
@@ -534,6 +607,9 @@ AUDIT_OVERRIDES = {
     "train.resume": False,
     "train.stop_after": None,
     "diagnostics.every": 0,
+    # a noise mismatch recorded, not raised mid-run: the audit runs a control to its end and the participation
+    # ledger's noise check names it (engine/noise_check.py)
+    "train.noise_check": "record",
 }
 
 

@@ -165,7 +165,7 @@ class ModelBackend:
             torch.device(self.device).type, dtype=torch.bfloat16, enabled=self.precision == "bf16"
         )
 
-    def self_check(self, examples: torch.Tensor, clip: float | None, settings) -> dict:
+    def self_check(self, examples: torch.Tensor, clip: float | None, settings, equalize: bool = True) -> dict:
         """The engine against the size-one loop on the private ``examples`` (dataset indices, chosen at random by
         :class:`~dp_adam_bench.engine.watch.EngineWatch`; :mod:`dp_adam_bench.engine.self_check`); raises
         ConfigError on a mismatch. Under bf16 it compares the autocast path at the bf16 tolerance and the full fp32
@@ -179,10 +179,14 @@ class ModelBackend:
         configured = float(settings.get("tolerance", DEFAULT_TOLERANCE))
         tol = tolerance_for(configured, self.precision)
         fp32_tol = configured if self.precision == "bf16" else None
-        record = self_check(self.engine, batch, clip, tol, autocast=self._autocast, fp32_tolerance=fp32_tol)
+        record = self_check(
+            self.engine, batch, clip, tol, autocast=self._autocast, fp32_tolerance=fp32_tol, equalize=equalize
+        )
         return record | {"precision": self.precision}
 
-    def probe(self, examples: torch.Tensor, generator: torch.Generator | None = None) -> dict:
+    def probe(
+        self, examples: torch.Tensor, generator: torch.Generator | None = None, clip: float | None = None
+    ) -> dict:
         """The engine's unclipped gradient and norm of the first of ``examples`` whose gradient is not all zero
         against autograd's
         (:mod:`dp_adam_bench.engine.probe`), whether or not the self-check is on: refuses a parameter the engine
@@ -193,7 +197,7 @@ class ModelBackend:
             len(examples)
         ):  # the first example whose gradient is not all zero (a masked-out example's is)
             one = {k: v.to(self.device) for k, v in self.task.get_batch(examples[i : i + 1]).items()}
-            record = probe(self.engine, one, generator)
+            record = probe(self.engine, one, generator, clip)
             if len(record["unverified"]) < len(self.params):
                 break
         return record
@@ -215,7 +219,9 @@ class ModelBackend:
         finally:
             self.model.train(training)
 
-    def engine_check(self, examples: torch.Tensor, generator, clip: float | None, settings) -> dict:
+    def engine_check(
+        self, examples: torch.Tensor, generator, clip: float | None, settings, equalize: bool = True
+    ) -> dict:
         """:meth:`probe` and :meth:`self_check` on ``examples`` (the check of :class:`EngineWatch`): ``{"probe",
         "self_check", "max_rel_error", "unverified"}``; a parameter is unverified when neither saw its gradient
         non-zero (the probe's perturbed weights included)."""
@@ -224,8 +230,8 @@ class ModelBackend:
         saved = self.task.rng_state() if hasattr(self.task, "rng_state") else None
         try:
             self.dry_pass(examples, clip)
-            probed = self.probe(examples, generator)
-            check = self.self_check(examples, clip, settings)
+            probed = self.probe(examples, generator, clip)
+            check = self.self_check(examples, clip, settings, equalize)
         finally:
             if saved is not None:
                 self.task.load_rng_state(saved)

@@ -52,11 +52,16 @@ from dp_adam_bench.engine.grads import clip_factors, loop_grads
 from dp_adam_bench.engine.probe import FLOOR, clipped_sum, neutral
 from dp_adam_bench.errors import ConfigError
 
-#: relative error allowed: float32 engines differ from the loop by ~1e-6 (summation order; the check runs with
-#: TF32 off, engine/fp32_exact.py); the defects this check exists for were off by 10-150 %, but a module that mixes
-#: the examples of a batch by a small coefficient, or a parameter whose part of the norm is dropped, is off by less
-#: (issue 44): 1e-3 is the probe's tolerance, 1,000 times the fp32 error seen (was 1e-2 before issue 44)
-DEFAULT_TOLERANCE = 1e-3
+#: relative error allowed in the norms and the total clipped sum: float32 engines differ from the loop by ~1e-6
+#: (summation order; the check runs with TF32 off, engine/fp32_exact.py) where they materialise per-example
+#: gradients, but the Gram form of ghost (and of bk's Gram path) in fp32 differs by more on trained weights, where an
+#: example's gradient cancels across positions: 1.3e-3 of max(norm, C), ghost on a CIFAR-10 CNN at step 2 (issue
+#: 44). The defects this check exists for were off by 10-150 %; a module that mixes the examples of a batch by less
+#: than 1 % passes it (and bf16's pass, at 2^-5, by less than that)
+DEFAULT_TOLERANCE = 1e-2
+#: relative error allowed in the equalized norms (:func:`equalized_norm_error`, the start-up check only, on the
+#: scaled path where every engine materialises per-example gradients: ~1e-6 measured on every model-zoo family)
+EQUALIZED_TOLERANCE = 1e-3
 DEFAULT_EXAMPLES = 4
 #: the least tolerance under ``train.precision=bf16``: bf16 keeps 8 significant bits (unit roundoff u = 2^-8 ~
 #: 3.9e-3). Engine and loop run the same autocast forward, but the loop's weight gradients come out of bf16
@@ -78,6 +83,7 @@ def self_check(
     tolerance: float = DEFAULT_TOLERANCE,
     autocast=nullcontext,
     fp32_tolerance: float | None = None,
+    equalize: bool = True,
 ) -> dict:
     """Compare ``engine``'s norms and clipped sum on ``batch`` with the size-one loop; returns the record for the
     summary, or raises :class:`ConfigError` when a relative error exceeds ``tolerance``. ``autocast``: a
@@ -89,15 +95,18 @@ def self_check(
     Measured, each against the loop: every example's norm (worst relative error), the clipped sum over all
     parameters, the clipped sum of each parameter tensor (a parameter whose gradient the engine drops is a 100 %
     error there, however small its share of the total), and the norms with every parameter weighted to an equal
-    share. Parameters whose loop gradient is exactly zero on every checked example are listed as ``unverified``."""
+    share (``equalize``: the start-up check; which part of the norm an engine computes is a property of its code,
+    and on trained weights a tensor whose gradient nearly cancels, a BERT attention key's, carries rounding that
+    equalizing magnifies). Parameters whose loop gradient is exactly zero on every checked example are listed as
+    ``unverified``."""
     t0 = time.perf_counter()
     names = [n for n, p in engine.model.named_parameters() if p.requires_grad]
     # without fp32_tolerance the training step runs in fp32 (its autocast is disabled): one pass, equalized too
-    record = _measure(engine, batch, clip, autocast, names, equalize=fp32_tolerance is None)
+    record = _measure(engine, batch, clip, autocast, names, equalize=equalize and fp32_tolerance is None)
     record |= {"enabled": True, "tolerance": tolerance}
     _refuse_check(engine, record, tolerance, "")
     if fp32_tolerance is not None:
-        full = _measure(engine, batch, clip, nullcontext, names, equalize=True)
+        full = _measure(engine, batch, clip, nullcontext, names, equalize=equalize)
         full["tolerance"] = fp32_tolerance
         _refuse_check(engine, full, fp32_tolerance, " in full fp32 (outside the training step's autocast)")
         record["fp32"] = full
@@ -124,13 +133,11 @@ def _measure(engine, batch: dict, clip: float | None, autocast, names: list[str]
                 engine._hooks(True)
         per_ex = [g.to(p.dtype) for g, p in zip(per_ex, engine.params, strict=True)]
         norms, summed = loop_reference(per_ex, clip)
-        norm_err, sum_err = relative_errors(got, norms, summed)
-        param_errs = parameter_errors(got.summed, summed)
+        norm_err, sum_err = relative_errors(got, norms, summed, clip)
+        param_errs = parameter_errors(got.summed, summed, per_ex, clip_factors(norms, clip))
         eq_err = equalized_norm_error(engine, batch, clip, per_ex) if equalize else None
     worst = max(range(len(param_errs)), key=lambda i: param_errs[i]) if param_errs else None
-    errs = [norm_err, sum_err, *(param_errs[worst : worst + 1] if worst is not None else [])]
-    errs += [eq_err] if eq_err is not None else []
-    err = max(errs) if all(math.isfinite(e) for e in errs) else math.nan  # max() would drop a NaN
+    err = max(norm_err, sum_err) if math.isfinite(norm_err + sum_err) else math.nan  # max() would drop a NaN
     return {
         "examples": got.count,
         "max_rel_error": err,
@@ -144,16 +151,30 @@ def _measure(engine, batch: dict, clip: float | None, autocast, names: list[str]
 
 
 def _refuse_check(engine, record: dict, tolerance: float, where: str) -> None:
-    err = record["max_rel_error"]
-    if err <= tolerance:  # NaN fails too
-        return
-    part = ""
-    if record["param_rel_error"] > tolerance and record["param_rel_error"] >= record["sum_rel_error"]:
-        part = f" (worst in the clipped sum of parameter {record['worst_param']!r})"
-    elif (record["equalized_norm_rel_error"] or 0.0) > tolerance:
-        part = (
-            " (in the norms with every parameter weighted to an equal share: a parameter's part of the norm)"
+    """The :class:`ConfigError` of the first comparison of ``record`` beyond its tolerance: the norms and the
+    total clipped sum (``tolerance``), a parameter's clipped sum (:data:`PARAMETER_TOLERANCE`), the equalized norms
+    (:data:`EQUALIZED_TOLERANCE`)."""
+    eq = record["equalized_norm_rel_error"]
+    failed = [
+        (err, tol, part)
+        for err, tol, part in (
+            (record["max_rel_error"], tolerance, ""),
+            (
+                record["param_rel_error"],
+                max(tolerance, PARAMETER_TOLERANCE),
+                f" (in the clipped sum of parameter {record['worst_param']!r})",
+            ),
+            (
+                eq if eq is not None else 0.0,
+                EQUALIZED_TOLERANCE,
+                " (in the norms with every parameter weighted to an equal share: a parameter's part of the norm)",
+            ),
         )
+        if not err <= tol  # NaN fails too
+    ]
+    if not failed:
+        return
+    err, tolerance, part = failed[0]
     raise ConfigError(
         f"self-check: train.clipping={engine.name} computes per-example gradients that differ from the loop "
         f"over batches of size one by {err:.3g}{part}{where} (relative; tolerance {tolerance:g}) on this model, so "
@@ -162,22 +183,39 @@ def _refuse_check(engine, record: dict, tolerance: float, where: str) -> None:
     )
 
 
-def parameter_errors(got: list[torch.Tensor], ref: list[torch.Tensor]) -> list[float]:
-    """Each parameter tensor's relative error of the clipped sum, against its own size but at least
-    :data:`~dp_adam_bench.engine.probe.FLOOR` times the whole sum's (a parameter whose share is near zero is not
-    refused for rounding)."""
-    total = math.sqrt(sum(float(r.double().square().sum()) for r in ref))
-    floor = max(FLOOR * total, torch.finfo(torch.float64).tiny)
+def parameter_errors(
+    got: list[torch.Tensor], ref: list[torch.Tensor], per_ex: list[torch.Tensor], factors: torch.Tensor
+) -> list[float]:
+    """Each parameter tensor's error of the clipped sum relative to the sum of its clipped per-example gradients'
+    norms, sum_i f_i ||g_ij|| (at least :data:`~dp_adam_bench.engine.probe.FLOOR` times that of the whole
+    gradient): the scale an error of the clip factors moves it by, whether or not the examples cancel in the sum.
+    A clip factor off by d moves parameter j's sum by at most d times its scale (an engine whose norms are ~1e-5
+    off is not refused for examples that cancel), and a sum the engine drops is an error of
+    ||sum_i f_i g_ij|| / sum_i f_i ||g_ij||, 1 where the examples agree."""
+    f = factors.double()
+    b = f.shape[0]
+    scales = [float((f * g.double().reshape(b, -1).norm(dim=1)).sum()) for g in per_ex]
+    floor = max(FLOOR * math.sqrt(sum(x * x for x in scales)), torch.finfo(torch.float64).tiny)
     return [
-        float((g.double() - r.double()).norm()) / max(float(r.double().norm()), floor)
-        for g, r in zip(got, ref, strict=True)
+        float((g.double() - r.double()).norm()) / max(scale, floor)
+        for g, r, scale in zip(got, ref, scales, strict=True)
     ]
 
+
+#: relative error allowed in one parameter tensor's clipped sum (:func:`parameter_errors`): looser than the total's,
+#: because a tensor with a small share carries more rounding relative to its own scale (1 % measured on a trained
+#: BERT's attention key weight, bk against the loop, whose norms agreed to 1e-6), and the defect this comparison
+#: exists for, a tensor whose gradient the engine drops, is off by up to 100 %
+PARAMETER_TOLERANCE = 0.05
 
 #: parameter tensors weighted to an equal share in one pass of :func:`equalized_norm_error`: a tensor whose part of
 #: the norm the engine drops then moves the norm by at least 1 / (2 x 200) = 2.5e-3 relative, above the fp32
 #: tolerance (1e-3); more tensors are split into several passes
 EQUALIZED_GROUP = 200
+#: parameters whose gradient's RMS is below this fraction of the whole gradient's are left out of the equalized
+#: norms (fp32 rounding is ~1e-7 of the whole; a bias ~1e-3 of its weight, the case this comparison exists for,
+#: is far above)
+EQUALIZED_FLOOR = 1e-5
 
 
 def equalized_norm_error(engine, batch: dict, clip: float | None, per_ex: list[torch.Tensor]) -> float | None:
@@ -194,7 +232,11 @@ def equalized_norm_error(engine, batch: dict, clip: float | None, per_ex: list[t
     b = per_ex[0].shape[0]
     part = [g.double().reshape(b, -1).square().sum(1) for g in per_ex]  # (B,) each
     rms = [float(q.mean().sqrt()) for q in part]
-    live = [i for i, r in enumerate(rms) if r > 0]
+    # a parameter whose gradient is rounding noise (a key bias: attention's softmax ignores a shift of its logits,
+    # so its gradient is 0 up to ~1e-13) is not weighted up: 1 / RMS would make the noise the whole norm
+    whole = math.sqrt(sum(r * r for r in rms))
+    negligible = EQUALIZED_FLOOR * whole
+    live = [i for i, r in enumerate(rms) if r > negligible]
     worst = 0.0
     for k in range(0, len(live), EQUALIZED_GROUP):
         group = set(live[k : k + EQUALIZED_GROUP])
@@ -202,7 +244,10 @@ def equalized_norm_error(engine, batch: dict, clip: float | None, per_ex: list[t
         scale = [torch.full_like(p, w) for p, w in zip(engine.params, weight, strict=True)]
         got = clipped_sum(engine, batch, clip, scale)
         want = torch.sqrt(sum(w * w * q for w, q in zip(weight, part, strict=True)))
-        err = ((got.norms.double() - want).abs() / want.clamp(min=torch.finfo(torch.float64).tiny)).max()
+        # against the larger of each example's and the examples' mean equalized norm (~sqrt(tensors)): an example
+        # whose gradient is small carries the rounding of the others' scale
+        size = torch.maximum(want, want.mean()).clamp(min=torch.finfo(torch.float64).tiny)
+        err = ((got.norms.double() - want).abs() / size).max()
         worst = max(worst, float(err)) if math.isfinite(float(err)) else math.nan
     return worst
 
@@ -215,16 +260,25 @@ def loop_reference(per_ex: list[torch.Tensor], clip: float | None) -> tuple[torc
     return norms, [torch.einsum("b,b...->...", f, g) for g in per_ex]
 
 
-def relative_errors(got, norms: torch.Tensor, summed: list[torch.Tensor]) -> tuple[float, float]:
+def relative_errors(got, norms: torch.Tensor, summed: list[torch.Tensor], clip: float | None = None):
     """The self-check's measure of an engine's :class:`ClippedSum` ``got`` against the loop's ``norms`` and
-    ``summed``: the worst relative error of a norm, and the relative error of the clipped sum (all parameters)."""
+    ``summed``: the worst relative error of a norm, and the error of the clipped sum (all parameters) relative to
+    the larger of its size and the sum of the clipped examples' norms, sum_i f_i ||g_i|| (``clip`` gives f): where
+    the examples cancel (trained weights, random data), a clip factor off by d moves the sum by up to d times that
+    sum of norms, which can be many times the sum's own size (issue 44: 1.4 % of a cancelled sum from norms
+    ~1e-4 apart)."""
     tiny = torch.finfo(norms.dtype).tiny
-    norm_err = float(((got.norms - norms.to(got.norms.dtype)).abs() / norms.clamp(min=tiny)).max())
+    # a norm against the larger of itself and C: what C bounds is min(||g||, C) per example, and an example far
+    # below C (a well-fit one, whose norm the Gram form computes to ~1e-2 of itself: ghost at trained CIFAR-10
+    # weights) is not clipped whatever its small error
+    scale = norms.clamp(min=clip) if clip else norms
+    norm_err = float(((got.norms - norms.to(got.norms.dtype)).abs() / scale.clamp(min=tiny)).max())
     diff = torch.sqrt(
         sum((s.double() - r.double()).square().sum() for s, r in zip(got.summed, summed, strict=True))
     )
     size = torch.sqrt(sum(r.double().square().sum() for r in summed))
-    return norm_err, float(diff / size.clamp(min=tiny))
+    spread = (clip_factors(norms, clip).double() * norms.double()).sum()
+    return norm_err, float(diff / torch.maximum(size, spread).clamp(min=tiny))
 
 
 @functools.cache

@@ -147,6 +147,15 @@ class PrivateTraining:
         self.ledger = plan.new_ledger()
         # what the sampler and the noise streams actually do, reconciled with the ledger (engine/participation.py)
         self.participation = ParticipationLedger(len(run.population), [m._gen for m in mechanisms])
+        if run.public is not None and bool(torch.isin(run.public, run.population).any()):
+            # every example a step reads is in the accounted population or in a public set disjoint from it
+            from dp_adam_bench.errors import PrivacyMismatch
+
+            both = torch.isin(run.public, run.population).sum()
+            raise PrivacyMismatch(
+                f"{int(both)} example(s) are both in the public side-information set and in the private population "
+                "the accountant counts: their gradients would reach the update unclipped and unnoised"
+            )
         self.side_gen = torch.Generator().manual_seed(seeds.side)
         side = run.cfg.train.get("side_info") or {}
         self._side_batch = int(side.get("batch_size", 256))

@@ -164,7 +164,7 @@ def prepare(cfg, task, folder: Path | None = None) -> Run:
             clip = float(cfg.privacy.clip) if plan.noisy else None
             settings = cfg.train.get("self_check") or {}
             watch = EngineWatch(
-                lambda idx, gen: backend.engine_check(idx, gen, clip, settings),
+                lambda idx, gen, why: backend.engine_check(idx, gen, clip, settings, equalize=why == "start"),
                 population,
                 int(settings.get("examples", DEFAULT_EXAMPLES)),
                 seeds.check,

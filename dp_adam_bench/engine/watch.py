@@ -45,8 +45,8 @@ class EngineCheckFailed(PrivacyMismatch):
 
 
 class EngineWatch:
-    """Checks of the engine on the current weights (module docstring). ``check_fn(batch_idx, generator)`` runs the
-    probe and the self-check on the private examples ``batch_idx`` and returns their records (raising
+    """Checks of the engine on the current weights (module docstring). ``check_fn(batch_idx, generator, reason)``
+    runs the probe and the self-check on the private examples ``batch_idx`` and returns their records (raising
     :class:`ConfigError` on a failure); ``population``: the private examples' dataset indices."""
 
     def __init__(self, check_fn, population: torch.Tensor, examples: int, seed: int, settings=None):
@@ -84,7 +84,7 @@ class EngineWatch:
         t0 = time.perf_counter()
         idx = self.choose()
         try:
-            records = self.check_fn(idx, self.generator)
+            records = self.check_fn(idx, self.generator, reason)
         except ConfigError as err:
             self.checks.append({"step": step, "reason": reason, "failed": str(err)})
             if reason == "start":  # before the run folder exists: a refusal of the config, as before any run

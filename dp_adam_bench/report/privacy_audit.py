@@ -17,6 +17,7 @@ functorch, loop). Computed directly (no run store), the same at every profile.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import time
@@ -165,6 +166,9 @@ MODEL_ROWS = (
     ("functorch", "stp", "independent", "poisson"),
     ("bk", "sgd", "dpmf_sqrt", "single_pass"),
     ("ghost", "bc", "bandmf", "cyclic_poisson"),
+    # micro-batched (issue 44): the logical batch (~100) split into physical batches of 16
+    ("bk", "adam", "independent", "poisson", "train.physical_batch_size=16"),
+    ("ghost", "adam", "independent", "poisson", "train.physical_batch_size=16"),
 )
 #: controls that only a clipping engine can carry: metered through this engine
 MODEL_CONTROL_ENGINE = "bk"
@@ -177,10 +181,11 @@ def model_rows(rows=MODEL_ROWS, controls=(), n: int = CANARIES, seed: int = SEED
     from dp_adam_bench.audit.controls import CONTROLS
     from dp_adam_bench.audit.meter import audit_model, meter_model
     from dp_adam_bench.audit.whitebox import compose_config
+    from dp_adam_bench.engine.watch import EngineCheckFailed
     from dp_adam_bench.errors import ConfigError
 
     out = []
-    for engine, variant, noise, sampler in [
+    for engine, variant, noise, sampler, *extra in [
         *rows,
         *((MODEL_CONTROL_ENGINE, None, None, c) for c in controls),
     ]:
@@ -189,29 +194,42 @@ def model_rows(rows=MODEL_ROWS, controls=(), n: int = CANARIES, seed: int = SEED
             control, name = CONTROLS.get(sampler), sampler
             variant, noise, sampler = control.variant, control.noise, control.sampler
         t0 = time.time()
-        cfg = compose_config(overrides(variant, noise, sampler, n))
-        self_checked = False
-        if control is not None:  # does the trainer's start-up self-check of the engine refuse it already?
+        cfg = compose_config([*overrides(variant, noise, sampler, n), *extra])
+        refused = None
+        if (
+            control is not None
+        ):  # do the run's own engine checks (start-up, then the watch) refuse it already?
             try:
                 meter_model(cfg, engine, n=n, control=control, control_name=name, self_check=True)
+            except EngineCheckFailed:
+                refused = "engine watch (train.engine_watch)"
             except ConfigError as err:
-                if "self-check" not in str(err):
+                if not str(err).startswith(("self-check", "engine probe")):
                     raise
-                self_checked = True
+                refused = (
+                    f"engine {'self-check' if str(err).startswith('self-check') else 'probe'} at the start"
+                )
         r = audit_model(cfg, engine, canaries=n, seed=seed, control=control, control_name=name)
         log.info("%s (%.1f s)", r.describe().splitlines()[-1], time.time() - t0)
         row = r.row()
-        if self_checked:
-            row["caught_by"] = "; ".join(["engine self-check (train.self_check)", *r.caught_by])
+        if extra:
+            row["sampler"] = f"{row['sampler']} ({', '.join(extra)})"
+        if refused:
+            row["caught_by"] = "; ".join([refused, *r.caught_by])
             row["verdict"] = "caught"
         out.append(row)
     return out
 
 
+#: honest rows also run killed and resumed from a checkpoint at step RESUME_AT (issue 44: resume was never audited)
+RESUMED_ROWS = (("adam", "independent", "poisson"), ("sgd", "bandmf", "cyclic_poisson"))
+RESUME_AT = 50
+
+
 def audit_rows(rows, controls, canaries: int = CANARIES, background: int = BACKGROUND, seed: int = SEED):
     """The :class:`~dp_adam_bench.audit.whitebox.AuditResult` of each honest row the engine accepts and of each
     named control; and, for the rows it refuses, its reason."""
-    from dp_adam_bench.audit.controls import CONTROLS
+    from dp_adam_bench.audit.controls import CONTROLS, Control
     from dp_adam_bench.audit.meter import meter_config
     from dp_adam_bench.audit.whitebox import audit_config, compose_config
     from dp_adam_bench.errors import ConfigError
@@ -229,6 +247,19 @@ def audit_rows(rows, controls, canaries: int = CANARIES, background: int = BACKG
             why = re.split(r"(?<!\.)\. (?=[A-Z])", re.sub(rf"\b{re.escape(noise)}\b", "<noise>", why))[0]
             refused.setdefault(why, []).append(f"{variant} x {noise} x {sampler}")
             continue
+        log.info("%s (%.1f s)", results[-1].describe().splitlines()[-1], time.time() - t0)
+    for (
+        variant,
+        noise,
+        sampler,
+    ) in RESUMED_ROWS:  # honest runs killed at step RESUME_AT and resumed (issue 44)
+        t0 = time.time()
+        cfg = compose_config(overrides(variant, noise, sampler, canaries + background))
+        resumed = Control(variant, noise, sampler, None, "resumed", resume_at=RESUME_AT)
+        r = audit_config(
+            cfg, canaries=canaries, background=background, seed=seed, control=resumed, meter=meter_config
+        )
+        results.append(dataclasses.replace(r, sampler=f"{r.sampler} (resumed at step {RESUME_AT})"))
         log.info("%s (%.1f s)", results[-1].describe().splitlines()[-1], time.time() - t0)
     for name in controls:
         c = CONTROLS.get(name)
@@ -338,8 +369,8 @@ def _claims(results, model: list[dict]) -> list[Claim]:
             from_runs=False,
         ),
         Claim(
-            "every control is caught (by the one-run bound, the Gaussian bound, the f-DP bound, the meter or the "
-            "participation ledger)",
+            "every control is caught (by the one-run bound, the Gaussian bound, the f-DP bound, the meter, the "
+            "participation ledger or the run's own engine and resume checks)",
             not missed,
             f"{len(ctrl) + sum(1 for row in model if row['control']) - len(missed)} of "
             f"{len(ctrl) + sum(1 for row in model if row['control'])} caught"
@@ -347,8 +378,8 @@ def _claims(results, model: list[dict]) -> list[Claim]:
             from_runs=False,
         ),
         Claim(
-            "the meter, the audit or the participation ledger (not only a unit test) catches each leaking planted "
-            "bug of issues 25 and 32",
+            "the run's own checks, the meter, the audit or the participation ledger (not only a unit test) catch "
+            "each leaking planted bug of issues 25, 32 and 44",
             not tool_missed,
             f"{len(planted) - len(tool_missed)} of {len(planted)}"
             + ("; not caught: " + ", ".join(tool_missed) if tool_missed else ""),
@@ -370,7 +401,7 @@ def _claims(results, model: list[dict]) -> list[Claim]:
 def build(ctx: ReportContext | None = None) -> list[Path]:
     """Write ``<ctx.out>/privacy_audit.{csv,md}``."""
     from dp_adam_bench.audit.controls import CONTROLS
-    from dp_adam_bench.audit.meter import ALPHA, EFFECT, TRIALS
+    from dp_adam_bench.audit.meter import ALPHA, EFFECT, TRIALS, WATCH_EVERY
     from dp_adam_bench.audit.whitebox import FRACTIONS, SCORES
 
     ctx = ctx or ReportContext()
@@ -471,10 +502,19 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
         "weight (0.95 of its norm) so that the clipped sum's scale is measured precisely; one trial. The "
         "bias_unclipped control wraps the bk engine's clipped_sum, so it has a model-path row only: the "
         "white-box canaries above are a vector task and never reach a clipping engine. The audit and the meter "
-        "run with the trainer's start-up engine self-check (train.self_check) off, so that they measure the "
-        "engine on their own; for an engine control the self-check is also tried, and caught_by names it when "
-        "it refuses the run before any noise is released. The engine rows of one config share the noise seed, so "
-        "equal numbers across engines mean equal clipped sums.",
+        "run with the run's own engine checks (the start-up probe and self-check, the engine watch) off, so that "
+        "they measure the engine on their own; for an engine control the meter is also run with them on (the "
+        f"watch every {WATCH_EVERY} steps, the control's engine checked from the first step as a run built with "
+        "it would be), and caught_by names the check that refused or stopped it before its next release. The "
+        "engine rows of one config share the noise seed, so equal numbers across engines mean equal clipped sums. "
+        "Rows whose sampler says 'train.physical_batch_size=16' split the logical batch (~100) into micro-batches.",
+        f"Resumed rows (sampler '... (resumed at step {RESUME_AT})', issue 44): the honest run killed after "
+        f"{RESUME_AT} steps with a checkpoint there and resumed from it as a new process would (prepare, load); "
+        "the audit and the meter read the releases of both attempts. The resume_redraws_noise control breaks the "
+        "checkpoint it resumes from (the noise generator's state is the fresh stream's): the resumed run refuses "
+        "it (its restored generators are compared with the digests saved beside them), which caught_by names as "
+        "'resume check', and the audit and the meter are then run with that check bypassed to show what it "
+        "prevents.",
         "participation: the verdict of the run's participation ledger (dp_adam_bench.engine.participation), "
         "which records what the sampler and the noise streams did (each example's participations and smallest "
         "gap between two, the releases of each stream) and reconciles it with the ledger's rounds, the "
@@ -482,7 +522,7 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
         "streams the releases need; MISMATCH names the failed checks in caught_by.",
         "Controls: "
         + "; ".join(f"{n} = {CONTROLS.get(n).what}" for n in controls)
-        + ". Planted bugs (issues 25 and 32): "
+        + ". Planted bugs (issues 25, 32 and 44): "
         + ", ".join(planted)
         + " (realized_batch and ledger_round_short are the ones whose true epsilon is about the claim). caught_by "
         "names each tool that shows the run is not what it claims.",

@@ -60,6 +60,8 @@ OPERATIONAL_TRAIN_KEYS = (
     "eval_at_start",
     "distributed",  # data-parallel or not, the same result up to float summation order
     "self_check",  # a check before the first step: it changes nothing the run computes
+    "engine_watch",  # the same checks as the run trains (engine/watch.py): they change nothing it computes
+    "noise_check",  # stop or record on a noise mismatch (engine/noise_check.py): the same computation
 )
 # train.* keys added after runs existed, at the value that computes what those runs computed: left out of the
 # identity at that value, so that existing run folders keep their names (and resume, or are skipped as complete)

@@ -43,7 +43,8 @@ from dp_adam_bench.tracking.run_store import split_private
 # The summary.json of the run, verbatim, in the W&B summary (nested W&B summary values are not guaranteed to come
 # back from the API exactly as written, a JSON string is).
 SUMMARY_JSON_KEY = "run_summary_json"
-#: summary.json records computed on private examples (engine/self_check.py, engine/probe.py, engine/watch.py): not
+#: summary.json records computed on private examples (engine/self_check.py, engine/probe.py, engine/watch.py; and
+#: of ``participation`` only its verdict goes to W&B, its counts describing the private sampling): not
 #: sent to W&B unless private diagnostics are shared
 PRIVATE_SUMMARY_KEYS = ("self_check", "engine_probe", "engine_watch")
 # W&B refuses tags and job types longer than this.
@@ -163,6 +164,11 @@ class WandbLogger:
         if self.share_private_diagnostics:
             return dict(payload)
         out = {k: v for k, v in payload.items() if k not in PRIVATE_SUMMARY_KEYS}
+        if isinstance(
+            out.get("participation"), dict
+        ):  # its counts (pairs drawn: the realised batch sizes added
+            # up, never-sampled examples, the rate test's observed rate) are statistics of the private sampling
+            out["participation"] = {"verdict": out["participation"].get("verdict")}
         if isinstance(out.get("metrics"), dict):
             out["metrics"] = self.shared(out["metrics"])
         return self.shared(out)
