@@ -43,3 +43,31 @@ def _paper_smokes_start_with_the_session(request):
     """When any collected test reads the paper smokes, they start now, in the background."""
     if request.config.stash.get(_SMOKES_WANTED, False):
         request.getfixturevalue("smoke_jobs")
+
+
+class FakeWandbRun:
+    """What ``wandb.init`` returns, recording what the logger sends (its rows, its summary, whether it finished)."""
+
+    def __init__(self, **kwargs):
+        self.kwargs, self.summary, self.rows, self.finished, self.dir = kwargs, {}, [], False, kwargs["dir"]
+
+    def log(self, metrics, step):
+        self.rows.append({"_step": step, **metrics})
+
+    def finish(self):
+        self.finished = True
+
+
+@pytest.fixture
+def fake_wandb(monkeypatch):
+    """``wandb.init`` replaced by :class:`FakeWandbRun`; the list of the runs it made."""
+    import wandb
+
+    made = []
+
+    def init(**kwargs):
+        made.append(FakeWandbRun(**kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(wandb, "init", init)
+    return made

@@ -125,6 +125,19 @@ def _fake_csvs(d: Path) -> None:
             }
         ]
     ).to_csv(d / "results_fig2.csv", index=False)
+    pd.DataFrame(
+        [
+            {
+                "model": "cnn5",
+                "batch_size": 256,
+                "run_steps": 200,
+                "run_checks": 6,
+                "run_share": 0.019,
+                "check_s_median": 1.5,
+                "step_s_median": 0.6,
+            }
+        ]
+    ).to_csv(d / "results_checks.csv", index=False)
 
 
 def _target(readme: str, target: str, config: str) -> str:
@@ -145,14 +158,15 @@ def test_readme_from_fake_csvs(tmp_path):
         assert f"## {b.title}: `{b.csv}`" in readme
     assert "make bench" in readme and "python benchmarks/run_all.py --quick" in readme
     assert "Fake CPU 9000" in readme
-    # which command, and when: recorded for engines, not for the other two
+    # which command, and when: recorded for engines, not for the other four
     assert "Produced by `python benchmarks/bench_engines.py`" in readme
     assert (
         json.loads((tmp_path / "results_provenance.json").read_text())["results_engines.csv"]["finished"]
         in readme
     )
-    assert readme.count("Command not recorded") == 3
+    assert readme.count("Command not recorded") == 4
     assert _target(readme, "1-D logistic Fig. 2", "W&B disabled").startswith("met (12")
+    assert _target(readme, "engine watch", "cnn5 B = 256").startswith("met (1.9 %")
     # tables come from the CSVs
     assert "| cnn5 | 256 | ghost | ghost | 2 | 2 | 1.35 | 1.35 |" in readme
     assert "Same in every row:" in readme and "cpu = Fake CPU 9000" in readme
@@ -600,3 +614,17 @@ def test_bench_gpu_refuses_a_bad_device_in_one_line(device, tmp_path, capsys):
         bench_gpu.main(["--device", device, "--out", str(tmp_path / "x.csv")])
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert f"--device {device!r}: valid: cuda, cuda:N (a visible GPU) or cpu" in err
+
+
+def test_bench_checks_quick_measures_the_watch(tmp_path):
+    """bench_checks.py end to end on tiny shapes: one row per model with the step, the check and the run's share
+    (issue 44's cost of the engine watch); the README's target row reads it."""
+    import bench_checks
+    from report import checks
+
+    out = tmp_path / "results_checks.csv"
+    bench_checks.main(["--quick", "--out", str(out)])
+    df = pd.read_csv(out)
+    assert list(df.model) == ["cnn5", "bert_tiny"] and (df.check_s_median > 0).all() and (df.run_checks >= 1).all()
+    rows = checks.target_rows(df)
+    assert len(rows) == 2 and all(r[0].startswith("engine watch") for r in rows)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import accounting, engines, fig2, gpu, noise
+from . import accounting, checks, engines, fig2, gpu, noise
 from .profiles import profiles_section
 from .provenance import load_provenance, provenance_line
 from .registry import BENCH_DIR, BENCHES, ENGINE_PRESETS, default_benches
@@ -119,6 +119,7 @@ def target_rows(dfs: dict[str, pd.DataFrame | None]) -> list[tuple[str, str, str
         + noise.target_rows(dfs.get("noise"), eng)
         + accounting.target_rows(dfs.get("accounting"))
         + fig2.target_rows(dfs.get("fig2"))
+        + checks.target_rows(dfs.get("checks"))
         + engines.pitfalls_rows(eng)
     )
 

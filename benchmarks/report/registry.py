@@ -122,6 +122,15 @@ BENCHES = {
         ENGINE_PRESETS,
         merges=True,
     ),
+    "checks": Bench(
+        "bench_checks.py",
+        "results_checks.csv",
+        "Engine watch on trained weights",
+        "median time of one periodic engine check (probe and self-check on 4 random examples) against one private "
+        "training step, the steps between two checks at the 2 % budget, and the measured share of training time "
+        "the checks took over a run under the auto schedule (issue 44)",
+        ("--quick",),
+    ),
     # written only by a real GPU run (`make bench-gpu` on a CUDA machine); bench_gpu.py refuses without CUDA
     "gpu": Bench(
         "bench_gpu.py",

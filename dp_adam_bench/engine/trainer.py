@@ -212,7 +212,7 @@ STOPPED_FILE = "stopped_by_check.json"
 def _record_stop(folder: Path, session: PrivateTraining, err: Exception) -> None:
     """What stopped the run (one line), at which step, and the engine checks so far, written before the error
     propagates: the run is not complete (no summary), so reports leave it out, and a relaunch starts it again."""
-    from dp_adam_bench.tracking.run_store import json_safe
+    from dp_adam_bench.tracking.run_store import atomic_write_text, json_safe
 
     record = {
         "status": "stopped_by_check",
@@ -221,9 +221,7 @@ def _record_stop(folder: Path, session: PrivateTraining, err: Exception) -> None
         "engine_watch": session.watch.describe() if session.watch is not None else {},
         "noise_check": session.noise_check.describe() if session.noise_check is not None else {},
     }
-    tmp = folder / (STOPPED_FILE + ".tmp")
-    tmp.write_text(json.dumps(json_safe(record), indent=2))
-    tmp.replace(folder / STOPPED_FILE)
+    atomic_write_text(folder / STOPPED_FILE, json.dumps(json_safe(record), indent=2))
 
 
 def _truncate_metrics(folder: Path, step: int) -> None:
