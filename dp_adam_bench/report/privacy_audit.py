@@ -325,7 +325,9 @@ def _claims(results, model: list[dict]) -> list[Claim]:
     tool_missed = [
         n
         for n in planted
-        if not any(("meter" in c or "audit" in c or "ledger" in c) for c in by_tool.get(n, []))
+        if not any(
+            tool in c for c in by_tool.get(n, []) for tool in ("meter", "audit", "ledger", "engine", "resume")
+        )
     ]
     claims = [
         Claim(

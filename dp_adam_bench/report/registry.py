@@ -286,7 +286,7 @@ _TABLES: tuple[tuple[str, ReportSpec], ...] = (
             "audit epsilon, mu-GDP and f-DP lower bounds vs the claim, and the mechanism meter (sigma, sensitivity, q, "
             "noise correlation, joint noise, post-processing): every private variant x mechanism x sampler, each "
             "clipping engine, and controls with what caught each",
-            "~17 min (166 one-run audits, each white-box one with its meter: 11 through a model task and the real "
+            "~7 min (175 one-run audits, each white-box one with its meter: 15 through a model task and the real "
             "clipping engines, 2 black-box CIFAR-10)",
         ),
     ),
