@@ -625,6 +625,10 @@ def test_bench_checks_quick_measures_the_watch(tmp_path):
     out = tmp_path / "results_checks.csv"
     bench_checks.main(["--quick", "--out", str(out)])
     df = pd.read_csv(out)
-    assert list(df.model) == ["cnn5", "bert_tiny"] and (df.check_s_median > 0).all() and (df.run_checks >= 1).all()
+    assert (
+        list(df.model) == ["cnn5", "bert_tiny"]
+        and (df.check_s_median > 0).all()
+        and (df.run_checks >= 1).all()
+    )
     rows = checks.target_rows(df)
     assert len(rows) == 2 and all(r[0].startswith("engine watch") for r in rows)

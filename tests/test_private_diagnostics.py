@@ -282,5 +282,7 @@ def test_only_the_participation_verdict_reaches_wandb(tmp_path, fake_wandb):
     """The participation record's counts (pairs drawn: the realised batch sizes added up; examples never sampled;
     the rate test's observed rate) describe the private sampling: W&B gets its verdict alone."""
     wb = WandbLogger(run_dir=tmp_path, name="n", config={}, mode="offline")
-    shared = wb.shared_summary({"participation": {"verdict": "consistent", "drawn": 1234, "never_sampled": 7}})
+    shared = wb.shared_summary(
+        {"participation": {"verdict": "consistent", "drawn": 1234, "never_sampled": 7}}
+    )
     assert shared == {"participation": {"verdict": "consistent"}}

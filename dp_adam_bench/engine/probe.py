@@ -29,7 +29,10 @@ bugs that need two examples to show are the self-check's.
 What it cannot see: anything that keeps one example's gradient right and gets the split of a batch wrong — a
 forward that mixes examples (``h - h.mean(0)``), an engine that swaps two examples' gradients; the self-check
 (:mod:`dp_adam_bench.engine.self_check`) compares every example with the size-one loop. A use of a parameter
-that the first example does not reach (a branch taken only for other inputs). It sees other engine defects that
+that the probed example does not reach (a branch taken only for other inputs): the engine watch
+(:mod:`dp_adam_bench.engine.watch`) probes a random example at every check, the first of its draws whose gradient
+is not all zero, and a parameter whose gradient is exactly zero at the current weights is probed again with the
+weights :func:`perturbed` (a gate at 0), and listed as unverified when still zero. It sees other engine defects that
 change one example's gradient or norm (a rule dropping a bias gradient, norms scaled wrongly), though not by that
 name: its message says what differs and by how much.
 

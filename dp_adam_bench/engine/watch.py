@@ -89,8 +89,11 @@ class EngineWatch:
             self.checks.append({"step": step, "reason": reason, "failed": str(err)})
             if reason == "start":  # before the run folder exists: a refusal of the config, as before any run
                 raise
+            line = str(err).replace(
+                "stopped before any noise was released", f"stopped before the release of step {step + 1}"
+            )
             raise EngineCheckFailed(
-                f"engine check at step {step} ({reason}, on the weights training reached): {err}"
+                f"engine check at step {step} ({reason}, on the weights training reached): {line}"
             ) from None
         cost = time.perf_counter() - t0
         self.spent += cost
