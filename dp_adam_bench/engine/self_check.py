@@ -106,8 +106,7 @@ def self_check(
     ``unverified``."""
     t0 = time.perf_counter()
     names = [n for n, p in engine.model.named_parameters() if p.requires_grad]
-    # without fp32_tolerance the training step runs in fp32 (its autocast is disabled): one pass, equalized too
-    record = _measure(engine, batch, clip, autocast, names, equalize=equalize and fp32_tolerance is None)
+    record = _measure(engine, batch, clip, autocast, names, equalize=equalize)
     record |= {"enabled": True, "tolerance": tolerance}
     _refuse_check(engine, record, tolerance, "")
     if fp32_tolerance is not None:
@@ -130,6 +129,8 @@ def _measure(engine, batch: dict, clip: float | None, autocast, names: list[str]
     # train mode with dropout neutralised (engine/probe.py neutral): the path training takes, computed twice alike
     with neutral(model), ieee_fp32():
         with autocast():
+            # the equalized norms compare with the loop's gradients, bf16-rounded under autocast: fp32 passes only
+            amp = torch.is_autocast_enabled(engine.params[0].device.type)
             got = clipped_sum(engine, batch, clip)
             engine._hooks(False)
             try:
@@ -140,7 +141,7 @@ def _measure(engine, batch: dict, clip: float | None, autocast, names: list[str]
         norms, summed = loop_reference(per_ex, clip)
         norm_err, sum_err = relative_errors(got, norms, summed, clip)
         param_errs = parameter_errors(got.summed, summed, per_ex, clip_factors(norms, clip))
-        eq_err = equalized_norm_error(engine, batch, clip, per_ex) if equalize else None
+        eq_err = equalized_norm_error(engine, batch, clip, per_ex) if equalize and not amp else None
     worst = max(range(len(param_errs)), key=lambda i: param_errs[i]) if param_errs else None
     err = max(norm_err, sum_err) if math.isfinite(norm_err + sum_err) else math.nan  # max() would drop a NaN
     return {
