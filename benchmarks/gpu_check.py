@@ -919,8 +919,9 @@ def cmd_nccl(args) -> dict:
         ctx.broadcast_(two)
         obj = ctx.broadcast_object({"a": 1})
         gathered = ctx.gather_objects(3)
-        mech = IndependentMechanism().reset([(4,)], seed=1)
-        ref = IndependentMechanism().reset([(4,)], seed=1)
+        # on the device, as a run builds its mechanisms on its parameters' device: NCCL broadcasts no CPU tensor
+        mech = IndependentMechanism().reset([(4,)], seed=1, device=dev)
+        ref = IndependentMechanism().reset([(4,)], seed=1, device=dev)
         noise = SharedNoise(mech, ctx, [(4,)], torch.float32, dev)
         same = torch.equal(noise.next()[0].cpu(), ref.next()[0].cpu())
         ok = torch.equal(t.cpu(), torch.arange(5.0)) and obj == {"a": 1} and gathered == [3] and same

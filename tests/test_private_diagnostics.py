@@ -10,7 +10,6 @@ import json
 import os
 
 import pytest
-import wandb
 
 from dp_adam_bench.engine import trainer
 from dp_adam_bench.errors import ConfigError
@@ -30,6 +29,8 @@ from dp_adam_bench.tracking.wandb_source import PROJECT_ENV, records_from_runs
 from dp_adam_bench.train import train
 
 from helpers import ON_CPU, compose_cfg, tiny_poisson
+
+wandb = pytest.importorskip("wandb")  # the GPU machines run without W&B (../shared/gpu/on_device.sh)
 
 PRIVATE_SUMMARY = ("self_check", "engine_probe")
 
