@@ -220,18 +220,22 @@ class ModelBackend:
             self.model.train(training)
 
     def engine_check(
-        self, examples: torch.Tensor, generator, clip: float | None, settings, equalize: bool = True
+        self, examples: torch.Tensor, generator, clip: float | None, settings, start: bool = True
     ) -> dict:
         """:meth:`probe` and :meth:`self_check` on ``examples`` (the check of :class:`EngineWatch`): ``{"probe",
         "self_check", "max_rel_error", "unverified"}``; a parameter is unverified when neither saw its gradient
-        non-zero (the probe's perturbed weights included)."""
+        non-zero (the probe's perturbed weights included). ``start``: the start-up check, which also makes one
+        engine pass as training does (:meth:`dry_pass`) and compares the equalized norms."""
         # the task's own random state (augmentation) as the check found it: a check reads examples through
         # get_batch, and the run's result must not depend on how many checks it made
         saved = self.task.rng_state() if hasattr(self.task, "rng_state") else None
         try:
-            self.dry_pass(examples, clip)
+            if (
+                start
+            ):  # what the training path refuses is refused before the run folder exists; later, training does
+                self.dry_pass(examples, clip)
             probed = self.probe(examples, generator, clip)
-            check = self.self_check(examples, clip, settings, equalize)
+            check = self.self_check(examples, clip, settings, equalize=start)
         finally:
             if saved is not None:
                 self.task.load_rng_state(saved)

@@ -164,7 +164,7 @@ def prepare(cfg, task, folder: Path | None = None) -> Run:
             clip = float(cfg.privacy.clip) if plan.noisy else None
             settings = cfg.train.get("self_check") or {}
             watch = EngineWatch(
-                lambda idx, gen, why: backend.engine_check(idx, gen, clip, settings, equalize=why == "start"),
+                lambda idx, gen, why: backend.engine_check(idx, gen, clip, settings, start=why == "start"),
                 population,
                 int(settings.get("examples", DEFAULT_EXAMPLES)),
                 seeds.check,
@@ -313,52 +313,48 @@ def _train(r: Run, folder: Path, log_metrics, t0: float) -> dict:
         accountant=plan.accountant if plan.noisy else None,
     )
     # plan.steps < sampler.steps when the epsilon budget stops the run: the step that would exceed it is never drawn
-    while not session.done:
-        try:
+    # an engine or noise check (engine/watch.py, engine/noise_check.py) stops the run before its next release
+    try:
+        while not session.done:
             result = session.step()
-        except PrivacyMismatch as err:  # an engine or noise check stopped the run before its next release
-            if ddp.is_main:
-                _record_stop(folder, session, err)
-            bar.close()
-            raise
-        step = result.step
-        if trim_heap and step % memory.TRIM_EVERY == 0:
-            memory.release_free_memory()
-        metrics = dict(result.diagnostics)
-        final_step = step == plan.steps
-        logged = step % every_log == 0 or final_step
-        if logged:
-            if model_task:  # every rank logs on the same steps: the all-reduce inside is safe here
-                metrics |= {"diag/batch_size": result.batch_size} | backend.clipped_fraction(clip)
-            else:
-                metrics |= backend.evaluate(final=final_step)
-            if r.schedule.name != "constant":
-                metrics["lr"] = r.variant.lr  # the learning rate this step used
-        evaluated = model_task and ddp.is_main and ((every_eval and step % every_eval == 0) or final_step)
-        if evaluated:
-            last_metrics = backend.evaluate(final=final_step)
-            metrics |= last_metrics
-        if (
-            (logged or evaluated) and plan.amplified and ddp.is_main
-        ):  # the ledger so far (a cheap, cached call)
-            metrics |= session.epsilon_so_far()
-        if metrics and ddp.is_main:
-            log_metrics(step, metrics)
-        bar.update(step, metrics, logged)
-        if every_ckpt and step % every_ckpt == 0:
-            try:  # the weights this checkpoint saves, checked (engine/watch.py): every rank runs the same check
+            step = result.step
+            if trim_heap and step % memory.TRIM_EVERY == 0:
+                memory.release_free_memory()
+            metrics = dict(result.diagnostics)
+            final_step = step == plan.steps
+            logged = step % every_log == 0 or final_step
+            if logged:
+                if model_task:  # every rank logs on the same steps: the all-reduce inside is safe here
+                    metrics |= {"diag/batch_size": result.batch_size} | backend.clipped_fraction(clip)
+                else:
+                    metrics |= backend.evaluate(final=final_step)
+                if r.schedule.name != "constant":
+                    metrics["lr"] = r.variant.lr  # the learning rate this step used
+            evaluated = model_task and ddp.is_main and ((every_eval and step % every_eval == 0) or final_step)
+            if evaluated:
+                last_metrics = backend.evaluate(final=final_step)
+                metrics |= last_metrics
+            if (
+                (logged or evaluated) and plan.amplified and ddp.is_main
+            ):  # the ledger so far (a cheap, cached call)
+                metrics |= session.epsilon_so_far()
+            if metrics and ddp.is_main:
+                log_metrics(step, metrics)
+            bar.update(step, metrics, logged)
+            if every_ckpt and step % every_ckpt == 0:
+                # the weights this checkpoint saves, checked (engine/watch.py): every rank runs the same check
                 session.check_engine("checkpoint")
-            except PrivacyMismatch as err:
+                state = session.state_dict()  # a collective: every rank takes part
                 if ddp.is_main:
-                    _record_stop(folder, session, err)
+                    ckpt.save(folder, {"fingerprint": fp, **state, "self_check": _check_to_carry(r)})
+            if stop_after is not None and step >= int(stop_after):
                 bar.close()
-                raise
-            state = session.state_dict()  # a collective: every rank takes part
-            if ddp.is_main:
-                ckpt.save(folder, {"fingerprint": fp, **state, "self_check": _check_to_carry(r)})
-        if stop_after is not None and step >= int(stop_after):
-            bar.close()
-            raise KeyboardInterrupt(f"train.stop_after={stop_after} reached (simulated kill)")
+                raise KeyboardInterrupt(f"train.stop_after={stop_after} reached (simulated kill)")
+    except PrivacyMismatch as err:
+        if ddp.is_main:
+            _record_stop(folder, session, err)
+        bar.close()
+        raise
     bar.close()
     sampler = plan.sampler
     stopped_by_budget = plan.steps < sampler.steps
