@@ -125,7 +125,7 @@ def test_tang_fig1_report_means_over_seeds_and_checks_claims(isolated_dirs, all_
     registry.build("tang_fig1_cifar10")
     df = pd.read_csv(isolated_dirs / "results" / "tang_fig1_cifar10.csv")
     sgd = df[df.row == "sgd"].iloc[0]
-    assert sgd.ours == pytest.approx(41.0) and sgd.ours_std == pytest.approx(1.0) and sgd.n == 3
+    assert sgd.ours == pytest.approx(41.0) and sgd.ours_sample_std == pytest.approx(1.0) and sgd.n == 3
     assert sgd.paper == pytest.approx(61.94)
     md = (isolated_dirs / "results" / "tang_fig1_cifar10.md").read_text()
     assert "DP-AdamBC > DP-Adam-Biased: **holds**" in md

@@ -13,11 +13,22 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dp_adam_bench.report.aggregate import difference_se, seeds_to_separate
-from dp_adam_bench.report.common import Claim, incomplete_note, load_paper, save_figure, write_table
+from dp_adam_bench.report.common import load_paper, save_figure
 from dp_adam_bench.report.context import ReportContext
-from dp_adam_bench.report.expected import preset_runs
+from dp_adam_bench.report.restate import Restatement, register
+from dp_adam_bench.report.skeleton import (
+    Ordering,
+    SeedStats,
+    Table,
+    complete_runs,
+    ordering_claims,
+    restated_rule_notes,
+    rule_notes,
+    run_folder_notes,
+)
+from dp_adam_bench.report.stats import STD_SUFFIX
 
+STD = f"ours{STD_SUFFIX}"
 LABELS = {"sgd": "DP-SGD", "adam": "DP-Adam-Biased", "adambc": "DP-AdamBC"}
 #: the paper's orderings per dataset, as (better, worse, text, strict): on CIFAR-10 DP-SGD stays ahead (61.94 vs
 #: 60.27 %), on SNLI both Adams beat it (56.62 / 53.04 vs 41.31 %); DP-AdamBC beats DP-Adam-Biased on both
@@ -74,24 +85,36 @@ def build(ctx: ReportContext, dataset: str) -> list[Path]:
     """The table of ``dataset`` (cifar10 or snli) from the runs of preset ``tang_fig1_<dataset>``."""
     if dataset not in CLAIMS:
         raise ValueError(f"dataset {dataset!r} is not one of: {', '.join(CLAIMS)}")
-    profile = ctx.profile
     paper = load_paper("tang")
     table_id = f"tang_fig1_{dataset}"
-    command = f"make reproduce-table TABLE={table_id} PROFILE={profile}"
-    found = preset_runs(ctx, table_id)
-    complete, incomplete = found.complete, found.incomplete
-    if not complete:
-        raise FileNotFoundError(
-            f"no complete runs in {ctx.where(found.spec.name)}; run `{command}` (or `dp-adam-bench sweep "
-            f"{table_id} --profile {profile}`)"
-        )
+    command = f"make reproduce-table TABLE={table_id} PROFILE={ctx.profile}"
+    found = complete_runs(ctx, table_id, command)
     metric = found.spec.selection.metric
     published = paper["fig1_test_accuracy_percent"][dataset]
-    rows, finals = [], {}
+    frame = _frame(found.complete, metric, published)
+    claims = claims_from_frame(frame, dataset)
+    notes = notes_for(claims, found, dataset, ctx.profile)
+    return Table(
+        table_id,
+        f"Tang & Lecuyer Fig. 1 — {dataset}: final test accuracy (%)",
+        command,
+        frame,
+        setting=_setting(found.complete, paper, dataset, ctx.profile),
+        claims=claims,
+        notes=notes,
+        figure=_figure(_curves(found.complete, metric), table_id, published, metric, ctx.out),
+        digits=2,
+        missing=found.missing,
+    ).write(ctx.out)
+
+
+def _frame(complete, metric: str, published: dict) -> pd.DataFrame:
+    """One row per optimizer: the paper's final accuracy beside our mean, sample std and seeds."""
+    rows = []
     for opt, label in LABELS.items():
         runs = [r for r in complete if r.config["optimizer"]["name"] == opt]
         acc = [float(r.summary["metrics"][metric]) for r in runs]
-        finals[opt] = acc
+        cell = SeedStats.of(acc) if acc else None
         eps = [r.summary.get("epsilon", {}).get("rdp") for r in runs]
         rows.append(
             {
@@ -99,8 +122,8 @@ def build(ctx: ReportContext, dataset: str) -> list[Path]:
                 "column": metric,
                 "label": label,
                 "paper": published[opt],
-                "ours": float(np.mean(acc)) if acc else None,
-                "ours_std": float(np.std(acc, ddof=1)) if len(acc) > 1 else None,  # one seed: no spread
+                "ours": cell.mean if cell else None,
+                STD: cell.std if cell else None,  # one seed: no spread
                 "n": len(acc),
                 "steps": runs[0].summary.get("steps") if runs else None,
                 "epsilon_rdp": float(np.mean([e for e in eps if e is not None])) if any(eps) else None,
@@ -109,92 +132,63 @@ def build(ctx: ReportContext, dataset: str) -> list[Path]:
         )
     df = pd.DataFrame(rows)
     df["ours_minus_paper"] = df["ours"] - df["paper"]
+    return df
 
-    claims, within_noise = [], []
-    for better, worse, text, strict in CLAIMS[dataset]:
-        b, w = finals.get(better) or [], finals.get(worse) or []
-        if not b or not w:
-            continue
-        mb, mw = float(np.mean(b)), float(np.mean(w))
-        margin = mb - mw
-        # population stds, as aggregate's Cell keeps them (its helpers turn them into sample variances)
-        spread = (float(np.std(w)), len(w), float(np.std(b)), len(b))
-        se = difference_se(*spread) or 0.0  # 0: a cell with one seed, no standard error
-        holds = margin > 0 if strict else margin >= 0
-        nb, nw = len(b), len(w)
-        noise = ""
-        if se and abs(margin) < 2 * se:
-            within_noise.append(text)
-            need = seeds_to_separate(*spread, margin)
-            noise = (
-                f"; WITHIN SEED NOISE (< 2 SE{f', ~{need} seeds a cell would separate it' if need else ''})"
-            )
-        claims.append(
-            Claim(
-                text,
-                holds,
-                f"{mb:.2f} vs {mw:.2f} %, margin {margin:+.2f} points, {margin / se if se else float('inf'):+.1f} "
-                f"standard errors over {nb} / {nw} seeds; paper margin "
-                f"{published[better] - published[worse]:+.2f}{noise}",
-            )
-        )
-    s = paper["settings"]["cifar10" if dataset == "cifar10" else "snli"]
-    cfg0 = complete[0].config
-    setting = (
-        f"{dataset}, profile {profile}: C = {cfg0['privacy']['clip']}, sigma = {cfg0['privacy']['sigma']}, "
-        f"expected B = {cfg0['train']['batch_size']}, {complete[0].summary.get('steps')} steps, "
-        f"Poisson sampling, {cfg0['train']['clipping']} clipping. Paper: C = {s['clip']}, sigma = {s['sigma']}, "
-        f"B = {s['batch_size']}, trained to eps ~ {paper['settings']['target_epsilon']}."
-    )
-    notes = []
-    if claims and len(within_noise) == len(claims):
-        notes.append(
-            "Every ordering above is within seed noise (< 2 standard errors): at this budget the optimizers are "
-            "indistinguishable, so this profile neither reproduces nor contradicts the paper's orderings."
-        )
-    notes += _effective_sgd_note(complete)
+
+def claims_from_frame(frame: pd.DataFrame, dataset: str) -> list:
+    """The paper's orderings on the table's own cells (its CSV holds everything they read)."""
+    rows = frame.to_dict("records")
+    cells = {row["row"]: SeedStats.from_row(row) for row in rows if row["n"]}
+    published = {row["row"]: row["paper"] for row in rows}
+    orderings = [
+        Ordering(better, worse, text, strict, paper=f"margin {published[better] - published[worse]:+.2f}")
+        for better, worse, text, strict in CLAIMS[dataset]
+    ]
+    return ordering_claims(orderings, cells, unit="%")
+
+
+def notes_for(claims, found, dataset: str, profile: str) -> list[str]:
+    """The table's notes: the rule, what the seeds cannot decide, the reading of DP-Adam-Biased as DP-SGD, the
+    profile's and the dataset's caveats, then what the run folders say."""
+    notes = [*rule_notes(claims), *_effective_sgd_note(found.complete)]
     if profile == "cpu":
         notes.append(
             "CPU profile: fewer steps (and a smaller expected batch) than the paper, evaluated on a fixed "
             "test subset; the accuracies are not comparable with the paper's, only the ordering claims are."
         )
+    notes += DATASET_NOTES[(dataset, profile)] if (dataset, profile) in DATASET_NOTES else []
     if dataset == "cifar10":
         notes.append("CIFAR-10 here is the offline JPEG (q75) copy, not the lossless original.")
-    if dataset == "snli" and profile == "cpu":
-        notes.append(
-            "SNLI on CPU: MiniLM-L6 (whose pre-training saw SNLI/MultiNLI pairs) trained on SNLI dev, "
-            "evaluated on a subset of SNLI test; the train split is not available offline. The frozen layers' "
-            "outputs are computed once and cached (no dropout in them; the trained last block keeps its). The "
-            "re-initialised last block and classifier start from N(0, 0.02) (BERT's init), not the authors' "
-            "N(0, 1): with N(0, 1) every optimizer stayed at chance for the 100 steps of a first CPU profile "
-            "(see the preset). sigma / B is the paper's, so the noise per step is the paper's; the epsilon is not: "
-            "sigma = 0.1 on 9,842 training pairs spends thousands (the epsilon_rdp column), which compares "
-            "optimizers at the paper's noise level, not at its privacy."
-        )
-        notes.append(
-            "Learning rates: each optimizer's best of a coarse grid containing the paper's value, by the paper's "
-            "rule, from one-seed pilots of 300 steps scored on SNLI test pairs outside the reported subset "
-            "(results/tang_snli_pilots.md); this table's runs are longer (the setting line above)."
-        )
-    run_notes = sorted({n for r in complete for n in r.summary.get("privacy_notes", [])})
-    notes += [f"From the run folders: {n}" for n in run_notes]
-    if any(not r.summary.get("private", True) for r in complete):
-        notes.append("Some runs are NOT private (they use clean statistics): see their summary.json.")
-    notes += incomplete_note(incomplete)
-    fig = _figure(_curves(complete, metric), table_id, published, metric, ctx.out)
-    return write_table(
-        table_id,
-        df,
-        out=ctx.out,
-        title=f"Tang & Lecuyer Fig. 1 — {dataset}: final test accuracy (%)",
-        command=command,
-        setting=setting,
-        claims=claims,
-        notes=notes,
-        figure=fig,
-        digits=2,
-        missing=found.missing,
+    return notes + run_folder_notes(found)
+
+
+def _setting(complete, paper: dict, dataset: str, profile: str) -> str:
+    s = paper["settings"][dataset]
+    cfg0 = complete[0].config
+    return (
+        f"{dataset}, profile {profile}: C = {cfg0['privacy']['clip']}, sigma = {cfg0['privacy']['sigma']}, "
+        f"expected B = {cfg0['train']['batch_size']}, {complete[0].summary.get('steps')} steps, "
+        f"Poisson sampling, {cfg0['train']['clipping']} clipping. Paper: C = {s['clip']}, sigma = {s['sigma']}, "
+        f"B = {s['batch_size']}, trained to eps ~ {paper['settings']['target_epsilon']}."
     )
+
+
+#: the CPU SNLI table's caveats: its data, its initialisation and how its learning rates were chosen
+DATASET_NOTES = {
+    ("snli", "cpu"): [
+        "SNLI on CPU: MiniLM-L6 (whose pre-training saw SNLI/MultiNLI pairs) trained on SNLI dev, "
+        "evaluated on a subset of SNLI test; the train split is not available offline. The frozen layers' "
+        "outputs are computed once and cached (no dropout in them; the trained last block keeps its). The "
+        "re-initialised last block and classifier start from N(0, 0.02) (BERT's init), not the authors' "
+        "N(0, 1): with N(0, 1) every optimizer stayed at chance for the 100 steps of a first CPU profile "
+        "(see the preset). sigma / B is the paper's, so the noise per step is the paper's; the epsilon is not: "
+        "sigma = 0.1 on 9,842 training pairs spends thousands (the epsilon_rdp column), which compares "
+        "optimizers at the paper's noise level, not at its privacy.",
+        "Learning rates: each optimizer's best of a coarse grid containing the paper's value, by the paper's "
+        "rule, from one-seed pilots of 300 steps scored on SNLI test pairs outside the reported subset "
+        "(results/tang_snli_pilots.md); this table's runs are longer (the setting line above).",
+    ]
+}
 
 
 def _figure(curves: dict, table_id: str, published: dict, metric: str, out: Path):
@@ -221,3 +215,19 @@ def _figure(curves: dict, table_id: str, published: dict, metric: str, out: Path
     axes[1].set_title("accuracy against privacy spent")
     fig.tight_layout()
     return save_figure(fig, table_id, out)
+
+
+#: the note the tables carried under the rule before the shared one (> 2 SE), replaced when re-stated
+OLD_RULE_NOTES = ("Every ordering above is within seed noise",)
+
+for _dataset in CLAIMS:
+    register(
+        Restatement(
+            f"tang_fig1_{_dataset}",
+            spreads={"ours_std": (STD, "sample")},
+            claims=lambda frame, d=_dataset: claims_from_frame(frame, d),
+            notes=lambda old, claims: restated_rule_notes(old, claims, OLD_RULE_NOTES),
+            digits=2,
+            text=("lr",),
+        )
+    )

@@ -1,0 +1,207 @@
+"""The shape most tables share, in one place: select the runs, group them into cells, put the paper's numbers
+beside ours, state the paper's orderings with the one statistical rule (:mod:`dp_adam_bench.report.stats`), then
+notes, figure, csv and md (:func:`dp_adam_bench.report.common.write_table`).
+
+A builder on this skeleton reads, top to bottom::
+
+    found = complete_runs(ctx, table_id, command)            # the preset's runs, or one line saying what to run
+    cells = {key: SeedStats.of(values), ...}                # one cell per row of the table, over seeds
+    frame = pd.DataFrame(rows)                              # paper beside ours, ours_sample_std, n
+    claims = ordering_claims(ORDERINGS, cells, ...)         # each with its Welch test and, if undecided, the flag
+    notes = [...] + noise_note(claims, ...) + run_folder_notes(found)
+    return Table(table_id, title, command, frame, ...).write(ctx.out)
+
+Claims read the cells' (mean, sample std, n), the numbers the CSV holds, never the runs themselves: anyone can
+recheck a claim from the table alone (:func:`SeedStats.from_row`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from dp_adam_bench.report import stats
+from dp_adam_bench.report.common import Claim, incomplete_note, write_table
+from dp_adam_bench.report.context import ReportContext
+from dp_adam_bench.report.expected import PresetRuns, preset_runs
+
+
+@dataclass(frozen=True)
+class SeedStats:
+    """One cell over its seeds: the mean, the sample std (:data:`stats.STD_CONVENTION`; None for one seed) and the
+    number of seeds."""
+
+    mean: float
+    std: float | None
+    n: int
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> SeedStats:
+        vals = [float(v) for v in values]
+        if not vals:
+            raise ValueError("a cell needs at least one seed's value")
+        return cls(math.fsum(vals) / len(vals), stats.sample_std(vals), len(vals))
+
+    @classmethod
+    def from_row(cls, row: Mapping, mean: str = "ours", std: str = f"ours{stats.STD_SUFFIX}") -> SeedStats:
+        """The cell a table's CSV row holds (``row[mean]``, ``row[std]``, ``row["n"]``)."""
+        sd = row.get(std)
+        sd = None if sd is None or (isinstance(sd, float) and math.isnan(sd)) else float(sd)
+        return cls(float(row[mean]), sd, int(row["n"]))
+
+
+def gap(a: SeedStats, b: SeedStats) -> stats.Gap:
+    """Welch's test of a.mean - b.mean (:func:`stats.welch`)."""
+    return stats.welch(a.mean, a.std, a.n, b.mean, b.std, b.n)
+
+
+@dataclass(frozen=True)
+class Ordering:
+    """A paper's ordering claim between two cells: ``better`` ahead of ``worse`` (by a larger mean, or a smaller one
+    with ``lower_is_better``). ``strict``: a tie does not hold. ``paper``: what the paper reports for it (printed
+    in the claim's detail)."""
+
+    better: Hashable
+    worse: Hashable
+    text: str
+    strict: bool = True
+    paper: str = ""
+    lower_is_better: bool = False
+
+
+def ordering_claim(
+    o: Ordering, better: SeedStats, worse: SeedStats, *, unit: str = "", digits: int = 2
+) -> Claim:
+    """The claim ``o`` checked on two cells: it holds when the means are in the paper's order; its detail gives the
+    means, the margin and Welch's test, and :data:`stats.WITHIN_SEED_NOISE` when the seeds cannot decide it."""
+    g = gap(better, worse)
+    margin = -g.diff if o.lower_is_better else g.diff
+    holds = margin > 0 if o.strict else margin >= 0
+    u = f" {unit}" if unit else ""
+    parts = [
+        f"{better.mean:.{digits}f} vs {worse.mean:.{digits}f}{u}, margin {margin:+.{digits}f}",
+        g.test(),
+    ]
+    if o.paper:
+        parts.append(f"paper: {o.paper}")
+    if g.flag():
+        parts.append(g.flag())
+    return Claim(o.text, holds, "; ".join(parts))
+
+
+def ordering_claims(
+    orderings: Sequence[Ordering],
+    cells: Mapping[Hashable, SeedStats],
+    *,
+    unit: str = "",
+    digits: int = 2,
+    prefix: str = "",
+) -> list[Claim]:
+    """Every ordering whose two cells the table has (one without both cells is not checked, so it is left out)."""
+    out = []
+    for o in orderings:
+        if o.better in cells and o.worse in cells:
+            claim = ordering_claim(o, cells[o.better], cells[o.worse], unit=unit, digits=digits)
+            out.append(Claim(prefix + claim.text, claim.holds, claim.detail) if prefix else claim)
+    return out
+
+
+def within_noise(claim: Claim) -> bool:
+    """Whether an ordering claim carries the :data:`stats.WITHIN_SEED_NOISE` flag."""
+    return stats.WITHIN_SEED_NOISE in claim.detail
+
+
+def noise_note(claims: Sequence[Claim], what: str = "the optimizers") -> list[str]:
+    """The note a table gets when none of its ordering claims is decided by its seeds."""
+    if claims and all(within_noise(c) for c in claims):
+        return [
+            f"No ordering above is decided by the seeds (Welch's t, p >= {stats.LEVEL:g} for every one): at this budget {what} are indistinguishable, so this profile neither reproduces nor "
+            "contradicts the paper's orderings."
+        ]
+    return []
+
+
+def rule_notes(claims: Sequence[Claim], what: str = "the optimizers") -> list[str]:
+    """The notes that word the rule, first in a table's notes: the rule, then :func:`noise_note`."""
+    return [rule_note(), *noise_note(claims, what)]
+
+
+def restated_rule_notes(
+    old: Sequence[str], claims: Sequence[Claim], old_rule: Sequence[str], what: str = "the optimizers"
+) -> list[str]:
+    """A re-stated table's notes (:mod:`dp_adam_bench.report.restate`): :func:`rule_notes` first, then the old
+    notes less those that worded the old rule (each starting with one of ``old_rule``) and the rule's own."""
+    new = rule_notes(claims, what)
+    own = (rule_note(), *noise_note([Claim("", None, stats.WITHIN_SEED_NOISE)], what))
+    return new + [n for n in old if n not in own and not n.startswith(tuple(old_rule))]
+
+
+def rule_note() -> str:
+    """The statistical rule in one line, for a table's notes."""
+    return (
+        f"Claims: 'holds' when the means are in the paper's order; whether the seeds decide it is Welch's t-test "
+        f"(two-sided, p < {stats.LEVEL:g}, Welch-Satterthwaite degrees of freedom); one they do not decide is "
+        "flagged as within seed noise, with the seeds a cell that would decide it if the gap and spread seen "
+        f"were the truth. Spreads are the {stats.STD_CONVENTION}."
+    )
+
+
+def complete_runs(ctx: ReportContext, table_id: str, command: str, preset: str | None = None) -> PresetRuns:
+    """The runs of ``preset`` (default ``table_id``); FileNotFoundError naming the command when none is complete."""
+    found = preset_runs(ctx, preset or table_id)
+    if not found.complete:
+        raise FileNotFoundError(
+            f"no complete runs in {ctx.where(found.spec.name)}; run `{command}` (or `dp-adam-bench sweep "
+            f"{preset or table_id} --profile {ctx.profile}`)"
+        )
+    return found
+
+
+def run_folder_notes(found: PresetRuns) -> list[str]:
+    """What the run folders say of themselves (their privacy notes, runs that are not private), then the runs left
+    out as incomplete."""
+    complete = found.complete
+    notes = [
+        f"From the run folders: {n}"
+        for n in sorted({n for r in complete for n in r.summary.get("privacy_notes", [])})
+    ]
+    if any(not r.summary.get("private", True) for r in complete):
+        notes.append("Some runs are NOT private (they use clean statistics): see their summary.json.")
+    return notes + incomplete_note(found.incomplete)
+
+
+@dataclass
+class Table:
+    """Everything one table writes: ``<out>/<table_id>.{csv,md}`` (and its figure)."""
+
+    table_id: str
+    title: str
+    command: str
+    frame: pd.DataFrame
+    setting: str = ""
+    claims: Sequence[Claim] = ()
+    notes: Sequence[str] = ()
+    figure: Path | None = None
+    digits: int = 4
+    missing: Sequence[str] = ()
+    extra_sections: Sequence[tuple[str, str]] = field(default_factory=list)
+
+    def write(self, out: Path) -> list[Path]:
+        return write_table(
+            self.table_id,
+            self.frame,
+            out=out,
+            title=self.title,
+            command=self.command,
+            setting=self.setting,
+            claims=self.claims,
+            notes=self.notes,
+            figure=self.figure,
+            digits=self.digits,
+            extra_sections=self.extra_sections,
+            missing=self.missing,
+        )

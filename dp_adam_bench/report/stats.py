@@ -1,0 +1,170 @@
+"""The one statistical rule every report applies to a claim about seeds: Welch's t-test.
+
+A table cell is the mean of a metric over ``n`` seeds. An ordering claim ("A beats B") compares two cells; whether
+the seeds can decide it is Welch's unequal-variance t-test (Welch 1947, Biometrika 34(1-2)), with its
+Welch-Satterthwaite degrees of freedom, two-sided at :data:`LEVEL`. Two seeds a cell give 1-2 degrees of freedom,
+where a gap of 2 standard errors is p ~ 0.13-0.24: "beyond 2 SE" is no test at that size, so no report uses it.
+
+* **Spread.** Every std a report prints or writes to a CSV is the *sample* standard deviation over seeds
+  (ddof = 1, :data:`STD_CONVENTION`); CSV columns carrying one end in :data:`STD_SUFFIX`, so the header names it.
+* **Verdict.** A claim's verdict (holds / does not hold) is the sign of the gap of the means; :class:`Gap` says
+  whether the seeds decide it (p < :data:`LEVEL`) and, where they do not, the report writes
+  :data:`WITHIN_SEED_NOISE` beside the verdict.
+* **Seeds to decide.** Where two cells cannot be told apart, :func:`seeds_to_decide` says how many seeds a cell
+  would, *if the gap and the spread seen were the truth* (the smallest n per cell at which that gap gives
+  p < LEVEL). It is always more than the seeds already run: the count already run never "suffices".
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from scipy import stats as _scipy_stats
+
+#: two-sided significance level of every ordering claim
+LEVEL = 0.05
+#: the spread every report prints: the sample standard deviation over seeds
+STD_CONVENTION = "sample std over seeds (ddof = 1)"
+#: the suffix of every CSV column that holds a spread (the header names the convention)
+STD_SUFFIX = "_sample_std"
+#: the flag a claim carries when its seeds cannot decide it
+WITHIN_SEED_NOISE = "WITHIN SEED NOISE"
+#: the most seeds a cell :func:`seeds_to_decide` looks for before it says "more than"
+MAX_SEEDS = 10_000
+
+
+def sample_std(values: Sequence[float]) -> float | None:
+    """The sample standard deviation (ddof = 1) of ``values``; None with fewer than 2 (one seed has no spread)."""
+    vals = [float(v) for v in values]
+    if len(vals) < 2:
+        return None
+    mean = math.fsum(vals) / len(vals)
+    return math.sqrt(math.fsum((v - mean) ** 2 for v in vals) / (len(vals) - 1))
+
+
+def sample_from_population_std(std: float | None, n: int) -> float | None:
+    """The sample std of ``n`` values from their population std (ddof = 0); None for n < 2 or no std."""
+    if std is None or n < 2 or not math.isfinite(std):
+        return None
+    return std * math.sqrt(n / (n - 1))
+
+
+def _welch_df(va: float, na: int, vb: float, nb: int) -> float:
+    """Welch-Satterthwaite degrees of freedom of two means with sample variances ``va``, ``vb``."""
+    a, b = va / na, vb / nb
+    if a + b == 0:
+        return float(na + nb - 2)
+    return (a + b) ** 2 / (a**2 / (na - 1) + b**2 / (nb - 1))
+
+
+def _p_value(diff: float, va: float, na: int, vb: float, nb: int) -> tuple[float, float, float, float]:
+    """(se, t, df, two-sided p) of Welch's test of ``diff`` = mean_a - mean_b."""
+    se = math.sqrt(va / na + vb / nb)
+    df = _welch_df(va, na, vb, nb)
+    if se == 0:  # identical seeds: any gap is exact, none is no evidence
+        return 0.0, (math.copysign(math.inf, diff) if diff else 0.0), df, (0.0 if diff else 1.0)
+    t = diff / se
+    return se, t, df, float(2 * _scipy_stats.t.sf(abs(t), df))
+
+
+@dataclass(frozen=True)
+class Gap:
+    """Cell a minus cell b over seeds, judged by Welch's t-test (:mod:`dp_adam_bench.report.stats`).
+
+    ``se``, ``t``, ``df``, ``p`` are None when a cell has fewer than 2 seeds or a value is not finite (a diverged
+    run): then the seeds cannot decide anything and :attr:`decided` is False.
+    """
+
+    diff: float
+    n_a: int
+    n_b: int
+    se: float | None = None
+    t: float | None = None
+    df: float | None = None
+    p: float | None = None
+    seeds: int | None = None  # seeds a cell that would decide this gap (None: decided, or cannot say)
+
+    @property
+    def decided(self) -> bool:
+        """The seeds tell the two cells apart: Welch's two-sided p < :data:`LEVEL`."""
+        return self.p is not None and self.p < LEVEL
+
+    def test(self) -> str:
+        """The test in words: ``t = 2.31 (Welch, df 1.8), p = 0.16 over 2 / 2 seeds``."""
+        if self.p is None:
+            return f"no test: {self.n_a} / {self.n_b} seeds" + (
+                "" if math.isfinite(self.diff) else ", a value not finite"
+            )
+        t = f"{self.t:+.2f}" if math.isfinite(self.t) else ("+inf" if self.t > 0 else "-inf")
+        return f"t = {t} (Welch, df {self.df:.1f}), p = {_fmt_p(self.p)} over {self.n_a} / {self.n_b} seeds"
+
+    def flag(self) -> str:
+        """``""`` when decided; else the :data:`WITHIN_SEED_NOISE` flag with how many seeds would decide it."""
+        if self.decided:
+            return ""
+        if self.p is None:
+            why = "fewer than 2 seeds a cell" if min(self.n_a, self.n_b) < 2 else "a value not finite"
+            return f"{WITHIN_SEED_NOISE} (no test: {why})"
+        need = (
+            f"~{self.seeds} seeds a cell would decide it if the gap and spread seen were the truth"
+            if self.seeds
+            else (
+                "no gap to decide"
+                if self.diff == 0
+                else f"more than {MAX_SEEDS:,} seeds a cell would be needed at the spread seen"
+            )
+        )
+        return f"{WITHIN_SEED_NOISE} (p = {_fmt_p(self.p)} >= {LEVEL:g} by Welch's t; {need})"
+
+
+def _fmt_p(p: float) -> str:
+    return f"{p:.2g}" if p >= 1e-3 else f"{p:.1e}"
+
+
+def welch(mean_a: float, std_a: float | None, n_a: int, mean_b: float, std_b: float | None, n_b: int) -> Gap:
+    """Welch's t-test of mean_a - mean_b from each cell's mean, *sample* std and seed count."""
+    diff = float(mean_a) - float(mean_b)
+    finite = all(x is not None and math.isfinite(x) for x in (mean_a, mean_b, std_a, std_b))
+    if n_a < 2 or n_b < 2 or not finite:
+        return Gap(diff, n_a, n_b)
+    va, vb = float(std_a) ** 2, float(std_b) ** 2
+    se, t, df, p = _p_value(diff, va, n_a, vb, n_b)
+    seeds = None if p < LEVEL else seeds_to_decide(diff, std_a, std_b, start=max(n_a, n_b))
+    return Gap(diff, n_a, n_b, se=se, t=t, df=df, p=p, seeds=seeds)
+
+
+def compare(values_a: Sequence[float], values_b: Sequence[float]) -> Gap:
+    """Welch's t-test of mean(a) - mean(b) over the seeds' values."""
+    a, b = [float(v) for v in values_a], [float(v) for v in values_b]
+    if not a or not b:
+        raise ValueError(f"compare needs values on both sides, got {len(a)} and {len(b)}")
+    mean = lambda v: math.fsum(v) / len(v)  # noqa: E731
+    return welch(mean(a), sample_std(a), len(a), mean(b), sample_std(b), len(b))
+
+
+def seeds_to_decide(diff: float, std_a: float, std_b: float, *, start: int) -> int | None:
+    """The smallest n > ``start`` seeds per cell at which a gap ``diff`` with sample stds ``std_a``, ``std_b`` gives
+    Welch's p < :data:`LEVEL`; None when there is no gap, a value is not finite, or it takes more than
+    :data:`MAX_SEEDS`. Never the count already run: a gap those seeds do not decide needs more."""
+    if diff == 0 or not all(math.isfinite(x) for x in (diff, std_a, std_b)):
+        return None
+    va, vb = std_a**2, std_b**2
+
+    def decides(n: int) -> bool:
+        return _p_value(diff, va, n, vb, n)[3] < LEVEL
+
+    if not decides(MAX_SEEDS):
+        return None
+    lo, hi = (
+        max(start, 1),
+        MAX_SEEDS,
+    )  # decides(hi); p falls as n grows, so bisect on the first n that decides
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if decides(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
