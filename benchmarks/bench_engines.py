@@ -448,10 +448,11 @@ def build_step(spec: dict, label: Callable = no_label) -> Step:
     model, raw_loss = bm.model.to(device), bm.loss_per_example
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
-    b, mode = int(spec["batch_size"]), spec["mode"]
-    batch = {k: v.to(device) for k, v in bm.make_batch(b, torch.Generator().manual_seed(1)).items()}
+    batch = {
+        k: v.to(device)
+        for k, v in bm.make_batch(int(spec["batch_size"]), torch.Generator().manual_seed(1)).items()
+    }
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=spec.get("precision") == "bf16")
-    engine_name = spec.get("engine") or ""
 
     def L(name):  # noqa: N802  (short: used on every phase)
         return label(PHASE_PREFIX + name)
@@ -461,29 +462,45 @@ def build_step(spec: dict, label: Callable = no_label) -> Step:
             return raw_loss(forward, batch)
 
     common = {"params": sum(p.numel() for p in params), "seq_len": bm.seq_len, "description": bm.description}
-    if mode == "nonprivate":
-        opt = torch.optim.Adam(params, lr=LR)
-        # whole batch, unless the spec asks for gradient accumulation (the GPU benchmark's micro-batched rows)
-        phys = min(b, int(spec.get("nonprivate_physical_batch_size") or b))
-        parts = _split(batch, phys)
+    if spec["mode"] == "nonprivate":
+        return _nonprivate_step(spec, model, params, batch, loss_fn, L, common)
+    return _dp_step(spec, model, params, batch, loss_fn, L, common)
 
-        def step():
-            with L("zero_grad"):
-                opt.zero_grad(set_to_none=True)
-            for part in parts:
-                loss = loss_fn(model, part).sum() / b
-                with L("backward"):
-                    loss.backward()
-            with L("optimizer"):
-                opt.step()
 
-        return Step(step, None, "torch.optim.Adam", phys, **common)
+def _nonprivate_step(spec: dict, model, params: list, batch: dict, loss_fn, L, common: dict) -> Step:
+    """torch.optim.Adam on the whole batch, or in micro-batches where the spec asks for gradient accumulation
+    (the GPU benchmark's micro-batched rows)."""
+    import torch
+
+    b = int(spec["batch_size"])
+    opt = torch.optim.Adam(params, lr=LR)
+    phys = min(b, int(spec.get("nonprivate_physical_batch_size") or b))
+    parts = _split(batch, phys)
+
+    def step():
+        with L("zero_grad"):
+            opt.zero_grad(set_to_none=True)
+        for part in parts:
+            loss = loss_fn(model, part).sum() / b
+            with L("backward"):
+                loss.backward()
+        with L("optimizer"):
+            opt.step()
+
+    return Step(step, None, "torch.optim.Adam", phys, **common)
+
+
+def _dp_step(spec: dict, model, params: list, batch: dict, loss_fn, L, common: dict) -> Step:
+    """A DP step as the trainer runs it: each micro-batch through the clipping engine, the clipped sums added, the
+    noise, the optimizer (Adam, or stp's with its scale)."""
+    import torch
 
     from dp_adam_bench.engine.engines import build_engine
     from dp_adam_bench.engine.privatizer import Privatizer
     from dp_adam_bench.optim.registry import build_variant
     from dp_adam_bench.privacy.mechanisms import IndependentMechanism
 
+    b, mode, engine_name = int(spec["batch_size"]), spec["mode"], spec.get("engine") or ""
     if mode != "stp" and engine_name != mode:
         raise ValueError(f"mode {mode!r} runs engine {mode!r}, got engine {engine_name!r}")
     phys = int(spec.get("physical_batch_size") or 0) or b
@@ -495,7 +512,10 @@ def build_step(spec: dict, label: Callable = no_label) -> Step:
     variant = build_variant("stp" if mode == "stp" else "adam", lr=LR)
     state = variant.init(params)
     mech = IndependentMechanism().reset(
-        [p.shape for p in params], seed=0, dtype=params[0].dtype, device=device
+        [p.shape for p in params],
+        seed=0,
+        dtype=params[0].dtype,
+        device=torch.device(spec.get("device") or "cpu"),
     )
     privatizer = Privatizer(clip=CLIP, sigma=SIGMA, expected_batch_size=b, mechanisms=[mech])
 
@@ -694,6 +714,58 @@ def plan(models, batch_sizes, modes, stp_engines) -> list[tuple[str, int, str, s
 
 
 def main(argv: list[str] | None = None) -> None:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.one:
+        print(json.dumps(run_one(json.loads(args.one))))
+        return
+    warmup, steps, batch_sizes = _sizes(parser, args)
+    models = list(dict.fromkeys(args.models or DEFAULT_MODELS))
+    modes = [
+        m for m in MODES if m in (args.modes or MODES)
+    ]  # stp after the flat modes: auto picks the faster
+    stp_engines = list(dict.fromkeys(args.stp_engines))
+    for model in models:
+        for mode, why in UNSUPPORTED.get(model, {}).items():
+            if mode in modes:
+                print(f"{model}: {mode} not run: {why}", flush=True)
+
+    cpu, date = cpu_name(), dt.datetime.now().astimezone().isoformat(timespec="seconds")
+    rows: list[dict] = []
+    t_start = time.perf_counter()
+    for model, b, mode, choice in plan(models, batch_sizes, modes, stp_engines):
+        engine, notes = _engine_and_notes(mode, choice, rows, model, b)
+        spec = {
+            "model": model,
+            "batch_size": b,
+            "mode": mode,
+            "engine": engine,
+            "physical_batch_size": args.physical_batch_size,
+            "warmup": warmup,
+            "steps": steps,
+            "quick": args.quick,
+        }
+        if args.quick and model != "cnn5":
+            notes.append("quick: tiny shapes")
+        t0 = time.perf_counter()
+        res = _measured(spec, args.timeout, notes) | {"cpu": cpu, "date": date, "notes": "; ".join(notes)}
+        rows.append(res)
+        _print_progress(res, spec, time.perf_counter() - t_start, time.perf_counter() - t0)
+
+    df = _table(rows, args.out if args.merge else None)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    df.to_csv(args.out, index=False)
+    print()
+    print(markdown(df))
+    print(
+        f"\nthreads={_threads()}, {warmup} warm-up + {steps} timed steps, cpu: {cpu}; "
+        f"total {time.perf_counter() - t_start:.1f} s; wrote {args.out}"
+    )
+    if any("error" in r for r in rows):
+        sys.exit(1)
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0],
         epilog="\n".join(__doc__.splitlines()[1:]),
@@ -726,11 +798,12 @@ def main(argv: list[str] | None = None) -> None:
         help="keep rows of --out for other (model, B, mode, engine) instead of replacing",
     )
     parser.add_argument("--one", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.one:
-        print(json.dumps(run_one(json.loads(args.one))))
-        return
+    return parser
 
+
+def _sizes(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[int, int, list[int]]:
+    """Warm-up steps, timed steps and the batch sizes (each once): --quick's, or the arguments' (refused below
+    the minimum of a full run)."""
     if args.quick:
         warmup, steps, batch_sizes = 1, 2, args.batch_sizes or [QUICK_BATCH_SIZE]
     else:
@@ -739,75 +812,64 @@ def main(argv: list[str] | None = None) -> None:
             parser.error("need --warmup >= 2 and --steps >= 5 (use --quick for a smoke test)")
     if any(b < 1 for b in batch_sizes):
         parser.error("batch sizes must be >= 1")
-    batch_sizes = list(dict.fromkeys(batch_sizes))
-    models = list(dict.fromkeys(args.models or DEFAULT_MODELS))
-    modes = [
-        m for m in MODES if m in (args.modes or MODES)
-    ]  # stp after the flat modes: auto picks the faster
-    stp_engines = list(dict.fromkeys(args.stp_engines))
-    for model in models:
-        for mode, why in UNSUPPORTED.get(model, {}).items():
-            if mode in modes:
-                print(f"{model}: {mode} not run: {why}", flush=True)
+    return warmup, steps, list(dict.fromkeys(batch_sizes))
 
+
+def _engine_and_notes(
+    mode: str, choice: str | None, rows: list[dict], model: str, b: int
+) -> tuple[str, list]:
+    """The engine a row runs (none for the non-private step, the mode's own, or stp's chosen one) and its first
+    notes (why ``auto`` chose it)."""
+    if mode == "nonprivate":
+        return "", []
+    if mode != "stp":
+        return mode, []
+    engine, why = _stp_engine(choice, rows, model, b)
+    return engine, [f"stp via {engine}: {why}"] if choice == "auto" else []
+
+
+def _measured(spec: dict, timeout: float, notes: list[str]) -> dict:
+    """One configuration's timing child, then its memory child: the row's measurements (a failed timing: only
+    the row's keys and ``error``), their errors and the micro-batch count added to ``notes``."""
+    res = _child(spec, timeout)
+    if "error" not in res:
+        mem = _memory_child(spec, timeout)
+        if "error" in mem:  # the timing stands; the memory is missing, with why
+            notes.append(mem["error"])
+            mem = {"peak_rss_gib": float("nan")}
+        res |= mem
+    if "error" in res:
+        notes.append(res["error"])
+        res = {k: spec[k] for k in ("model", "batch_size", "mode", "engine")} | {"error": 1}
+        res["engine"] = res["engine"] or "torch.optim.Adam"
+    elif spec["mode"] != "nonprivate" and res["physical_batch_size"] < spec["batch_size"]:
+        notes.append(f"{-(-spec['batch_size'] // res['physical_batch_size'])} micro-batches")
+    return res
+
+
+def _print_progress(res: dict, spec: dict, elapsed: float, child_s: float) -> None:
+    msg = (
+        f"median {res['median_step_s']:.3f} s/step, peak RSS {res['peak_rss_gib']:.2f} GiB"
+        if "median_step_s" in res
+        else res["notes"]
+    )
+    engine, mode = spec["engine"], spec["mode"]
+    print(
+        f"[{elapsed:7.1f} s] {spec['model']} B={spec['batch_size']} {mode}"
+        f"{f' ({engine})' if engine and engine != mode else ''}: {msg} "
+        f"(child {child_s:.1f} s)",
+        flush=True,
+    )
+
+
+def _table(rows: list[dict], merge_into: Path | None):
+    """The CSV's table: these rows, after the rows of ``merge_into`` (if given and there) for other (model, B,
+    mode, engine), every column of :data:`COLUMNS`, with the ratios."""
     import pandas as pd
 
-    cpu, date = cpu_name(), dt.datetime.now().astimezone().isoformat(timespec="seconds")
-    rows: list[dict] = []
-    t_start = time.perf_counter()
-    for model, b, mode, choice in plan(models, batch_sizes, modes, stp_engines):
-        notes = []
-        if mode == "nonprivate":
-            engine = ""
-        elif mode == "stp":
-            engine, why = _stp_engine(choice, rows, model, b)
-            if choice == "auto":
-                notes.append(f"stp via {engine}: {why}")
-        else:
-            engine = mode
-        spec = {
-            "model": model,
-            "batch_size": b,
-            "mode": mode,
-            "engine": engine,
-            "physical_batch_size": args.physical_batch_size,
-            "warmup": warmup,
-            "steps": steps,
-            "quick": args.quick,
-        }
-        if args.quick and model != "cnn5":
-            notes.append("quick: tiny shapes")
-        t0 = time.perf_counter()
-        res = _child(spec, args.timeout)
-        if "error" not in res:
-            mem = _memory_child(spec, args.timeout)
-            if "error" in mem:  # the timing stands; the memory is missing, with why
-                notes.append(mem["error"])
-                mem = {"peak_rss_gib": float("nan")}
-            res |= mem
-        if "error" in res:
-            notes.append(res["error"])
-            res = {k: spec[k] for k in ("model", "batch_size", "mode", "engine")} | {"error": 1}
-            res["engine"] = res["engine"] or "torch.optim.Adam"
-        elif mode != "nonprivate" and res["physical_batch_size"] < b:
-            notes.append(f"{-(-b // res['physical_batch_size'])} micro-batches")
-        res |= {"cpu": cpu, "date": date, "notes": "; ".join(notes)}
-        rows.append(res)
-        msg = (
-            f"median {res['median_step_s']:.3f} s/step, peak RSS {res['peak_rss_gib']:.2f} GiB"
-            if "median_step_s" in res
-            else res["notes"]
-        )
-        print(
-            f"[{time.perf_counter() - t_start:7.1f} s] {model} B={b} {mode}"
-            f"{f' ({engine})' if engine and engine != mode else ''}: {msg} "
-            f"(child {time.perf_counter() - t0:.1f} s)",
-            flush=True,
-        )
-
     df = pd.DataFrame([{k: v for k, v in r.items() if k != "error"} for r in rows])
-    if args.merge and args.out.is_file():
-        old = pd.read_csv(args.out, keep_default_na=False, na_values=[""])
+    if merge_into is not None and merge_into.is_file():
+        old = pd.read_csv(merge_into, keep_default_na=False, na_values=[""])
         cols = ["model", "batch_size", "mode", "engine"]
         keys = set(zip(*(df[c] for c in cols), strict=True))
         keep = [k not in keys for k in zip(*(old[c] for c in cols), strict=True)]
@@ -816,17 +878,7 @@ def main(argv: list[str] | None = None) -> None:
         if c not in df.columns:
             df[c] = float("nan") if c != "notes" else ""
     df["notes"] = df["notes"].fillna("")
-    df = add_ratios(df)[COLUMNS]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    df.to_csv(args.out, index=False)
-    print()
-    print(markdown(df))
-    print(
-        f"\nthreads={_threads()}, {warmup} warm-up + {steps} timed steps, cpu: {cpu}; "
-        f"total {time.perf_counter() - t_start:.1f} s; wrote {args.out}"
-    )
-    if any("error" in r for r in rows):
-        sys.exit(1)
+    return add_ratios(df)[COLUMNS]
 
 
 if __name__ == "__main__":

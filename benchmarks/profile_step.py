@@ -37,6 +37,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -247,6 +248,18 @@ def summary(label: str, phases: dict[str, float], base: dict | None, top_op: tup
 # --------------------------------------------------------------------------------------------- main
 
 
+@dataclass
+class Profiled:
+    """One configuration's step after its profiled run: the step, what was instrumented, the wall times of the
+    unprofiled warm-up and the profiled steps, and the profiler."""
+
+    step: be.Step
+    wrapped: list[str]
+    warm: list[float]
+    walls: list[float]
+    prof: object
+
+
 def profile(
     model: str,
     b: int,
@@ -261,14 +274,8 @@ def profile(
 ) -> Path:
     """Profile one configuration and write its text file (and JSON sidecar); returns the text file's path."""
     import torch
-    from torch.profiler import ProfilerActivity, record_function
 
-    if mode == "nonprivate":
-        engine = ""
-    elif mode != "stp":
-        engine = mode
-    elif not engine:
-        engine = be.DEFAULT_STP_ENGINE
+    engine = _engine_of(mode, engine)
     threads = be._threads()
     torch.set_num_threads(threads)
     spec = {
@@ -279,78 +286,129 @@ def profile(
         "physical_batch_size": physical_batch_size,
         "quick": quick,
     }
-    step = be.build_step(spec, label=record_function)
-    patches = Patches()
-    warm, walls = [], []
-    try:
-        wrapped = instrument(step, record_function, patches)
-        for _ in range(warmup):
-            t0 = time.perf_counter()
-            step.run()
-            warm.append(time.perf_counter() - t0)
-        with torch.profiler.profile(activities=[ProfilerActivity.CPU]) as prof:
-            for _ in range(steps):
-                t0 = time.perf_counter()
-                step.run()
-                walls.append(time.perf_counter() - t0)
-    finally:
-        patches.undo()
-        if step.close is not None:
-            step.close()
-
-    phases, top_ops = attribute(prof.events(), steps)
+    run = _profiled_run(spec, warmup, steps)
+    phases, top_ops = attribute(run.prof.events(), steps)
     stem = profile_name(model, b, mode, engine)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    base = None
-    base_file = out_dir / f"{profile_name(model, b, 'nonprivate')}.json"
-    if mode != "nonprivate" and base_file.is_file():
-        base = json.loads(base_file.read_text())
-        if base.get("threads") != threads or bool(base.get("quick")) != quick:
-            base = None  # not comparable
-    averages = prof.key_averages()
-    op_rows = sorted(
-        (e for e in averages if not e.key.startswith(be.PHASE_PREFIX)), key=lambda e: -e.self_cpu_time_total
-    )
-    top_op = (op_rows[0].key, op_rows[0].self_cpu_time_total / 1e6 / steps) if op_rows else None
+    base = _comparable_base(out_dir / f"{profile_name(model, b, 'nonprivate')}.json", mode, threads, quick)
+    averages = run.prof.key_averages()
     what = f"{mode}" + (f" ({engine})" if engine and engine != mode else "")
-    line = summary(f"{model} B={b} {what}", phases, base, top_op)
-    vers = be.versions()
+    line = summary(f"{model} B={b} {what}", phases, base, _top_op(averages, steps))
     info = {
         "model": model,
         "batch_size": b,
         "mode": mode,
-        "engine": step.engine,
-        "physical_batch_size": step.physical_batch_size,
-        "seq_len": step.seq_len,
-        "params": step.params,
+        "engine": run.step.engine,
+        "physical_batch_size": run.step.physical_batch_size,
+        "seq_len": run.step.seq_len,
+        "params": run.step.params,
         "threads": threads,
         "quick": quick,
         "warmup": warmup,
         "steps": steps,
-        "wall_unprofiled_s": warm,
-        "wall_profiled_s": walls,
+        "wall_unprofiled_s": run.warm,
+        "wall_profiled_s": run.walls,
         "phases_s": phases,
         "summary": line,
         "cpu": be.cpu_name(),
         "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-        **vers,
+        **be.versions(),
     }
     (out_dir / f"{stem}.json").write_text(json.dumps(info, indent=2) + "\n")
+    lines = _heading(info, run, what) + _phase_table(phases, top_ops, base)
+    lines += [
+        "",
+        f"Top {top} operators by self CPU time, all {steps} profiled steps:",
+        "",
+        averages.table(sort_by="self_cpu_time_total", row_limit=top, max_name_column_width=60),
+    ]
+    path = out_dir / f"{stem}.txt"
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
+
+def _engine_of(mode: str, engine: str | None) -> str:
+    """The engine a mode runs: none without privacy, the mode itself for a flat engine, stp's chosen one (or its
+    default)."""
+    if mode == "nonprivate":
+        return ""
+    if mode != "stp":
+        return mode
+    return engine or be.DEFAULT_STP_ENGINE
+
+
+def _profiled_run(spec: dict, warmup: int, steps: int) -> Profiled:
+    """The step built and instrumented, ``warmup`` steps unprofiled, then ``steps`` under the profiler."""
+    import torch
+    from torch.profiler import ProfilerActivity, record_function
+
+    step = be.build_step(spec, label=record_function)
+    patches = Patches()
+    try:
+        wrapped = instrument(step, record_function, patches)
+        warm = _timed(step, warmup)
+        with torch.profiler.profile(activities=[ProfilerActivity.CPU]) as prof:
+            walls = _timed(step, steps)
+    finally:
+        patches.undo()
+        if step.close is not None:
+            step.close()
+    return Profiled(step, wrapped, warm, walls, prof)
+
+
+def _timed(step: be.Step, n: int) -> list[float]:
+    """Wall seconds of each of ``n`` steps."""
+    walls = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        step.run()
+        walls.append(time.perf_counter() - t0)
+    return walls
+
+
+def _comparable_base(base_file: Path, mode: str, threads: int, quick: bool) -> dict | None:
+    """The non-private profile of the same model and B, if there is one made with the same threads and sizes."""
+    if mode == "nonprivate" or not base_file.is_file():
+        return None
+    base = json.loads(base_file.read_text())
+    if base.get("threads") != threads or bool(base.get("quick")) != quick:
+        return None  # not comparable
+    return base
+
+
+def _top_op(averages, steps: int) -> tuple[str, float] | None:
+    """The operator (not a phase label) with the most self CPU time, and its seconds per step."""
+    op_rows = sorted(
+        (e for e in averages if not e.key.startswith(be.PHASE_PREFIX)), key=lambda e: -e.self_cpu_time_total
+    )
+    return (op_rows[0].key, op_rows[0].self_cpu_time_total / 1e6 / steps) if op_rows else None
+
+
+def _heading(info: dict, run: Profiled, what: str) -> list[str]:
+    """The profile's first lines: what ran, its summary, the machine and versions, the wall times."""
+    step = run.step
+    return [
+        f"Profile of one training step: {info['model']} ({step.description}), B={info['batch_size']}, mode {what}",
+        f"Summary: {info['summary']}",
+        "",
+        f"physical batch {step.physical_batch_size}; {step.params:,} trainable parameters; threads "
+        f"{info['threads']}; cpu {info['cpu']}; torch {info['torch_version']}, opacus {info['opacus_version']}, "
+        f"transformers {info['transformers_version']}; {info['date']}"
+        + ("; QUICK (tiny shapes, not representative)" if info["quick"] else ""),
+        f"wall per step: unprofiled (warm-up) {', '.join(f'{w:.3g}' for w in run.warm) or '-'} s; "
+        f"profiled median {statistics.median(run.walls):.3g} s over {info['steps']} steps (profiler overhead "
+        "included)",
+        "instrumented: " + ("; ".join(run.wrapped) if run.wrapped else "phase labels of the step only"),
+        "",
+    ]
+
+
+def _phase_table(phases: dict[str, float], top_ops: dict, base: dict | None) -> list[str]:
+    """Self CPU seconds per step of each phase, its share, the non-private profile's (when comparable) and the
+    phase's top operators."""
     total = sum(phases.values())
     lines = [
-        f"Profile of one training step: {model} ({step.description}), B={b}, mode {what}",
-        f"Summary: {line}",
-        "",
-        f"physical batch {step.physical_batch_size}; {step.params:,} trainable parameters; threads {threads}; "
-        f"cpu {info['cpu']}; torch {vers['torch_version']}, opacus {vers['opacus_version']}, transformers "
-        f"{vers['transformers_version']}; {info['date']}"
-        + ("; QUICK (tiny shapes, not representative)" if quick else ""),
-        f"wall per step: unprofiled (warm-up) {', '.join(f'{w:.3g}' for w in warm) or '-'} s; "
-        f"profiled median {statistics.median(walls):.3g} s over {steps} steps (profiler overhead included)",
-        "instrumented: " + ("; ".join(wrapped) if wrapped else "phase labels of the step only"),
-        "",
         "Per-phase breakdown: self CPU time of the main thread, seconds per step (intra-op threads run inside it)",
         "",
         "| phase | s/step | share |"
@@ -372,15 +430,7 @@ def profile(
         + (f" {sum(base['phases_s'].values()):.4g} |" if base else "")
         + " |"
     )
-    lines += [
-        "",
-        f"Top {top} operators by self CPU time, all {steps} profiled steps:",
-        "",
-        averages.table(sort_by="self_cpu_time_total", row_limit=top, max_name_column_width=60),
-    ]
-    path = out_dir / f"{stem}.txt"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return lines
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -22,22 +22,29 @@ if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
 
 import bench_gpu  # noqa: E402
-import gpu_check as gc  # noqa: E402
+from gpu_check import main  # noqa: E402
+from gpu_checks.benches import bench_commands  # noqa: E402
+from gpu_checks.part import Ctx, Part, PartFailed, Result  # noqa: E402
+from gpu_checks.paths import OUT, RESULTS_GPU  # noqa: E402
+from gpu_checks.registry import PARTS  # noqa: E402
+from gpu_checks.runner import MIN_PART_S, run_parts  # noqa: E402
+from gpu_checks.suite import junit_counts  # noqa: E402
+from gpu_checks.tf32 import cmd_tf32  # noqa: E402
 
 
 def _py(code: str):
     return lambda ctx: [[sys.executable, "-c", code]]
 
 
-def _ctx(tmp_path, device="cpu") -> gc.Ctx:
+def _ctx(tmp_path, device="cpu") -> Ctx:
     (tmp_path / "out").mkdir(exist_ok=True)
-    return gc.Ctx(device, True, tmp_path / "out", tmp_path / "work", 1, False)
+    return Ctx(device, True, tmp_path / "out", tmp_path / "work", 1, False)
 
 
 def _says(word: str):
     def verify(ctx, log):
         if word not in log:
-            raise gc.PartFailed(f"no {word!r} in the log")
+            raise PartFailed(f"no {word!r} in the log")
         return f"said {word}"
 
     return verify
@@ -46,12 +53,12 @@ def _says(word: str):
 def test_a_failing_or_hanging_part_is_recorded_and_the_next_parts_still_run(tmp_path):
     ctx = _ctx(tmp_path)
     parts = [
-        gc.Part("first", "passes", 30, _py("print('hello')"), _says("hello")),
-        gc.Part("crash", "exits 3", 30, _py("import sys; print('boom'); sys.exit(3)"), _says("boom")),
-        gc.Part("hang", "sleeps past its limit", 1, _py("import time; time.sleep(30)"), _says("never")),
-        gc.Part("wrong", "runs but its check fails", 30, _py("print('other')"), _says("hello")),
-        gc.Part("gpu", "needs CUDA", 30, _py("print('x')"), _says("x"), cuda_only=True),
-        gc.Part("last", "still runs", 30, _py("print('hello')"), _says("hello")),
+        Part("first", "passes", 30, _py("print('hello')"), _says("hello")),
+        Part("crash", "exits 3", 30, _py("import sys; print('boom'); sys.exit(3)"), _says("boom")),
+        Part("hang", "sleeps past its limit", 1, _py("import time; time.sleep(30)"), _says("never")),
+        Part("wrong", "runs but its check fails", 30, _py("print('other')"), _says("hello")),
+        Part("gpu", "needs CUDA", 30, _py("print('x')"), _says("x"), cuda_only=True),
+        Part("last", "still runs", 30, _py("print('hello')"), _says("hello")),
     ]
     header = {
         "device_name": "CPU",
@@ -61,7 +68,7 @@ def test_a_failing_or_hanging_part_is_recorded_and_the_next_parts_still_run(tmp_
         "budget_s": 60,
         "command": "t",
     }
-    results = gc.run_parts(parts, ctx, 60, header)
+    results = run_parts(parts, ctx, 60, header)
     status = {r.name: r.status for r in results}
     assert status == {
         "first": "passed",
@@ -84,10 +91,8 @@ def test_a_failing_or_hanging_part_is_recorded_and_the_next_parts_still_run(tmp_
 
 def test_the_budget_skips_the_parts_it_cannot_start(tmp_path):
     ctx = _ctx(tmp_path)
-    slow = gc.Part(
-        "slow", "takes the budget", 30, _py("import time; time.sleep(0.5); print('ok')"), _says("ok")
-    )
-    after = gc.Part("after", "no time left", 30, _py("print('ok')"), _says("ok"))
+    slow = Part("slow", "takes the budget", 30, _py("import time; time.sleep(0.5); print('ok')"), _says("ok"))
+    after = Part("after", "no time left", 30, _py("print('ok')"), _says("ok"))
     header = {
         "device_name": "CPU",
         "torch": "-",
@@ -96,18 +101,18 @@ def test_the_budget_skips_the_parts_it_cannot_start(tmp_path):
         "budget_s": 21,
         "command": "t",
     }
-    (first, second) = gc.run_parts([slow, after], ctx, gc.MIN_PART_S + 0.3, header)
+    (first, second) = run_parts([slow, after], ctx, MIN_PART_S + 0.3, header)
     assert first.status == "passed"
     assert second.status.startswith("skipped: time budget spent")
 
 
 def test_a_rerun_of_some_parts_keeps_the_others_results(tmp_path):
     ctx = _ctx(tmp_path)
-    earlier = [gc.Result("suite", "s", "passed", 90.0, 180, "9 passed").__dict__]
-    earlier += [gc.Result("bench_gpu", "b", "TIMED OUT", 150.0, 150, "rows so far").__dict__]
+    earlier = [Result("suite", "s", "passed", 90.0, 180, "9 passed").__dict__]
+    earlier += [Result("bench_gpu", "b", "TIMED OUT", 150.0, 150, "rows so far").__dict__]
     header = {"device_name": "-", "torch": "-", "commit": "-", "started": "-", "budget_s": 60, "command": "t"}
-    again = gc.Part("bench_gpu", "b", 30, _py("print('ok')"), _says("ok"))
-    gc.run_parts([again], ctx, 60, header | {"earlier": earlier})
+    again = Part("bench_gpu", "b", 30, _py("print('ok')"), _says("ok"))
+    run_parts([again], ctx, 60, header | {"earlier": earlier})
     saved = json.loads((ctx.out / "results.json").read_text())
     assert [(p["name"], p["status"]) for p in saved["parts"]] == [
         ("suite", "passed"),
@@ -127,16 +132,16 @@ SUITE_XML = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name
 def test_the_conformance_part_reads_the_suites_run_of_the_grid(tmp_path):
     ctx = _ctx(tmp_path, "cuda")
     (ctx.out / "suite.xml").write_text(SUITE_XML)
-    (part,) = [p for p in gc.PARTS if p.name == "conformance"]
+    (part,) = [p for p in PARTS if p.name == "conformance"]
     assert part.commands(ctx) == []  # no second run of the grid
     header = {"device_name": "-", "torch": "-", "commit": "-", "started": "-", "budget_s": 60, "command": "t"}
-    (res,) = gc.run_parts([part], ctx, 60, header)
+    (res,) = run_parts([part], ctx, 60, header)
     assert res.status == "FAILED"
     assert res.summary.startswith(
         "1 passed, 1 failed, 0 errors, 1 skipped of 3 (pytest-xdist missing: serial)"
     )
     assert "(from suite.xml): tests.test_conformance::test_grid[f32-ce-conv]" in res.summary
-    every = gc.junit_counts(ctx.out / "suite.xml")
+    every = junit_counts(ctx.out / "suite.xml")
     assert (every["tests"], every["errors"], every["failing"][-1]) == (4, 1, "tests.test_ddp::test_two_ranks")
 
 
@@ -144,22 +149,22 @@ def test_a_cpu_run_writes_neither_the_committed_report_nor_results_gpu_csv(tmp_p
     def stamp(path):
         return path.stat().st_mtime_ns if path.exists() else None
 
-    before = stamp(gc.OUT), stamp(gc.RESULTS_GPU)
+    before = stamp(OUT), stamp(RESULTS_GPU)
     with pytest.raises(SystemExit):
-        gc.main(["--device", "cpu", "--quick"])
+        main(["--device", "cpu", "--quick"])
     assert "writes benchmarks/gpu_check only from a CUDA run" in capsys.readouterr().err
-    assert (stamp(gc.OUT), stamp(gc.RESULTS_GPU)) == before
-    (bench,) = gc._bench(_ctx(tmp_path))
-    assert str(gc.RESULTS_GPU) not in bench and bench[bench.index("--out") + 1].startswith(str(tmp_path))
-    (cuda,) = gc._bench(_ctx(tmp_path, "cuda"))
-    assert cuda[cuda.index("--out") + 1] == str(gc.RESULTS_GPU)
+    assert (stamp(OUT), stamp(RESULTS_GPU)) == before
+    (bench,) = bench_commands(_ctx(tmp_path))
+    assert str(RESULTS_GPU) not in bench and bench[bench.index("--out") + 1].startswith(str(tmp_path))
+    (cuda,) = bench_commands(_ctx(tmp_path, "cuda"))
+    assert cuda[cuda.index("--out") + 1] == str(RESULTS_GPU)
 
 
 def test_a_quick_cpu_run_of_a_real_part(tmp_path):
     """A part's real command through the runner: the sweep's --jobs 2 as a dry run (quick). (Every part at quick
     sizes, about two minutes here: ``make gpu-check-cpu``.)"""
     out = tmp_path / "report"
-    rc = gc.main(
+    rc = main(
         [
             "--device",
             "cpu",
@@ -192,7 +197,7 @@ def test_the_tf32_check_fails_a_clip_factor_a_hair_too_large(monkeypatch):
     real = bk.clip_factors
     monkeypatch.setattr(bk, "clip_factors", lambda norms, clip: real(norms, clip) * (1 + 1e-4))
     try:
-        got = gc.cmd_tf32(argparse.Namespace(device="cpu", quick=True))
+        got = cmd_tf32(argparse.Namespace(device="cpu", quick=True))
     finally:
         for (b, o), v in saved.items():
             fp32_exact.op(b, o).fp32_precision = v
