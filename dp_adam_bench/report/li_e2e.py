@@ -5,24 +5,38 @@ Reads ``runs/li_e2e_<profile>`` (preset ``configs/experiment/li_e2e.yaml``): one
 (``pretrained``, or ``scratch``: the same network randomly initialised, the CPU profile's control), rows BLEU and
 ROUGE-L (the E2E scorer's definitions, :mod:`dp_adam_bench.tasks.e2e_metrics`) and the epsilon of each private run
 under every accountant, beside the paper's. Claims: the privacy ordering of the pretrained model, pretrained beats
-scratch under DP, and eps = 8 BLEU >= 0.8 x non-private BLEU (Li et al.: 63.2 / 69.5 = 0.91). The exact
-accounting for the paper's own setting is in
+scratch under DP, and eps = 8 BLEU >= 0.8 x non-private BLEU (Li et al.: 63.2 / 69.5 = 0.91), each with Welch's
+t-test of its seeds (:mod:`dp_adam_bench.report.stats`). The exact accounting for the paper's own setting is in
 ``results/li_e2e_accounting.md``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from dp_adam_bench.report.aggregate import difference_se, get
-from dp_adam_bench.report.common import Claim, incomplete_note, load_paper, write_table
+from dp_adam_bench.report.aggregate import get
+from dp_adam_bench.report.common import Claim, incomplete_note, load_paper
 from dp_adam_bench.report.context import ReportContext
-from dp_adam_bench.report.expected import preset_runs
+from dp_adam_bench.report.restate import Restatement, register
+from dp_adam_bench.report.skeleton import (
+    Ordering,
+    SeedStats,
+    Table,
+    complete_runs,
+    gap,
+    ordering_claims,
+    restated_rule_notes,
+    rule_notes,
+)
+from dp_adam_bench.report.stats import STD_SUFFIX
 
 TABLE_ID = "li_e2e"
+TITLE = "Li et al. — GPT-2 on E2E: BLEU / ROUGE-L at eps = 3, 8 and non-private, pretrained and from scratch"
+STD = f"ours{STD_SUFFIX}"
 COLUMNS = ("eps3", "eps8", "nonprivate")
 INITS = ("pretrained", "scratch")
 GOAL_RATIO = (
@@ -38,6 +52,10 @@ ACCOUNTANTS = {
     "prv": "PRV (trade-off functions)",
     "pld": "PLD",
 }
+#: the accounting claims' text: they compare accountants of one run, not seeds (no test, no noise flag)
+ACCOUNTING = "the RDP-calibrated run costs less under GDP + CLT and PRV than under RDP"
+#: what the seed claims compare, in the note saying when the seeds decide none of them
+WHAT = "the privacy levels and starting points"
 
 
 def column_of(cfg: dict) -> str | None:
@@ -55,30 +73,67 @@ def init_of(cfg: dict) -> str:
     return "pretrained" if pretrained else "scratch"
 
 
-def _metric_rows(by_cell: dict, paper: dict, inits: list[str]) -> tuple[list[dict], dict]:
-    """The metric rows, and the per-seed values of each (init, metric, column) cell that has runs."""
-    rows, values = [], {}
+def build(ctx: ReportContext | None = None) -> list[Path]:
+    ctx = ctx or ReportContext()
+    paper = load_paper("li")["e2e"]
+    command = f"make reproduce-table TABLE={TABLE_ID} PROFILE={ctx.profile}"
+    found = complete_runs(ctx, TABLE_ID, command)
+    by_cell = _by_cell(found.complete)
+    inits = [i for i in INITS if any(k[0] == i for k in by_cell)]
+    frame = _frame(by_cell, paper, inits)
+    claims = claims_from_frame(frame, paper)
+    return Table(
+        TABLE_ID,
+        TITLE,
+        command,
+        frame,
+        setting=_setting(found.complete, ctx.profile),
+        claims=claims,
+        notes=notes_for(claims, found, ctx.profile),
+        digits=3,
+        missing=found.missing,
+    ).write(ctx.out)
+
+
+def _by_cell(complete) -> dict[tuple[str, str], list]:
+    """The runs of each (starting point, privacy column); a run of neither column is left out."""
+    by_cell: dict[tuple[str, str], list] = {}
+    for r in complete:
+        col = column_of(r.config)
+        if col is not None:
+            by_cell.setdefault((init_of(r.config), col), []).append(r)
+    return by_cell
+
+
+def _frame(by_cell: dict, paper: dict, inits: list[str]) -> pd.DataFrame:
+    """The metric rows, then the privacy rows, the paper beside ours."""
+    df = pd.DataFrame(_metric_rows(by_cell, paper, inits) + _privacy_rows(by_cell, paper, inits))
+    df["ours_minus_paper"] = df["ours"] - df["paper"]
+    df["n"] = df["n"].astype("Int64")
+    return df
+
+
+def _metric_rows(by_cell: dict, paper: dict, inits: list[str]) -> list[dict]:
+    """Per (starting point, metric, column): the mean, sample std and seeds of the metric."""
+    rows = []
     for init in inits:
         for metric, key in METRICS.items():
             for col in COLUMNS:
                 runs = by_cell.get((init, col), [])
                 vals = [float(r.summary["metrics"][key]) for r in runs if key in r.summary["metrics"]]
-                mean = float(np.mean(vals)) if vals else None
-                std = float(np.std(vals, ddof=1)) if len(vals) > 1 else None  # one seed: no spread
-                if vals:
-                    values[(init, metric, col)] = vals
+                cell = SeedStats.of(vals) if vals else None
                 rows.append(
                     {
                         "quantity": metric,
                         "init": init,
                         "column": col,
                         "paper": paper["metrics"][col].get(metric) if init == "pretrained" else None,
-                        "ours": mean,
-                        "ours_std": std,
+                        "ours": cell.mean if cell else None,
+                        STD: cell.std if cell else None,  # one seed: no spread
                         "n": len(vals),
                     }
                 )
-    return rows, values
+    return rows
 
 
 def _privacy_rows(by_cell: dict, paper: dict, inits: list[str]) -> list[dict]:
@@ -95,7 +150,7 @@ def _privacy_rows(by_cell: dict, paper: dict, inits: list[str]) -> list[dict]:
                         "column": col,
                         "paper": (paper["accounting"][col] or {}).get(acc) if init == "pretrained" else None,
                         "ours": float(np.mean(vals)) if vals else None,
-                        "ours_std": None,
+                        STD: None,
                         "n": len(vals),
                     }
                 )
@@ -112,67 +167,115 @@ def _privacy_rows(by_cell: dict, paper: dict, inits: list[str]) -> list[dict]:
                     "column": col,
                     "paper": None,
                     "ours": float(np.mean(sig)) if sig else None,
-                    "ours_std": None,
+                    STD: None,
                     "n": len(sig),
                 }
             )
     return rows
 
 
-def _claims(values: dict, by_cell: dict, paper: dict, inits: list[str]) -> list[Claim]:
-    pm = paper["metrics"]
-    ours = {cell: float(np.mean(v)) for cell, v in values.items()}  # the cells' means
+def claims_from_frame(frame: pd.DataFrame, paper: dict) -> list[Claim]:
+    """The claims on the table's own cells (its CSV holds everything they read): the privacy ordering, pretrained
+    against scratch, the goal ratio (each with its seeds' Welch test), then the accountants'."""
+    rows = frame.to_dict("records")
+    cells = {
+        (row["init"], row["quantity"], row["column"]): SeedStats.from_row(row, std=STD)
+        for row in rows
+        if row["quantity"] in METRICS and row["n"]
+    }
+    return [
+        *_privacy_orderings(cells, paper["metrics"]),
+        *_pretrained_over_scratch(cells),
+        *_goal_ratio(cells, paper["metrics"]),
+        *_accounting_claims(rows),
+    ]
+
+
+def _privacy_orderings(cells: dict, pm: dict) -> list[Claim]:
+    """Per metric, the pretrained model's non-private > eps = 8 > eps = 3 (< for a loss): each of the two margins
+    with its Welch test, flagged where the seeds do not decide it."""
     claims = []
     for metric in METRICS:
-        if all(("pretrained", metric, c) in ours for c in COLUMNS):
-            a, b, c = (ours[("pretrained", metric, col)] for col in COLUMNS)
-            lower = metric in LOWER_IS_BETTER
-            published = (
-                f" (paper {pm['nonprivate'][metric]} / {pm['eps8'][metric]} / {pm['eps3'][metric]})"
-                if metric in pm["eps3"]
-                else ""
-            )
-            per_seed = [values[("pretrained", metric, col)] for col in COLUMNS]
-            claims.append(
-                Claim(
-                    f"{metric}, pretrained: non-private {'<' if lower else '>'} eps = 8 {'<' if lower else '>'} "
-                    "eps = 3",
-                    c < b < a if lower else c > b > a,
-                    f"{c:.2f} / {b:.2f} / {a:.2f}{published}; {seed_noise(per_seed)}",
-                )
-            )
-    if "scratch" in inits:
-        for metric in METRICS:
-            for col in ("eps3", "eps8"):
-                p, s = ours.get(("pretrained", metric, col)), ours.get(("scratch", metric, col))
-                if p is not None and s is not None:
-                    claims.append(
-                        Claim(
-                            f"{metric}, {col}: under DP the pretrained model beats the same network trained from "
-                            "scratch (Li et al.: pretraining is what makes DP fine-tuning work)",
-                            p < s if metric in LOWER_IS_BETTER else p > s,
-                            f"pretrained {p:.2f}, scratch {s:.2f}",
-                        )
-                    )
-    nonpriv, eps8 = ours.get(("pretrained", "bleu", "nonprivate")), ours.get(("pretrained", "bleu", "eps8"))
-    if nonpriv is not None and eps8 is not None:
-        ratio = eps8 / nonpriv if nonpriv > 0 else float("nan")
+        if not all(("pretrained", metric, c) in cells for c in COLUMNS):
+            continue
+        eps3, eps8, nonpriv = (cells[("pretrained", metric, col)] for col in COLUMNS)
+        lower = metric in LOWER_IS_BETTER
+        gaps = (("eps 8 - eps 3", gap(eps8, eps3)), ("non-private - eps 8", gap(nonpriv, eps8)))
+        published = (
+            f" (paper {pm['nonprivate'][metric]} / {pm['eps8'][metric]} / {pm['eps3'][metric]})"
+            if metric in pm["eps3"]
+            else ""
+        )
+        margins = "; ".join(f"{name} = {g.diff:+.2f}: {_test_and_flag(g)}" for name, g in gaps)
         claims.append(
             Claim(
-                f"bleu, pretrained: eps = 8 reaches at least {GOAL_RATIO} x the non-private BLEU (our goal for the "
-                f"CPU profile; paper {pm['eps8']['bleu'] / pm['nonprivate']['bleu']:.2f})",
-                bool(nonpriv > 0 and ratio >= GOAL_RATIO),
-                f"{eps8:.2f} / {nonpriv:.2f} = {ratio:.2f}",
+                f"{metric}, pretrained: non-private {'<' if lower else '>'} eps = 8 {'<' if lower else '>'} "
+                "eps = 3",
+                all(g.diff < 0 if lower else g.diff > 0 for _, g in gaps),
+                f"{nonpriv.mean:.2f} / {eps8.mean:.2f} / {eps3.mean:.2f}{published}; {margins}",
             )
         )
+    return claims
+
+
+def _test_and_flag(g) -> str:
+    """A gap's Welch test, and its flag where the seeds do not decide it."""
+    return ", ".join(part for part in (g.test(), g.flag()) if part)
+
+
+def _pretrained_over_scratch(cells: dict) -> list[Claim]:
+    orderings = [
+        Ordering(
+            ("pretrained", metric, col),
+            ("scratch", metric, col),
+            f"{metric}, {col}: under DP the pretrained model beats the same network trained from scratch (Li et "
+            "al.: pretraining is what makes DP fine-tuning work)",
+            lower_is_better=metric in LOWER_IS_BETTER,
+        )
+        for metric in METRICS
+        for col in ("eps3", "eps8")
+    ]
+    return ordering_claims(orderings, cells)
+
+
+def _goal_ratio(cells: dict, pm: dict) -> list[Claim]:
+    """eps = 8 BLEU >= GOAL_RATIO x non-private BLEU; the seeds' test is Welch's on eps 8 - GOAL_RATIO x
+    non-private (the non-private cell scaled, its mean and std alike)."""
+    eps8, nonpriv = cells.get(("pretrained", "bleu", "eps8")), cells.get(("pretrained", "bleu", "nonprivate"))
+    if eps8 is None or nonpriv is None:
+        return []
+    ratio = eps8.mean / nonpriv.mean if nonpriv.mean > 0 else float("nan")
+    goal = SeedStats(
+        GOAL_RATIO * nonpriv.mean, None if nonpriv.std is None else GOAL_RATIO * nonpriv.std, nonpriv.n
+    )
+    g = gap(eps8, goal)
+    return [
+        Claim(
+            f"bleu, pretrained: eps = 8 reaches at least {GOAL_RATIO} x the non-private BLEU (our goal for the "
+            f"CPU profile; paper {pm['eps8']['bleu'] / pm['nonprivate']['bleu']:.2f})",
+            bool(nonpriv.mean > 0 and ratio >= GOAL_RATIO),
+            f"{eps8.mean:.2f} / {nonpriv.mean:.2f} = {ratio:.2f}; eps 8 - {GOAL_RATIO} x non-private = "
+            f"{g.diff:+.2f}: {_test_and_flag(g)}",
+        )
+    ]
+
+
+def _accounting_claims(rows: list[dict]) -> list[Claim]:
+    """Per private column, the pretrained run's epsilon under GDP + CLT and PRV below its calibrated RDP one."""
+    claims = []
     for col in ("eps3", "eps8"):
-        eps = [(r.summary.get("epsilon") or {}) for r in by_cell.get(("pretrained", col), [])]
-        if eps:
-            e = eps[0]
+        e = {
+            acc: row["ours"]
+            for acc, label in ACCOUNTANTS.items()
+            for row in rows
+            if row["quantity"] == f"epsilon, {label}"
+            and (row["init"], row["column"]) == ("pretrained", col)
+            and row["n"]
+        }
+        if "rdp" in e:
             claims.append(
                 Claim(
-                    f"{col}: the RDP-calibrated run costs less under GDP + CLT and PRV than under RDP "
-                    "(as in the paper)",
+                    f"{col}: {ACCOUNTING} (as in the paper)",
                     e.get("gdp_clt", np.inf) < e["rdp"] and e.get("prv", np.inf) < e["rdp"],
                     f"RDP {e['rdp']:.3f}, GDP-CLT {e.get('gdp_clt', float('nan')):.3f}, "
                     f"PRV {e.get('prv', float('nan')):.3f}",
@@ -181,24 +284,9 @@ def _claims(values: dict, by_cell: dict, paper: dict, inits: list[str]) -> list[
     return claims
 
 
-def seed_noise(values: list[list[float]]) -> str:
-    """How the margins between neighbouring columns (eps = 3 / eps = 8 / non-private) compare with seed noise: in
-    standard errors of the difference of means when every cell has two seeds or more."""
-    if min(len(v) for v in values) < 2:
-        return "one seed a cell: the margins are not tested against seed noise"
-    parts = []
-    for lo, hi, name in (
-        (values[0], values[1], "eps 8 - eps 3"),
-        (values[1], values[2], "non-private - eps 8"),
-    ):
-        # population stds, as difference_se expects (it turns them into sample variances)
-        se = difference_se(float(np.std(lo)), len(lo), float(np.std(hi)), len(hi))
-        margin = float(np.mean(hi) - np.mean(lo))
-        within = " (WITHIN SEED NOISE, < 2 SE)" if se and abs(margin) < 2 * se else ""
-        parts.append(
-            f"{name} = {margin:+.2f}, {margin / se:+.1f} SE{within}" if se else f"{name} = {margin:+.2f}"
-        )
-    return "; ".join(parts)
+def _seed_claims(claims: Sequence[Claim]) -> list[Claim]:
+    """The claims about the seeds (not the accountants')."""
+    return [c for c in claims if ACCOUNTING not in c.text]
 
 
 def lr_schedule_words(cfg: dict) -> str:
@@ -209,31 +297,9 @@ def lr_schedule_words(cfg: dict) -> str:
     return "decayed linearly to ~0" + (f" after {warmup} warm-up steps" if warmup else "")
 
 
-def build(ctx: ReportContext | None = None) -> list[Path]:
-    ctx = ctx or ReportContext()
-    profile = ctx.profile
-    paper = load_paper("li")["e2e"]
-    command = f"make reproduce-table TABLE={TABLE_ID} PROFILE={profile}"
-    runs = preset_runs(ctx, TABLE_ID)
-    complete, incomplete = runs.complete, runs.incomplete
-    if not complete:
-        raise FileNotFoundError(f"no complete runs in {ctx.where(runs.spec.name)}; run `{command}`")
-    by_cell: dict[tuple[str, str], list] = {}
-    for r in complete:
-        col = column_of(r.config)
-        if col is not None:
-            by_cell.setdefault((init_of(r.config), col), []).append(r)
-    inits = [i for i in INITS if any(k[0] == i for k in by_cell)]
-
-    rows, values = _metric_rows(by_cell, paper, inits)
-    rows += _privacy_rows(by_cell, paper, inits)
-    df = pd.DataFrame(rows)
-    df["ours_minus_paper"] = df["ours"] - df["paper"]
-    df["n"] = df["n"].astype("Int64")
-    claims = _claims(values, by_cell, paper, inits)
-
+def _setting(complete, profile: str) -> str:
     cfg = complete[0].config
-    setting = (
+    return (
         f"profile {profile}: {get(cfg, 'task.name')}, expected B = {get(cfg, 'train.batch_size')}, "
         f"{complete[0].summary.get('steps')} Poisson steps, C = {get(cfg, 'privacy.clip')}, Adam lr "
         f"{get(cfg, 'optimizer.lr')} {lr_schedule_words(cfg)}, delta = {get(cfg, 'privacy.delta')}, "
@@ -241,9 +307,16 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
         f"{get(cfg, 'task.test_subset') or 'all'} test MRs decoded with {get(cfg, 'task.num_beams')} beams. Paper: "
         "pretrained GPT-2 (124M), B = 512, 50 epochs, all 630 test MRs."
     )
-    notes = []
+
+
+def notes_for(claims: Sequence[Claim], found, profile: str) -> list[str]:
+    """The table's notes: the rule and what the seeds cannot decide, the CPU profile's model, the accountants,
+    then the runs left out. Not :func:`~dp_adam_bench.report.skeleton.run_folder_notes`: the non-private column
+    is not private by design, not a run using clean statistics."""
+    notes = rule_notes(_seed_claims(claims), WHAT)
     if profile == "cpu":
-        model_notes = sorted({str(r.summary.get("data_note", "")).split("; ")[0] for r in complete} - {""})
+        cfg = found.complete[0].config
+        models = sorted({str(r.summary.get("data_note", "")).split("; ")[0] for r in found.complete} - {""})
         notes.append(
             "CPU profile: no GPT-2 weights exist offline. The `pretrained` rows fine-tune a small GPT-2 that "
             f"`dp-adam-bench pretrain {get(cfg, 'task.pretrain')}` pretrained non-privately on public arXiv "
@@ -257,21 +330,21 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
             "test-loss rows are the check that does not depend on decoding (nats per token of the model's own "
             "vocabulary, so not comparable across vocabularies)."
         )
-        notes += [f"Model: {m}." for m in model_notes]
+        notes += [f"Model: {m}." for m in models]
     notes.append(
         "GDP + CLT is an approximation, not a bound (it can fall below the exact PLD value); PRV and PLD are "
         "numerical accountants of the same mechanism."
     )
-    notes += incomplete_note(incomplete)
-    return write_table(
+    return notes + incomplete_note(found.incomplete)
+
+
+register(
+    Restatement(
         TABLE_ID,
-        df,
-        out=ctx.out,
-        title="Li et al. — GPT-2 on E2E: BLEU / ROUGE-L at eps = 3, 8 and non-private, pretrained and from scratch",
-        command=command,
-        setting=setting,
-        claims=claims,
-        notes=notes,
+        spreads={"ours_std": (STD, "sample")},
+        claims=lambda frame: claims_from_frame(frame, load_paper("li")["e2e"]),
+        # the old table worded no rule in its notes (its seed words were in the claims, re-checked here)
+        notes=lambda old, claims: restated_rule_notes(old, _seed_claims(claims), (), WHAT),
         digits=3,
-        missing=runs.missing,
     )
+)

@@ -115,14 +115,25 @@ def within_noise(claim: Claim) -> bool:
     return stats.WITHIN_SEED_NOISE in claim.detail
 
 
+#: the opening words of the notes :func:`rule_notes` writes (a re-statement replaces every note that opens so)
+RULE_NOTE_OPENINGS = ("Claims: 'holds' when", "No ordering above")
+
+
 def noise_note(claims: Sequence[Claim], what: str = "the optimizers") -> list[str]:
-    """The note a table gets when none of its ordering claims is decided by its seeds."""
-    if claims and all(within_noise(c) for c in claims):
+    """The note a table gets when none of its ordering claims is decided by its seeds: untested (one seed a cell)
+    or, where some are tested, not decided by Welch's t."""
+    if not claims or not all(within_noise(c) for c in claims):
+        return []
+    if all("(no test: fewer than 2 seeds" in c.detail for c in claims):
         return [
-            f"No ordering above is decided by the seeds (Welch's t, p >= {stats.LEVEL:g} for every one): at this budget {what} are indistinguishable, so this profile neither reproduces nor "
-            "contradicts the paper's orderings."
+            "No ordering above can be tested: with one seed a cell there is no spread to test a gap against, so this "
+            "profile neither reproduces nor contradicts the paper's orderings."
         ]
-    return []
+    return [
+        f"No ordering above is decided by the seeds (Welch's t: p >= {stats.LEVEL:g}, or no test, for every one): "
+        f"at this budget {what} are indistinguishable, so this profile neither reproduces nor contradicts the "
+        "paper's orderings."
+    ]
 
 
 def rule_notes(claims: Sequence[Claim], what: str = "the optimizers") -> list[str]:
@@ -134,10 +145,10 @@ def restated_rule_notes(
     old: Sequence[str], claims: Sequence[Claim], old_rule: Sequence[str], what: str = "the optimizers"
 ) -> list[str]:
     """A re-stated table's notes (:mod:`dp_adam_bench.report.restate`): :func:`rule_notes` first, then the old
-    notes less those that worded the old rule (each starting with one of ``old_rule``) and the rule's own."""
-    new = rule_notes(claims, what)
-    own = (rule_note(), *noise_note([Claim("", None, stats.WITHIN_SEED_NOISE)], what))
-    return new + [n for n in old if n not in own and not n.startswith(tuple(old_rule))]
+    notes less those that worded the old rule (each opening with one of ``old_rule``) and those that word this
+    one (:data:`RULE_NOTE_OPENINGS`)."""
+    openings = (*RULE_NOTE_OPENINGS, *old_rule)
+    return rule_notes(claims, what) + [n for n in old if not n.startswith(openings)]
 
 
 def rule_note() -> str:
