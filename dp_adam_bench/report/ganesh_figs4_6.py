@@ -15,6 +15,7 @@ All three figures use the DP-SGD column at BandMF's RMSE (paper: sigma = 0.134, 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -63,27 +64,26 @@ def _last_histogram(records, array: str) -> np.ndarray | None:
     return None
 
 
-def build(ctx: ReportContext | None = None) -> list[Path]:
-    ctx = ctx or ReportContext()
-    profile = ctx.profile
-    paper = load_paper("ganesh")["figs4_6"]
-    command = f"make reproduce-table TABLE={TABLE_ID} PROFILE={profile}"
-    runs = preset_runs(ctx, "ganesh_fig3")
-    complete, incomplete = runs.complete, runs.incomplete
-    if not complete:
-        raise FileNotFoundError(
-            f"no complete runs in {ctx.where(runs.spec.name)}; run `make reproduce-table TABLE=ganesh_fig3 "
-            f"PROFILE={profile}` first"
-        )
-    s = profile_setting(profile)
-    batch = float(s["batch_size"])
+@dataclass(frozen=True)
+class Diagnostics:
+    """The per-round series the three figures read (mean and std over runs, per logged round), the bias
+    C^2 sigma^2 / B^2 and the last saved coordinate sample of the non-private v."""
+
+    negative: pd.DataFrame  # Fig. 4: fraction of v^ - Phi < 0, bias-correction run
+    norm: pd.DataFrame  # Fig. 5: ||g_t|| / C, post-processing run
+    below: pd.DataFrame  # Fig. 6: fraction of the non-private v below the bias
+    bias: float | None
+    v_sample: np.ndarray | None
+    below_note: str  # where ``below`` came from, when not from the logged series
+
+
+def diagnostics(complete, s: dict, profile: str) -> Diagnostics:
+    """The diagnostics of the bias-correction, post-processing and non-private Adam runs of Fig. 3."""
     bc, post, nonpriv = (
         _runs(complete, "bc", True, s),
         _runs(complete, "adam", True, s),
         _runs(complete, "adam", False, s),
     )
-    neg = _series(bc, "diag/frac_negative_after_bc")
-    norm = _series(post, "diag/grad_norm_over_clip")
     below = _series(nonpriv, "diag/frac_v_below_bias")
     bias = next(
         (m["diag/reference_bias"] for r in nonpriv for m in r.metrics() if "diag/reference_bias" in m), None
@@ -94,9 +94,22 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
         # a non-private run records privacy.clip as null, so its diagnostics had no C for the bias: take the
         # preset's C and compute the fraction from the saved coordinate sample of v (the last logged round)
         clip = float(load_preset("ganesh_fig3", profile)["privacy"]["clip"])
-        bias = (clip * float(s["sigma_low"]) / batch) ** 2
+        bias = (clip * float(s["sigma_low"]) / float(s["batch_size"])) ** 2
         below = pd.DataFrame({"mean": [float((v_sample < bias).mean())], "std": [0.0]})
         below_note = f"from the saved sample of {v_sample.size} coordinates of v at the last logged round"
+    return Diagnostics(
+        negative=_series(bc, "diag/frac_negative_after_bc"),
+        norm=_series(post, "diag/grad_norm_over_clip"),
+        below=below,
+        bias=bias,
+        v_sample=v_sample,
+        below_note=below_note,
+    )
+
+
+def paper_beside_ours(d: Diagnostics, paper: dict, batch: float) -> pd.DataFrame:
+    """One row per figure's quantity: the paper's reading beside ours, and the rounds it is over."""
+    neg, norm, below = d.negative, d.norm, d.below
     lo, hi = paper["negative_fraction_range"]
     rows = [
         {
@@ -130,6 +143,12 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
     ]
     df = pd.DataFrame(rows)
     df["rounds"] = df["rounds"].astype("Int64")
+    return df
+
+
+def _claims(d: Diagnostics, band: tuple[float, float], batch: float) -> list[Claim]:
+    """One claim per figure whose series was logged."""
+    neg, norm, below, (lo, hi) = d.negative, d.norm, d.below, band
     claims = []
     if len(neg):
         frac_in = float(((neg["mean"] >= lo - 0.05) & (neg["mean"] <= hi + 0.05)).mean())
@@ -156,11 +175,14 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
             Claim(
                 "most coordinates of the non-private second moment fall below the bias C^2 sigma^2 / B^2",
                 last > 0.5,
-                (f"{last:.1%} below {bias:.3g}" if bias is not None else f"{last:.1%}")
-                + (f" ({below_note})" if below_note else ""),
+                (f"{last:.1%} below {d.bias:.3g}" if d.bias is not None else f"{last:.1%}")
+                + (f" ({d.below_note})" if d.below_note else ""),
             )
         )
-    fig = _figure(neg, norm, v_sample, bias, batch, (lo, hi), ctx.out)
+    return claims
+
+
+def _notes(runs, s: dict, profile: str) -> list[str]:
     notes = [
         "Diagnostic quantities: computed from clean (un-noised) clipped gradients and logged under diag/; "
         "they are not private outputs.",
@@ -174,23 +196,43 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
             "fine-tuned for 2,000 steps of 2,048: the gradient statistics of a short fine-tuning of a larger "
             "model may differ from the paper's."
         )
-    notes += incomplete_note(incomplete)
+    return notes + incomplete_note(runs.incomplete)
+
+
+def build(ctx: ReportContext | None = None) -> list[Path]:
+    """Write ``<ctx.out>/ganesh_figs4_6.{csv,md,png}`` from the runs of ganesh_fig3 (Figs. 4-6's diagnostics)."""
+    ctx = ctx or ReportContext()
+    profile = ctx.profile
+    paper = load_paper("ganesh")["figs4_6"]
+    runs = preset_runs(ctx, "ganesh_fig3")
+    if not runs.complete:
+        raise FileNotFoundError(
+            f"no complete runs in {ctx.where(runs.spec.name)}; run `make reproduce-table TABLE=ganesh_fig3 "
+            f"PROFILE={profile}` first"
+        )
+    s = profile_setting(profile)
+    batch = float(s["batch_size"])
+    d = diagnostics(runs.complete, s, profile)
+    band = tuple(paper["negative_fraction_range"])
+    df = paper_beside_ours(d, paper, batch)
+    claims = _claims(d, band, batch)
+    fig = _figure(d.negative, d.norm, d.v_sample, d.bias, batch, band, ctx.out)
     return write_table(
         TABLE_ID,
         df,
         out=ctx.out,
         title="Ganesh et al. Figs. 4-6 — second-moment diagnostics (DP-SGD noise at BandMF's RMSE)",
-        command=command,
+        command=f"make reproduce-table TABLE={TABLE_ID} PROFILE={profile}",
         setting=f"profile {profile}, from the runs of ganesh_fig3 (bias correction, post-processing, non-private "
         "Adam).",
         claims=claims,
-        notes=notes,
+        notes=_notes(runs, s, profile),
         figure=fig,
         extra_sections=[
             (
                 "Scale-then-privatize and the second moments of IME / BC, every column (mean over the logged "
                 "rounds and seeds; diagnostic)",
-                variant_section(complete, s),
+                variant_section(runs.complete, s),
             )
         ],
         digits=3,

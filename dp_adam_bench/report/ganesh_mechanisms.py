@@ -19,6 +19,7 @@ sigma set so that its epsilon equals BandMF's.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -110,37 +111,57 @@ def _fmt(x: float | None) -> str:
     return f"{x:.5g}"
 
 
-def build(ctx: ReportContext | None = None) -> list[Path]:
-    """Exact computation (no training): the same at every profile; about 2 s."""
-    ctx = ctx or ReportContext()
-    paper = load_paper("ganesh")["mechanisms"]
-    setting, rows = paper["setting"], paper["rows"]
-    small_id = next(r for r, v in rows.items() if v["kind"] == "independent" and v["sigma"] < 1)
-    big_id = next(r for r, v in rows.items() if v["kind"] == "independent" and v["sigma"] >= 1)
-    band_id = next(r for r, v in rows.items() if v["kind"] == "bandmf")
-    sigmas = {
-        "bandmf": rows[band_id]["sigma"],
-        "bandmf_bands": rows[band_id]["bands"],
-        "dpsgd": rows[big_id]["sigma"],
-        "dpsgd_small": rows[small_id]["sigma"],
-    }
-    ours = compute(setting, sigmas)
-    mapping = {small_id: "dpsgd_matched", band_id: "bandmf", big_id: "dpsgd", BLT_ROW: "blt"}
+@dataclass(frozen=True)
+class PaperRows:
+    """The paper's §5.2 rows (``ganesh.yaml``, ``mechanisms.rows``) by role: DP-SGD at the small sigma that matches
+    BandMF's RMSE, DP-SGD at sigma >= 1, and BandMF."""
 
-    def paper_value(row_id: str, col: str) -> float:
-        if row_id not in rows:
+    rows: dict
+    small: str
+    big: str
+    band: str
+
+    @classmethod
+    def of(cls, rows: dict) -> PaperRows:
+        independent = [(r, v) for r, v in rows.items() if v["kind"] == "independent"]
+        return cls(
+            rows,
+            small=next(r for r, v in independent if v["sigma"] < 1),
+            big=next(r for r, v in independent if v["sigma"] >= 1),
+            band=next(r for r, v in rows.items() if v["kind"] == "bandmf"),
+        )
+
+    def sigmas(self) -> dict:
+        """The noise multipliers and BandMF's bands that :func:`compute` takes."""
+        return {
+            "bandmf": self.rows[self.band]["sigma"],
+            "bandmf_bands": self.rows[self.band]["bands"],
+            "dpsgd": self.rows[self.big]["sigma"],
+            "dpsgd_small": self.rows[self.small]["sigma"],
+        }
+
+    def ours_of(self) -> dict[str, str]:
+        """Paper row -> our row of :func:`compute` (BLT_ROW is ours only)."""
+        return {self.small: "dpsgd_matched", self.band: "bandmf", self.big: "dpsgd", BLT_ROW: "blt"}
+
+    def value(self, row_id: str, col: str) -> float:
+        """The paper's number in one cell (NaN where the paper prints none)."""
+        if row_id not in self.rows:
             return math.nan
-        spec = rows[row_id]
+        spec = self.rows[row_id]
         if col in ("rmse", "epsilon", "sigma"):
             return float(spec[col])
         if col == "equivalent_dpsgd_sigma":  # DP-SGD rows: their sigma; BandMF: the DP-SGD row it matches
-            return float(spec["sigma"] if spec["kind"] == "independent" else rows[small_id]["sigma"])
+            return float(spec["sigma"] if spec["kind"] == "independent" else self.rows[self.small]["sigma"])
         return math.nan  # sensitivity and noise_buffers are not printed in the paper
 
+
+def paper_beside_ours(paper: PaperRows, ours: dict) -> pd.DataFrame:
+    """One record per (row, column): the paper's number, ours and their ratio."""
     records = []
-    for row_id, key in mapping.items():
+    for row_id, key in paper.ours_of().items():
         for col in COLUMNS:
-            p, o = paper_value(row_id, col), float(ours[key][col])
+            p, o = paper.value(row_id, col), float(ours[key][col])
             records.append(
                 {
                     "row": row_id,
@@ -150,16 +171,20 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
                     "ours_over_paper": o / p if p else math.nan,
                 }
             )
-    df = pd.DataFrame.from_records(records)
+    return pd.DataFrame.from_records(records)
 
-    band, dp_small, dp_big, blt = (ours[k] for k in ("bandmf", "dpsgd_matched", "dpsgd", "blt"))
+
+def _claims(paper: PaperRows, sigmas: dict, ours: dict) -> list[Claim]:
+    rows, small_id, big_id, band_id = paper.rows, paper.small, paper.big, paper.band
+    mapping = paper.ours_of()
+    band, dp_big, blt = (ours[k] for k in ("bandmf", "dpsgd", "blt"))
     paper_ratio = rows[big_id]["rmse"] / rows[band_id]["rmse"]
     our_ratio = dp_big["rmse"] / band["rmse"]
     lo = (rows[big_id]["rmse"] - 5e-5) / (rows[band_id]["rmse"] + 5e-6)
     hi = (rows[big_id]["rmse"] + 5e-5) / (rows[band_id]["rmse"] - 5e-6)
     eq_sigma = band["equivalent_dpsgd_sigma"]
     paper_small_sigma = float(rows[small_id]["sigma"])
-    claims = [
+    return [
         Claim(
             f"BandMF sigma={sigmas['bandmf']:g} b={sigmas['bandmf_bands']} has the RMSE of DP-SGD "
             f"sigma≈{paper_small_sigma:g} (paper)",
@@ -206,6 +231,11 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
         ),
     ]
 
+
+def rmse_definitions_section(setting: dict, paper: PaperRows, sigmas: dict, ours: dict) -> str:
+    """The "RMSE definition" section: each candidate of :func:`rmse_definitions` for DP-SGD and BandMF against the
+    paper's numbers, and which of them reproduces the paper's ratio."""
+    rows, big_id, band_id = paper.rows, paper.big, paper.band
     strategies = ours["_strategies"]
     k = int(setting["participations"])
     batch = float(setting["batch_size"])
@@ -222,7 +252,7 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
             f"| {name} | {a:.4g} | {a / rows[big_id]['rmse']:.3f} | {b:.4g} | "
             f"{b / rows[band_id]['rmse']:.3f} | {b / a:.4f} |"
         )
-    definitions_body = "\n".join(lines) + (
+    return "\n".join(lines) + (
         f"\n\nvar_t = ||(A C^{{-1}})_t||^2 sigma^2 / B^2 (clip 1). The paper's ratio is "
         f"{rows[band_id]['rmse'] / rows[big_id]['rmse']:.4f}; only the mean-based definitions reproduce it "
         f"(ours {defs_band[USED] / defs_big[USED]:.4f}), so the paper averages over t as we do, and its "
@@ -232,42 +262,68 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
         "definitions explains (sqrt(2) = 1.414 is the nearest simple constant; max over t gives the DP-SGD "
         "value to 1.6 % but changes the ratio to 0.12). We report the mean-over-t definition of docs/design.md."
     )
-    display = df.copy()
-    for col in ("paper", "ours", "ours_over_paper"):
-        display[col] = [_fmt(v) for v in df[col]]
-    setting_text = (
+
+
+def _setting_text(setting: dict, ours: dict) -> str:
+    return (
         f"n = {setting['n']} steps, B = {setting['batch_size']}, clip {setting['clip']}, "
-        f"k = {k} participations (min separation {ours['_min_sep']} = n // k), delta = {setting['delta']:g}, "
+        f"k = {int(setting['participations'])} participations (min separation {ours['_min_sep']} = n // k), "
+        f"delta = {setting['delta']:g}, "
         "no amplification. RMSE = sigma / B * sqrt(mean_t ||(A C^{-1})_t||^2) in units of the clip norm; "
         "epsilon of the Gaussian mechanism with mu = sensitivity / sigma; noise_buffers = model-sized "
         "tensors the noise generator keeps."
     )
-    notes = [
+
+
+def _notes(setting: dict, paper: PaperRows, sigmas: dict, ours: dict) -> list[str]:
+    small_id = paper.small
+    blt, eq_sigma = ours["blt"], ours["bandmf"]["equivalent_dpsgd_sigma"]
+    paper_small_sigma = float(paper.rows[small_id]["sigma"])
+    return [
         f"Row {small_id}: DP-SGD at the sigma that matches BandMF's RMSE ({eq_sigma:.5f}), as the paper "
-        f"chose its '≈ {paper_small_sigma:g}'. Its epsilon {dp_small['epsilon']:.2f} reproduces the paper's "
-        f"{rows[small_id]['epsilon']}, while sigma = {paper_small_sigma:g} exactly would give "
+        f"chose its '≈ {paper_small_sigma:g}'. Its epsilon {ours['dpsgd_matched']['epsilon']:.2f} reproduces the "
+        f"paper's {paper.rows[small_id]['epsilon']}, while sigma = {paper_small_sigma:g} exactly would give "
         f"{ours['_literal_eps']:.2f}: the paper's epsilon corresponds to sigma ≈ {eq_sigma:.4f} (printed "
         f"'≈ {paper_small_sigma:g}'), consistent with our BandMF matching theirs.",
         f"BandMF: b = {sigmas['bandmf_bands']} banded Toeplitz coefficients optimised for the prefix-sum "
         "loss ||A C^{-1}||_F^2 * ||c||^2 (b <= min separation, so the k-participation sensitivity is sqrt(k) "
         "and the optimum does not depend on k).",
-        f"{BLT_ROW}: BLT with {BLT_BUFFERS} buffers optimised for k = {k} participations at min separation "
+        f"{BLT_ROW}: BLT with {BLT_BUFFERS} buffers optimised for k = {int(setting['participations'])} "
+        f"participations at min separation "
         f"{ours['_min_sep']} (exact Toeplitz sensitivity {blt['sensitivity']:.4f} vs sqrt(3) = 1.7321), "
         f"sigma {blt['sigma']:.4f} so that mu = sensitivity / sigma equals BandMF's. For a 4.4M-parameter "
         f"model in float32 its noise state is {BLT_BUFFERS * 4.4e6 * 4 / 2**20:.0f} MiB against "
         f"{(sigmas['bandmf_bands'] - 1) * 4.4e6 * 4 / 2**20:.0f} MiB for BandMF.",
         "CSV: 10 significant digits; markdown: 5.",
     ]
+
+
+def _display(df: pd.DataFrame) -> pd.DataFrame:
+    """The markdown's copy: numbers at 5 significant digits, blank where the paper prints none."""
+    display = df.copy()
+    for col in ("paper", "ours", "ours_over_paper"):
+        display[col] = [_fmt(v) for v in df[col]]
+    return display
+
+
+def build(ctx: ReportContext | None = None) -> list[Path]:
+    """Exact computation (no training): the same at every profile; about 2 s."""
+    ctx = ctx or ReportContext()
+    spec = load_paper("ganesh")["mechanisms"]
+    setting, paper = spec["setting"], PaperRows.of(spec["rows"])
+    sigmas = paper.sigmas()
+    ours = compute(setting, sigmas)
+    df = paper_beside_ours(paper, ours)
     paths = write_table(
         TABLE_ID,
-        display,
+        _display(df),
         out=ctx.out,
         title="Ganesh et al. §5.2: RMSE of prefix sums and epsilon of the noise mechanisms",
         command=COMMAND,
-        setting=setting_text,
-        claims=claims,
-        notes=notes,
-        extra_sections=[("RMSE definition", definitions_body)],
+        setting=_setting_text(setting, ours),
+        claims=_claims(paper, sigmas, ours),
+        notes=_notes(setting, paper, sigmas, ours),
+        extra_sections=[("RMSE definition", rmse_definitions_section(setting, paper, sigmas, ours))],
     )
     write_csv(df, paths[0])  # the CSV keeps 10 significant digits, the markdown 5
     return paths

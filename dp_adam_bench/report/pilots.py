@@ -15,7 +15,9 @@ listed, never chosen.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -24,6 +26,9 @@ from dp_adam_bench.report.aggregate import group_values, select_best
 from dp_adam_bench.report.common import Claim, incomplete_note, write_table
 from dp_adam_bench.report.context import ReportContext
 from dp_adam_bench.report.expected import preset_runs
+
+if TYPE_CHECKING:
+    from dp_adam_bench.sweep import Selection
 
 
 def _order(v):
@@ -34,92 +39,137 @@ def _group_label(per: list[str], key: tuple) -> str:
     return ", ".join(f"{k.split('.')[-1]}={v}" for k, v in zip(per, key, strict=True))
 
 
-def build(ctx: ReportContext | None, preset: str, table: str | tuple[str, ...], scored_on: str) -> list[Path]:
-    """Write ``results/<preset>.{csv,md}`` from the runs of the pilot preset ``preset``, whose choices the table(s)
-    ``table`` use; ``scored_on`` says what the metric was measured on (printed in the setting)."""
-    ctx = ctx or ReportContext()
-    tables = (table,) if isinstance(table, str) else tuple(table)
-    named = " and ".join(f"`{t}`" for t in tables)
-    command = f"make reproduce-table TABLE={preset} PROFILE={ctx.profile}"
-    runs = preset_runs(ctx, preset)
-    if not runs.complete:
-        raise FileNotFoundError(f"no complete runs in {ctx.where(runs.spec.name)}; run `{command}`")
-    sel = runs.spec.selection
-    per, tuned = list(sel.per), list(sel.tuned)
-    groups = group_values(runs.complete, per=per, tuned=tuned, metric=sel.metric)
-    # the choice is the preset's selection rule itself, so a table that used select_best would pick the same
-    chosen_by = select_best(runs.complete, per=per, tuned=tuned, metric=sel.metric, mode=sel.mode)
+@dataclass(frozen=True)
+class PilotGroup:
+    """One group of the preset's ``sweep.selection.per`` (e.g. optimizer=adam, noise=none): the metric values of
+    every tried setting of the tuned knobs, and the chosen setting (None: every value diverged)."""
 
-    rows, claims, unchecked = [], [], []
-    for key in sorted(groups, key=lambda k: tuple(str(v) for v in k)):
-        cell = chosen_by.get(key)
-        # None: every value diverged
-        best = tuple(cell.chosen[k] for k in tuned) if cell is not None else None
-        # the knobs this group sets (IME has no momentum, sgd no eps_s: those stay None and are not printed)
-        knobs = [i for i in range(len(tuned)) if any(setting[i] is not None for setting in groups[key])]
-        for setting in sorted(groups[key], key=lambda st: tuple(_order(v) for v in st)):
-            vals = groups[key][setting]
+    per: list[str]
+    tuned: list[str]
+    key: tuple
+    tried: dict  # setting (a tuple over ``tuned``) -> the metric of each seed
+    best: tuple | None
+
+    @property
+    def knobs(self) -> list[int]:
+        """The knobs this group sets (IME has no momentum, sgd no eps_s: those stay None and are not printed)."""
+        return [i for i in range(len(self.tuned)) if any(setting[i] is not None for setting in self.tried)]
+
+    def rows(self, metric: str) -> list[dict]:
+        """One table row per tried setting: its mean metric (NaN if a seed diverged), seeds, and if chosen."""
+        rows = []
+        for setting in sorted(self.tried, key=lambda st: tuple(_order(v) for v in st)):
+            vals = self.tried[setting]
             rows.append(
                 {
-                    **{k.split(".")[-1]: v for k, v in zip(per, key, strict=True)},
-                    **{tuned[i].split(".")[-1]: setting[i] for i in knobs},
-                    sel.metric: float(np.mean(vals)) if all(math.isfinite(x) for x in vals) else float("nan"),
+                    **{k.split(".")[-1]: v for k, v in zip(self.per, self.key, strict=True)},
+                    **{self.tuned[i].split(".")[-1]: setting[i] for i in self.knobs},
+                    metric: float(np.mean(vals)) if all(math.isfinite(x) for x in vals) else float("nan"),
                     "n": len(vals),
-                    "chosen": "yes" if setting == best else "",
+                    "chosen": "yes" if setting == self.best else "",
                 }
             )
-        if best is None:
-            continue
-        # each knob's grid through the chosen setting (the other knobs at their chosen values)
-        for i in knobs:
+        return rows
+
+    def edge_checks(self) -> tuple[list[Claim], list[str]]:
+        """A claim per knob that the chosen value is inside its grid, the slice through the chosen setting (the
+        other knobs at their chosen values); and the knobs whose slice has the chosen value alone (not checked)."""
+        claims, unchecked = [], []
+        if self.best is None:
+            return claims, unchecked
+        best, tuned, label = self.best, self.tuned, _group_label(self.per, self.key)
+        for i in self.knobs:
             grid = sorted(
-                st[i] for st in groups[key] if all(st[j] == best[j] for j in range(len(tuned)) if j != i)
+                st[i] for st in self.tried if all(st[j] == best[j] for j in range(len(tuned)) if j != i)
             )
-            tried = sorted({st[i] for st in groups[key] if st[i] is not None})
+            tried = sorted({st[i] for st in self.tried if st[i] is not None})
             if len(grid) == 1 and len(tried) > 1:  # a coordinate-wise grid: the slice misses the others
                 unchecked.append(
-                    f"{_group_label(per, key)}: {tuned[i]} = {best[i]:g} (tried {', '.join(f'{v:g}' for v in tried)} "
+                    f"{label}: {tuned[i]} = {best[i]:g} (tried {', '.join(f'{v:g}' for v in tried)} "
                     "at other settings of the other knobs)"
                 )
             if len(grid) > 1:
                 claims.append(
                     Claim(
-                        f"[pilot] {_group_label(per, key)}: the chosen {tuned[i]} is inside its grid",
+                        f"[pilot] {label}: the chosen {tuned[i]} is inside its grid",
                         grid[0] < best[i] < grid[-1],
                         f"{tuned[i]} = {best[i]:g} of {', '.join(f'{v:g}' for v in grid)}",
                     )
                 )
-    names = [k.split(".")[-1] for k in per] + [k.split(".")[-1] for k in tuned]
-    columns = [c for c in names if any(c in r for r in rows)] + [sel.metric, "n", "chosen"]
+        return claims, unchecked
+
+
+def pilot_groups(complete, selection: Selection) -> list[PilotGroup]:
+    """The groups of the runs ``complete``, in order, each with its chosen setting. The choice is the preset's
+    selection rule itself, so a table that used select_best would pick the same."""
+    per, tuned = list(selection.per), list(selection.tuned)
+    groups = group_values(complete, per=per, tuned=tuned, metric=selection.metric)
+    chosen_by = select_best(complete, per=per, tuned=tuned, metric=selection.metric, mode=selection.mode)
+    out = []
+    for key in sorted(groups, key=lambda k: tuple(str(v) for v in k)):
+        cell = chosen_by.get(key)
+        best = tuple(cell.chosen[k] for k in tuned) if cell is not None else None
+        out.append(PilotGroup(per, tuned, key, groups[key], best))
+    return out
+
+
+def _frame(groups: list[PilotGroup], selection: Selection) -> pd.DataFrame:
+    rows = [row for g in groups for row in g.rows(selection.metric)]
+    names = [k.split(".")[-1] for k in selection.per] + [k.split(".")[-1] for k in selection.tuned]
     # the knobs in the preset's order, whichever group sets them first
-    df = pd.DataFrame(rows, columns=columns)
-    n_seeds = sorted({len(v) for g in groups.values() for v in g.values()})
+    columns = [c for c in names if any(c in r for r in rows)] + [selection.metric, "n", "chosen"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def _notes(incomplete, unchecked: list[str]) -> list[str]:
     notes = [
         "The choice of a learning rate from runs on the private training data is not accounted in any epsilon "
         "here, as in the papers' own tuning; the pilots score on a split the table does not "
         "report, so at least the table's numbers are not selected on themselves.",
-        *incomplete_note(runs.incomplete),
+        *incomplete_note(incomplete),
     ]
     if unchecked:
         notes.append(
             "Not checked against an edge (the chosen value is the only one run at the chosen setting of the other "
             "knobs, so no slice through it brackets it): " + "; ".join(unchecked) + "."
         )
-    setting = (
-        f"the pilots of {named} (preset `{preset}`, profile {ctx.profile}): {sel.metric} {scored_on}, "
-        f"{'/'.join(map(str, n_seeds))} seed(s) per value; chosen = the best mean ({sel.mode}) per "
-        f"{', '.join(per)}. {named} use{'s' if len(tables) == 1 else ''} the chosen values (each preset says so "
-        "and where they apply)."
+    return notes
+
+
+def _setting_text(
+    groups: list[PilotGroup], selection, preset: str, tables: tuple, profile: str, scored_on: str
+):
+    named = " and ".join(f"`{t}`" for t in tables)
+    n_seeds = sorted({len(v) for g in groups for v in g.tried.values()})
+    return (
+        f"the pilots of {named} (preset `{preset}`, profile {profile}): {selection.metric} {scored_on}, "
+        f"{'/'.join(map(str, n_seeds))} seed(s) per value; chosen = the best mean ({selection.mode}) per "
+        f"{', '.join(selection.per)}. {named} use{'s' if len(tables) == 1 else ''} the chosen values (each preset "
+        "says so and where they apply)."
     )
+
+
+def build(ctx: ReportContext | None, preset: str, table: str | tuple[str, ...], scored_on: str) -> list[Path]:
+    """Write ``results/<preset>.{csv,md}`` from the runs of the pilot preset ``preset``, whose choices the table(s)
+    ``table`` use; ``scored_on`` says what the metric was measured on (printed in the setting)."""
+    ctx = ctx or ReportContext()
+    tables = (table,) if isinstance(table, str) else tuple(table)
+    command = f"make reproduce-table TABLE={preset} PROFILE={ctx.profile}"
+    runs = preset_runs(ctx, preset)
+    if not runs.complete:
+        raise FileNotFoundError(f"no complete runs in {ctx.where(runs.spec.name)}; run `{command}`")
+    sel = runs.spec.selection
+    groups = pilot_groups(runs.complete, sel)
+    checks = [g.edge_checks() for g in groups]
     return write_table(
         preset,
-        df,
+        _frame(groups, sel),
         out=ctx.out,
-        title=f"{'Learning-rate pilots' if len(tuned) == 1 else 'Tuning runs'} of {' and '.join(tables)}",
+        title=f"{'Learning-rate pilots' if len(sel.tuned) == 1 else 'Tuning runs'} of {' and '.join(tables)}",
         command=command,
-        setting=setting,
-        claims=claims,
-        notes=notes,
+        setting=_setting_text(groups, sel, preset, tables, ctx.profile, scored_on),
+        claims=[claim for claims, _ in checks for claim in claims],
+        notes=_notes(runs.incomplete, [u for _, unchecked in checks for u in unchecked]),
         digits=4,
         missing=runs.missing,
     )

@@ -304,32 +304,50 @@ def _blackbox_notes(black) -> list[str]:
     ]
 
 
-def _claims(results, model: list[dict]) -> list[Claim]:
+@dataclasses.dataclass(frozen=True)
+class TableRows:
+    """Every row of the table as audited, and how long each kind took."""
+
+    results: list  # AuditResult of the white-box rows (honest, resumed, controls), then of the black-box rows
+    refused: dict[str, list[str]]  # why the engine refused -> the rows it refused for it
+    model: list[dict]  # the model-path rows (:func:`model_rows`)
+    black: list  # the black-box rows (:func:`blackbox_rows`)
+    seconds: dict[str, float]  # white-box, model-path, black-box
+    started: float  # time.time() at the start of the table
+
+
+def run_rows(controls: list[str]) -> TableRows:
+    """Audit and meter every row: the white-box rows and controls (:func:`audit_rows`), the model-path rows and
+    engine controls (:func:`model_rows`), then the black-box rows (:func:`blackbox_rows`)."""
     from dp_adam_bench.audit.controls import CONTROLS
 
-    honest = [r for r in results if r.control is None]
-    ctrl = [r for r in results if r.control is not None]
+    t0 = time.time()
+    results, refused = audit_rows(candidates(), controls, CANARIES, BACKGROUND, SEED)
+    t_white = time.time() - t0
+    engine_controls = [n for n in controls if CONTROLS.get(n).model_only]
+    model = model_rows(MODEL_ROWS, engine_controls, CANARIES, SEED) if MODEL_ROWS is not None else []
+    t_model = time.time() - t0 - t_white
+    black = blackbox_rows(BLACKBOX)
+    t_black = time.time() - t0 - t_white - t_model
+    seconds = {"white-box": t_white, "model-path": t_model, "black-box": t_black}
+    return TableRows([*results, *black], refused, model, black, seconds, t0)
+
+
+def audit_frame(rows: TableRows) -> pd.DataFrame:
+    """One table row per audited row: the white-box and black-box results, then the model-path rows."""
+    df = pd.DataFrame([*(r.row() for r in rows.results), *rows.model])
+    if "meter_joint" in df:  # the black-box rows have no meter
+        df["meter_joint"] = df["meter_joint"].fillna("no meter (black-box)")
+    return df
+
+
+def _honest_claims(honest, model: list[dict]) -> list[Claim]:
+    """The honest rows: each consistent, the meter's power on each, and the model-path rows."""
     violations = [r for r in honest if r.verdict != "consistent"]
-    missed = [r.control for r in ctrl if r.verdict != "caught"]
-    missed += [row["control"] for row in model if row["control"] and row["verdict"] != "caught"]
     model_bad = [row for row in model if not row["control"] and row["verdict"] != "consistent"]
     white = [r for r in honest if r.auditor == "white-box"]
     weak = [r for r in white if r.meter is not None and not r.meter.power >= 0.99]
-    no_noise = next((r for r in ctrl if r.control == "no_noise" and r.auditor == "white-box"), None)
-    planted = [n for n in CONTROLS.names() if CONTROLS.get(n).planted and CONTROLS.get(n).leaks]
-    by_tool = {r.control: r.caught_by for r in ctrl if r.auditor == "white-box"}
-    for row in model:
-        if row["control"] and row["caught_by"]:
-            by_tool.setdefault(row["control"], [])
-            by_tool[row["control"]] = [*by_tool[row["control"]], row["caught_by"]]
-    tool_missed = [
-        n
-        for n in planted
-        if not any(
-            tool in c for c in by_tool.get(n, []) for tool in ("meter", "audit", "ledger", "engine", "resume")
-        )
-    ]
-    claims = [
+    return [
         Claim(
             "every private variant x mechanism x sampler is consistent (the three audit bounds <= the claim, the "
             "meter passes, the participation ledger matches the accounting)",
@@ -370,6 +388,37 @@ def _claims(results, model: list[dict]) -> list[Claim]:
             ),
             from_runs=False,
         ),
+    ]
+
+
+def _caught_by(ctrl, model: list[dict]) -> dict[str, list[str]]:
+    """Control -> what caught it: its white-box row's caught_by, then each of its model-path rows'."""
+    by_tool = {r.control: r.caught_by for r in ctrl if r.auditor == "white-box"}
+    for row in model:
+        if row["control"] and row["caught_by"]:
+            by_tool.setdefault(row["control"], [])
+            by_tool[row["control"]] = [*by_tool[row["control"]], row["caught_by"]]
+    return by_tool
+
+
+def _control_claims(ctrl, model: list[dict]) -> list[Claim]:
+    """The controls: each caught, each leaking planted bug caught by a tool (not only a unit test), and the
+    no-noise control at the most its canaries allow."""
+    from dp_adam_bench.audit.controls import CONTROLS
+
+    missed = [r.control for r in ctrl if r.verdict != "caught"]
+    missed += [row["control"] for row in model if row["control"] and row["verdict"] != "caught"]
+    no_noise = next((r for r in ctrl if r.control == "no_noise" and r.auditor == "white-box"), None)
+    planted = [n for n in CONTROLS.names() if CONTROLS.get(n).planted and CONTROLS.get(n).leaks]
+    by_tool = _caught_by(ctrl, model)
+    tool_missed = [
+        n
+        for n in planted
+        if not any(
+            tool in c for c in by_tool.get(n, []) for tool in ("meter", "audit", "ledger", "engine", "resume")
+        )
+    ]
+    claims = [
         Claim(
             "every control is caught (by the one-run bound, the Gaussian bound, the f-DP bound, the meter, the "
             "participation ledger or the run's own engine and resume checks)",
@@ -400,33 +449,22 @@ def _claims(results, model: list[dict]) -> list[Claim]:
     return claims
 
 
-def build(ctx: ReportContext | None = None) -> list[Path]:
-    """Write ``<ctx.out>/privacy_audit.{csv,md}``."""
-    from dp_adam_bench.audit.controls import CONTROLS
-    from dp_adam_bench.audit.meter import ALPHA, EFFECT, TRIALS, WATCH_EVERY
+def _claims(results, model: list[dict]) -> list[Claim]:
+    honest = [r for r in results if r.control is None]
+    ctrl = [r for r in results if r.control is not None]
+    return [*_honest_claims(honest, model), *_control_claims(ctrl, model)]
+
+
+def _method_notes(df: pd.DataFrame) -> list[str]:
+    """The white-box audit: the canaries, the auditor and its scores, and the three bounds (Steinke, Nasr &
+    Jagielski 2023, Thm 3.1; mu-GDP; the f-DP bound of Mahloujifar, Melis & Chaudhuri 2025)."""
     from dp_adam_bench.audit.whitebox import FRACTIONS, SCORES
 
-    ctx = ctx or ReportContext()
-    t0 = time.time()
-    controls = list(CONTROLS.names())
-    results, refused = audit_rows(candidates(), controls, CANARIES, BACKGROUND, SEED)
-    t_white = time.time() - t0
-    engine_controls = [n for n in controls if CONTROLS.get(n).model_only]
-    model = model_rows(MODEL_ROWS, engine_controls, CANARIES, SEED) if MODEL_ROWS is not None else []
-    t_model = time.time() - t0 - t_white
-    black = blackbox_rows(BLACKBOX)
-    t_black = time.time() - t0 - t_white - t_model
-    results += black
-    df = pd.DataFrame([*(r.row() for r in results), *model])
-    if "meter_joint" in df:  # the black-box rows have no meter
-        df["meter_joint"] = df["meter_joint"].fillna("no meter (black-box)")
     gap = (df.gdp_epsilon_lower - df.audit_epsilon_lower).dropna()
     seen = df[df.gdp_mu_lower > 0]
     fdp_gain = (seen.fdp_mu_lower / seen.gdp_mu_lower).dropna()
-    claims = _claims(results, model)
     family = len(SCORES) * len(FRACTIONS)
-    planted = [n for n in controls if CONTROLS.get(n).planted]
-    notes = [
+    return [
         "Canaries: per-example gradients of extra examples of the dataset (Dirac vectors of norm 1e6 C, each on a "
         "coordinate of its own where every other gradient is zero), entering before clipping; included each "
         "with probability 1/2, sampled by the run's own sampler (Poisson q = B / N; their slots of the cyclic "
@@ -471,6 +509,14 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
         "max_possible: the one-point bound if every guess of the largest k were right, the most the row's canaries "
         "(1,000 white-box, 500 black-box) can show at this confidence; a one-run audit cannot exceed it whatever the "
         "true epsilon.",
+    ]
+
+
+def _meter_notes() -> list[str]:
+    """The mechanism meter's checks, the model-path and resumed rows, and the participation ledger."""
+    from dp_adam_bench.audit.meter import ALPHA, EFFECT, TRIALS, WATCH_EVERY
+
+    return [
         f"Meter (dp_adam_bench.audit.meter): the same config on a task of N = {CANARIES + BACKGROUND} examples whose "
         "gradients it knows (norm 1e6 C, one in eight 1.01 C, 0.99 C or C / 2, so that a wrong clip factor for "
         "gradients near or below C moves the release; weight 0.95 on a coordinate every example shares, the rest "
@@ -522,22 +568,39 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
         "gap between two, the releases of each stream) and reconciles it with the ledger's rounds, the "
         "sensitivity's participations and separation, Poisson's rate (binomial z-test, false alarm 1e-6) and the "
         "streams the releases need; MISMATCH names the failed checks in caught_by.",
+    ]
+
+
+def _run_notes(rows: TableRows, controls: list[str]) -> list[str]:
+    """The controls, the rows the engine refused, the black-box rows and the time the table took."""
+    from dp_adam_bench.audit.controls import CONTROLS
+
+    planted = [n for n in controls if CONTROLS.get(n).planted]
+    return [
         "Controls: "
         + "; ".join(f"{n} = {CONTROLS.get(n).what}" for n in controls)
         + ". Planted bugs (issues 25, 32 and 44): "
         + ", ".join(planted)
         + " (realized_batch and ledger_round_short are the ones whose true epsilon is about the claim). caught_by "
         "names each tool that shows the run is not what it claims.",
-        f"Refused by the engine, so not audited ({sum(len(v) for v in refused.values())}): "
-        + ("; ".join(f"{', '.join(rows)} ({why})" for why, rows in refused.items()) if refused else "none")
+        f"Refused by the engine, so not audited ({sum(len(v) for v in rows.refused.values())}): "
+        + (
+            "; ".join(f"{', '.join(r)} ({why})" for why, r in rows.refused.items())
+            if rows.refused
+            else "none"
+        )
         + ". The shuffle "
         "sampler is accounted as Poisson without being Poisson (not DP-faithful) and is left out.",
-        *_blackbox_notes(black),
-        f"Whole table: {time.time() - t0:.0f} s on CPU (white-box audits and meters {t_white:.0f} s, model-path "
-        f"audits and meters {t_model:.0f} s, black-box rows {t_black:.0f} s).",
+        *_blackbox_notes(rows.black),
+        f"Whole table: {time.time() - rows.started:.0f} s on CPU (white-box audits and meters "
+        f"{rows.seconds['white-box']:.0f} s, model-path audits and meters {rows.seconds['model-path']:.0f} s, "
+        f"black-box rows {rows.seconds['black-box']:.0f} s).",
     ]
+
+
+def _setting_text() -> str:
     n = CANARIES + BACKGROUND
-    setting = (
+    return (
         f"{CANARIES} canaries + {BACKGROUND} background examples (N = {n}), seed {SEED}; "
         f"Poisson: B = {n // 10} (q = 0.1), 100 steps, sigma = 3; single pass: B = {n // 50}, 2 epochs (100 steps), "
         f"sigma = 4; cyclic Poisson: B = {n // 50}, cycle length b = {CYCLE} (q = b B / N = "
@@ -548,6 +611,17 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
         "al. 2023, arXiv 2306.08153, Thm. 4; cyclic Poisson with the other strategies, and balls-in-bins: the "
         "conservative bound without amplification); BandMF with 4 bands, BLT with 4 buffers."
     )
+
+
+def build(ctx: ReportContext | None = None) -> list[Path]:
+    """Write ``<ctx.out>/privacy_audit.{csv,md}``."""
+    from dp_adam_bench.audit.controls import CONTROLS
+
+    ctx = ctx or ReportContext()
+    controls = list(CONTROLS.names())
+    rows = run_rows(controls)
+    df = audit_frame(rows)
+    claims = _claims(rows.results, rows.model)
     return write_table(
         TABLE_ID,
         df,
@@ -555,7 +629,7 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
         title="Empirical privacy audit (one run: white-box gradient canaries, a Gaussian bound, the mechanism "
         "meter, and black-box input canaries)",
         command=COMMAND,
-        setting=setting,
+        setting=_setting_text(),
         claims=claims,
-        notes=notes,
+        notes=[*_method_notes(df), *_meter_notes(), *_run_notes(rows, controls)],
     )

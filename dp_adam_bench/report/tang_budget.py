@@ -34,15 +34,10 @@ def _printed(value: float, paper: float) -> bool:
     return f"{value:.3e}" == f"{paper:.3e}"
 
 
-def build(ctx: ReportContext | None = None) -> list[Path]:
-    """Write ``<ctx.out>/tang_budget.{csv,md}``. Exact: the same at every profile."""
-    ctx = ctx or ReportContext()
-    paper = load_paper("tang")
-    settings = paper["settings"]
+def budget_frame(settings: dict, checkpoints: list[int], paper_phi: dict) -> pd.DataFrame:
+    """One row per (dataset, quantity, accountant): Phi (Eq. 3) beside the paper's, the steps and epochs to the
+    target epsilon, and (SNLI) the epsilon spent at Table 1's checkpoints."""
     target, delta = float(settings["target_epsilon"]), float(settings["delta"])
-    checkpoints = sorted({int(r["t"]) for r in paper["table1"]["rows"]})
-    paper_phi = {"snli": float(paper["table1"]["phi"])}  # Table 1 is SNLI only
-
     rows = []
 
     def add(common: dict, column: str, ours, accountant: str = "", ref: float | None = None, **extra) -> None:
@@ -75,12 +70,18 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
                     add(common, f"eps_at_t{t}", epsilon(sigma, q, t, delta, acc), acc, epochs=t * q)
     df = pd.DataFrame(rows)
     df["ours"] = pd.Series([r["ours"] for r in rows], dtype=object)  # step counts stay integers
+    return df
 
-    def cell(ds: str, column: str, acc: str = "") -> float:
-        sub = df[(df.row == ds) & (df.column == column) & (df.accountant == acc)]
-        return float(sub.ours.iloc[0])
 
-    phi_snli = cell("snli", "phi")
+def _cell(df: pd.DataFrame, ds: str, column: str, acc: str = "") -> float:
+    sub = df[(df.row == ds) & (df.column == column) & (df.accountant == acc)]
+    return float(sub.ours.iloc[0])
+
+
+def _claims(
+    df: pd.DataFrame, paper_phi: dict, checkpoints: list[int], target: float, delta: float
+) -> list[Claim]:
+    phi_snli = _cell(df, "snli", "phi")
     claims = [
         Claim(
             f"SNLI Phi = (sigma C / B)^2 is {paper_phi['snli']:.3e} (Table 1), to the printed digits",
@@ -89,7 +90,7 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
         )
     ]
     for t in checkpoints:
-        eps = {acc: cell("snli", f"eps_at_t{t}", acc) for acc in ACCOUNTANTS}
+        eps = {acc: _cell(df, "snli", f"eps_at_t{t}", acc) for acc in ACCOUNTANTS}
         detail = ", ".join(f"{acc} eps = {v:.2f}" for acc, v in eps.items())
         for acc, label in (("rdp", "RDP, the paper's accountant"), ("pld", "PLD, the tightest here")):
             claims.append(
@@ -99,9 +100,13 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
                     detail,
                 )
             )
+    return claims
+
+
+def _notes(df: pd.DataFrame, checkpoints: list[int], target: float) -> list[str]:
     key = f"steps_to_eps{target:g}"
-    ratio = {ds: cell(ds, key, "pld") / cell(ds, key, "rdp") for ds in DATASETS}
-    notes = [
+    ratio = {ds: _cell(df, ds, key, "pld") / _cell(df, ds, key, "rdp") for ds in DATASETS}
+    return [
         "Steps: the largest T with eps(T) <= target for Poisson sampling at q = B / N (dp_adam_bench.privacy."
         "accounting.steps_to_epsilon); epochs = T q, i.e. T expected batches of B over N examples.",
         "RDP is what Tang & Lecuyer composed with. Its looseness depends on sigma: the PLD/PRV budgets allow "
@@ -110,22 +115,36 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
         "PRV (Opacus, central estimate) and PLD (dp-accounting, pessimistic) agree to a step or so.",
         f"Table 1 reports SNLI moments at t = {', '.join(str(t) for t in checkpoints)}: the eps_at_t rows "
         "give the privacy those checkpoints have spent, under each accountant, with the paper's delta.",
-        f"CIFAR-10 Phi = {cell('cifar10', 'phi'):.3e} has no printed counterpart in the paper.",
+        f"CIFAR-10 Phi = {_cell(df, 'cifar10', 'phi'):.3e} has no printed counterpart in the paper.",
     ]
-    setting = (
+
+
+def _setting_text(settings: dict, target: float, delta: float) -> str:
+    return (
         "; ".join(
             f"{ds}: N = {c['N']}, C = {c['clip']:g}, sigma = {c['sigma']:g}, B = {c['batch_size']}"
             for ds, c in ((ds, settings[ds]) for ds in DATASETS)
         )
         + f"; delta = {delta:g}, target eps = {target:g} (tang.yaml)."
     )
+
+
+def build(ctx: ReportContext | None = None) -> list[Path]:
+    """Write ``<ctx.out>/tang_budget.{csv,md}``. Exact: the same at every profile."""
+    ctx = ctx or ReportContext()
+    paper = load_paper("tang")
+    settings = paper["settings"]
+    target, delta = float(settings["target_epsilon"]), float(settings["delta"])
+    checkpoints = sorted({int(r["t"]) for r in paper["table1"]["rows"]})
+    paper_phi = {"snli": float(paper["table1"]["phi"])}  # Table 1 is SNLI only
+    df = budget_frame(settings, checkpoints, paper_phi)
     return write_table(
         TABLE_ID,
         df,
         out=ctx.out,
         title="Tang & Lecuyer — steps to eps = 7 and the DP bias Phi",
         command=COMMAND,
-        setting=setting,
-        claims=claims,
-        notes=notes,
+        setting=_setting_text(settings, target, delta),
+        claims=_claims(df, paper_phi, checkpoints, target, delta),
+        notes=_notes(df, checkpoints, target),
     )
