@@ -54,39 +54,27 @@ def train(cfg: DictConfig) -> dict | None:
     task's data, and the privacy plan (batch larger than the data set, a budget the run cannot meet, a noise
     mechanism that cannot fit in memory, ...)."""
     from dp_adam_bench.engine import distributed, trainer
-    from dp_adam_bench.engine.checkpoint import FILENAME as CHECKPOINT
 
-    data = run_config(cfg)
-    validate(data)
+    data = _checked_run_config(cfg)
     share = share_private_diagnostics(data)
     # force = from scratch: never resume (resume is an operational key, so the run id stays the same)
     if data["train"].get("force"):
         data["train"]["resume"] = False
     ddp = distributed.setup(data["train"].get("distributed", "auto"), data["train"].get("device", "auto"))
     root, name, rid = cfg.paths.runs or runs_dir(), data["experiment_name"], run_id(data)
+    where = RunFolder.folder(root, name, rid)
     # rank 0 decides for all: its folder writes below must not change another rank's answer
-    if _skip(ddp, is_complete(RunFolder.folder(root, name, rid)) and not cfg.train.force, root, name, rid):
+    if _skip(ddp, is_complete(where) and not cfg.train.force, root, name, rid):
         return None
     # a second launch of a running run is refused now, not after the set-up (data, model, plan)
     if ddp.is_main:
-        RunLock.check(RunFolder.folder(root, name, rid))
+        RunLock.check(where)
     run_cfg = OmegaConf.create(data)
-    try:
-        prepared = trainer.build(run_cfg, RunFolder.folder(root, name, rid))
-    except ConfigError:
-        raise
-    except ValueError as err:  # a task or variant refusing one of its fields
-        raise ConfigError(str(err)) from err
+    prepared = _prepare(run_cfg, where)
     if ddp.is_main:
         for line in prepared.plan.warnings:
             print(f"warning: {line}", file=sys.stderr)
-    try:
-        lock = (
-            RunFolder.acquire(root, name, rid) if ddp.is_main else None
-        )  # RunLockedError if running elsewhere
-    except BaseException:
-        prepared.backend.close()
-        raise
+    lock = _lock(ddp, prepared, root, name, rid)
     # under the lock: another launch may have finished the run while this one prepared
     if _skip(ddp, lock is not None and is_complete(lock.path) and not cfg.train.force, root, name, rid):
         prepared.backend.close()
@@ -94,30 +82,53 @@ def train(cfg: DictConfig) -> dict | None:
             lock.release()
         return None
     if not ddp.is_main:  # trains its share of every step; the run folder and W&B are rank 0's
-        trainer.run(run_cfg, RunFolder.folder(root, name, rid), lambda step, metrics: None, prepared=prepared)
+        trainer.run(run_cfg, where, lambda step, metrics: None, prepared=prepared)
         return None
-    folder = RunFolder.create(root, name, data, lock=lock)
+    return _train_in_folder(
+        cfg, data, run_cfg, prepared, RunFolder.create(root, name, data, lock=lock), share
+    )
+
+
+def _checked_run_config(cfg: DictConfig) -> dict:
+    """The run's config as plain data (:func:`run_config`), refused by :func:`validate` if it cannot run."""
+    data = run_config(cfg)
+    validate(data)
+    return data
+
+
+def _prepare(run_cfg: DictConfig, where):
+    """:func:`dp_adam_bench.engine.trainer.build`: the task, model and plan, nothing written; a task or variant
+    refusing one of its fields (ValueError) is a ConfigError."""
+    from dp_adam_bench.engine import trainer
+
+    try:
+        return trainer.build(run_cfg, where)
+    except ConfigError:
+        raise
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+
+
+def _lock(ddp, prepared, root, name: str, rid: str):
+    """Rank 0's lock on the run folder (RunLockedError if the run is running elsewhere; the prepared backend is
+    closed then); None on other ranks."""
+    try:
+        return RunFolder.acquire(root, name, rid) if ddp.is_main else None
+    except BaseException:
+        prepared.backend.close()
+        raise
+
+
+def _train_in_folder(cfg: DictConfig, data: dict, run_cfg: DictConfig, prepared, folder, share: bool) -> dict:
+    """Rank 0: train in the run folder, logging to it and to W&B; write the ledger and the summary (last), say
+    the guarantee and any divergence, and fail on a participation mismatch once all of it is written."""
+    from dp_adam_bench.engine import trainer
+    from dp_adam_bench.engine.checkpoint import FILENAME as CHECKPOINT
+
     if data["train"].get("force"):  # a later resume must not pick up the replaced run's state
         (folder.path / CHECKPOINT).unlink(missing_ok=True)
     print(f"run folder: {folder.path}", file=sys.stderr, flush=True)
-    tags = [
-        data["experiment_name"],
-        data["task"]["name"],
-        data["optimizer"]["name"],
-        data["noise"]["kind"],
-        data.get("profile", "cpu"),
-    ]
-    wb = WandbLogger(
-        run_dir=folder.path,
-        name=folder.path.name,
-        group=data["experiment_name"],
-        config=data,
-        tags=tags,
-        mode=cfg.logger.wandb.mode,
-        project=cfg.logger.wandb.project,
-        entity=cfg.logger.wandb.entity,
-        share_private_diagnostics=share,
-    )
+    wb = _wandb_logger(cfg, data, folder, share)
 
     def log_both(step: int, metrics: dict) -> None:
         # the folder splits the diag/ keys into private_diagnostics.jsonl; W&B gets them only when shared
@@ -143,6 +154,29 @@ def train(cfg: DictConfig) -> dict | None:
     if verdict != "consistent":  # recorded in summary.json first; then the run fails in one line
         raise PrivacyMismatch(f"{folder.path.name}: participation ledger: {verdict}")
     return summary
+
+
+def _wandb_logger(cfg: DictConfig, data: dict, folder, share: bool) -> WandbLogger:
+    """The run's W&B logger (``logger.wandb.*``), grouped by experiment and tagged with the task, optimizer,
+    noise and profile."""
+    tags = [
+        data["experiment_name"],
+        data["task"]["name"],
+        data["optimizer"]["name"],
+        data["noise"]["kind"],
+        data.get("profile", "cpu"),
+    ]
+    return WandbLogger(
+        run_dir=folder.path,
+        name=folder.path.name,
+        group=data["experiment_name"],
+        config=data,
+        tags=tags,
+        mode=cfg.logger.wandb.mode,
+        project=cfg.logger.wandb.project,
+        entity=cfg.logger.wandb.entity,
+        share_private_diagnostics=share,
+    )
 
 
 def share_private_diagnostics(data: dict) -> bool:

@@ -289,123 +289,149 @@ def reconcile(part: ParticipationLedger, plan, ledger, streams: int, steps: int,
     """The participation record against the plan and the privacy ``ledger`` after ``steps`` steps, when the
     variant's releases need ``streams`` noise streams (0 without noise): ``{"verdict": "consistent" |
     "MISMATCH: ...", "checks": [...], ...}`` with :meth:`ParticipationLedger.describe` beside. Callable at any
-    step (each check is about the steps taken so far)."""
-    from dp_adam_bench.engine.noise_check import tolerance as noise_tolerance
-    from dp_adam_bench.privacy.accounting.events import GaussianEvent, PoissonGaussianEvent
-    from dp_adam_bench.privacy.sensitivity import strategy_sensitivity
-
-    checks = []
-    sampler = plan.sampler
-    checks.append(
-        _check(
-            "steps",
-            part.steps == steps,
-            f"the ledger saw {part.steps} batches of the {steps} steps taken",
-        )
-    )
-    checks.append(
-        _check(
-            "batches",
-            part.repeats == 0 and part.out_of_range == 0,
-            f"{part.repeats} repeat(s) of an example inside one batch, {part.out_of_range} index(es) outside "
-            f"[0, {part.n})",
-        )
-    )
-    k, sep = part.max_participations, part.min_separation
-    rate = None
-    caveats = []
+    step (each check is about the steps taken so far; the module docstring says what each one checks)."""
+    checks = [_steps_check(part, steps), _batches_check(part)]
+    rate, caveats = None, []
     if plan.noisy:
-        rounds = ledger.num_poisson_steps
-        want = expected_rounds(plan, steps)
-        checks.append(
-            _check(
-                "rounds",
-                rounds == want,
-                f"the privacy ledger holds {rounds} Poisson round(s); {steps} step(s) of {plan.accounting} "
-                f"accounting make {want}",
-            )
-        )
+        checks.append(_rounds_check(plan, ledger, steps))
+        k = part.max_participations
         if plan.accounting == "gaussian" and part.repeats == 0 and k >= 1:
-            need = strategy_sensitivity(plan.strategy, k, sep if k > 1 else None)
-            mu = math.sqrt(sum(e.count * e.mu**2 for e in ledger.events if isinstance(e, GaussianEvent)))
-            # also the multiplier measured from the noise added (engine/noise_check.py), at its upper confidence
-            # bound: a slip in account_sigma changes mu and the plan's multiplier together, whose product agrees
-            measured = noise is not None and noise.total_n > 0
-            upper = noise.pooled * (1 + noise_tolerance(noise.total_n)) if measured else math.inf
-            multiplier = min(plan.account_sigma, upper)
-            accounted = mu * multiplier
-            source = "the measured one's upper bound" if upper < plan.account_sigma else "the plan's"
-            claimed = min(accounted, plan.sensitivity if plan.sensitivity is not None else math.inf)
-            apart = f" at least {sep} steps apart" if k > 1 else ""
-            checks.append(
-                _check(
-                    "sensitivity",
-                    claimed >= need * (1 - TOLERANCE),
-                    f"{k} participation(s){apart} need sensitivity {need:.4g}; accounted for {accounted:.4g} "
-                    f"(ledger mu {mu:.4g} x noise multiplier {multiplier:.4g}, "
-                    f"{source}), plan "
-                    f"{plan.sensitivity if plan.sensitivity is not None else float('nan'):.4g}",
-                )
-            )
+            checks.append(_sensitivity_check(part, plan, ledger, noise))
         if plan.accounting == "amplified_mf" and k > 1:
-            b = sampler.cycle_length
-            checks.append(
-                _check(
-                    "separation",
-                    sep >= b,
-                    f"an example participated {sep} step(s) after its previous participation; amplified "
-                    f"BandMF assumes at least the cycle length b = {b}",
-                )
-            )
-        qs = sorted({e.q for e in ledger.events if isinstance(e, PoissonGaussianEvent)})
-        if sampler.kind in ("poisson", "cyclic_poisson") and plan.accounting != "gaussian":
-            if len(qs) == 1:
-                draws = bernoulli_draws(sampler, part.unobserved, steps)
-                rate = rate_test(part.drawn, draws, qs[0])
-                checks.append(
-                    _check(
-                        "rate",
-                        rate["ok"],
-                        f"{part.drawn} (step, example) pairs drawn of {draws} Bernoulli trials at the ledger's "
-                        f"q = {qs[0]:.6g} (expected {draws * qs[0]:.1f}): z = {rate['z']:+.2f}, alarm beyond "
-                        f"|z| > {Z_ALARM:.3f}; {rate_visibility(rate['r99'])}",
-                    )
-                )
-            elif steps:
-                checks.append(_check("rate", False, f"the ledger's rounds use {len(qs)} sampling rates {qs}"))
-        if sampler.kind == "shuffle":
+            checks.append(_separation_check(part, plan))
+        rate_check, rate = _rate_check(part, plan, ledger, steps)
+        if rate_check is not None:
+            checks.append(rate_check)
+        if plan.sampler.kind == "shuffle":
             caveats.append(
                 "train.sampler=shuffle: fixed-size shuffled batches accounted as Poisson sampling at q = B / N, "
                 "which did not run; the ledger checks the rounds and the streams, not the sampling"
             )
     if noise is not None and plan.noisy:  # the noise added against the ledger's rounds, every step
-        checks.append(
-            _check(
-                "noise",
-                noise.mismatch is None,
-                noise.mismatch
-                or f"the noise added measures multiplier {noise.pooled:.6g} over {noise.steps} step(s) "
-                f"({noise.total_n} coordinates); every step within tolerance of the ledger's round",
-            )
+        checks.append(_noise_check(noise))
+    checks.append(_streams_check(part, streams, steps))
+    if part.unobserved:
+        caveats.append(
+            f"steps 1-{part.unobserved} ran before this participation ledger existed (older checkpoint): not seen"
         )
+    return _report(part, checks, rate, caveats)
+
+
+def _steps_check(part: ParticipationLedger, steps: int) -> dict:
+    return _check(
+        "steps", part.steps == steps, f"the ledger saw {part.steps} batches of the {steps} steps taken"
+    )
+
+
+def _batches_check(part: ParticipationLedger) -> dict:
+    return _check(
+        "batches",
+        part.repeats == 0 and part.out_of_range == 0,
+        f"{part.repeats} repeat(s) of an example inside one batch, {part.out_of_range} index(es) outside "
+        f"[0, {part.n})",
+    )
+
+
+def _rounds_check(plan, ledger, steps: int) -> dict:
+    rounds, want = ledger.num_poisson_steps, expected_rounds(plan, steps)
+    return _check(
+        "rounds",
+        rounds == want,
+        f"the privacy ledger holds {rounds} Poisson round(s); {steps} step(s) of {plan.accounting} "
+        f"accounting make {want}",
+    )
+
+
+def _sensitivity_check(part: ParticipationLedger, plan, ledger, noise) -> dict:
+    """The sensitivity the observed participations need against what the ledger's Gaussian mechanism and the plan
+    account for (non-amplified runs)."""
+    from dp_adam_bench.engine.noise_check import tolerance as noise_tolerance
+    from dp_adam_bench.privacy.accounting.events import GaussianEvent
+    from dp_adam_bench.privacy.sensitivity import strategy_sensitivity
+
+    k, sep = part.max_participations, part.min_separation
+    need = strategy_sensitivity(plan.strategy, k, sep if k > 1 else None)
+    mu = math.sqrt(sum(e.count * e.mu**2 for e in ledger.events if isinstance(e, GaussianEvent)))
+    # also the multiplier measured from the noise added (engine/noise_check.py), at its upper confidence
+    # bound: a slip in account_sigma changes mu and the plan's multiplier together, whose product agrees
+    measured = noise is not None and noise.total_n > 0
+    upper = noise.pooled * (1 + noise_tolerance(noise.total_n)) if measured else math.inf
+    multiplier = min(plan.account_sigma, upper)
+    accounted = mu * multiplier
+    source = "the measured one's upper bound" if upper < plan.account_sigma else "the plan's"
+    claimed = min(accounted, plan.sensitivity if plan.sensitivity is not None else math.inf)
+    apart = f" at least {sep} steps apart" if k > 1 else ""
+    return _check(
+        "sensitivity",
+        claimed >= need * (1 - TOLERANCE),
+        f"{k} participation(s){apart} need sensitivity {need:.4g}; accounted for {accounted:.4g} "
+        f"(ledger mu {mu:.4g} x noise multiplier {multiplier:.4g}, "
+        f"{source}), plan "
+        f"{plan.sensitivity if plan.sensitivity is not None else float('nan'):.4g}",
+    )
+
+
+def _separation_check(part: ParticipationLedger, plan) -> dict:
+    b, sep = plan.sampler.cycle_length, part.min_separation
+    return _check(
+        "separation",
+        sep >= b,
+        f"an example participated {sep} step(s) after its previous participation; amplified "
+        f"BandMF assumes at least the cycle length b = {b}",
+    )
+
+
+def _rate_check(part: ParticipationLedger, plan, ledger, steps: int) -> tuple[dict | None, dict | None]:
+    """(check, :func:`rate_test` result) of a Poisson-type sampler under amplified accounting; (None, None)
+    otherwise. A ledger whose rounds use several rates fails it (once a step was taken)."""
+    from dp_adam_bench.privacy.accounting.events import PoissonGaussianEvent
+
+    if plan.sampler.kind not in ("poisson", "cyclic_poisson") or plan.accounting == "gaussian":
+        return None, None
+    qs = sorted({e.q for e in ledger.events if isinstance(e, PoissonGaussianEvent)})
+    if len(qs) != 1:
+        several = _check("rate", False, f"the ledger's rounds use {len(qs)} sampling rates {qs}")
+        return (several if steps else None), None
+    draws = bernoulli_draws(plan.sampler, part.unobserved, steps)
+    rate = rate_test(part.drawn, draws, qs[0])
+    check = _check(
+        "rate",
+        rate["ok"],
+        f"{part.drawn} (step, example) pairs drawn of {draws} Bernoulli trials at the ledger's "
+        f"q = {qs[0]:.6g} (expected {draws * qs[0]:.1f}): z = {rate['z']:+.2f}, alarm beyond "
+        f"|z| > {Z_ALARM:.3f}; {rate_visibility(rate['r99'])}",
+    )
+    return check, rate
+
+
+def _noise_check(noise) -> dict:
+    return _check(
+        "noise",
+        noise.mismatch is None,
+        noise.mismatch
+        or f"the noise added measures multiplier {noise.pooled:.6g} over {noise.steps} step(s) "
+        f"({noise.total_n} coordinates); every step within tolerance of the ledger's round",
+    )
+
+
+def _streams_check(part: ParticipationLedger, streams: int, steps: int) -> dict:
     got = len(part.releases)
     short = [(s, r) for s, r in enumerate(part.releases) if r != steps]
     starts = [f for f in part.stream_starts if f is not None]
     now = [f for f in part.stream_now if f is not None]
     shared = len(set(starts)) != len(starts) or len(set(now)) != len(now)
-    checks.append(
-        _check(
-            "streams",
-            got == streams and not short and not shared,
-            f"{got} noise stream(s) for the {streams} the variant's releases need; releases per stream "
-            f"{part.releases} in {steps} step(s)"
-            + ("; two streams share a generator state (the same noise)" if shared else ""),
-        )
+    return _check(
+        "streams",
+        got == streams and not short and not shared,
+        f"{got} noise stream(s) for the {streams} the variant's releases need; releases per stream "
+        f"{part.releases} in {steps} step(s)"
+        + ("; two streams share a generator state (the same noise)" if shared else ""),
     )
-    if part.unobserved:
-        caveats.append(
-            f"steps 1-{part.unobserved} ran before this participation ledger existed (older checkpoint): not seen"
-        )
+
+
+def _report(part: ParticipationLedger, checks: list[dict], rate: dict | None, caveats: list[str]) -> dict:
+    """The verdict (every failed check named, with its detail), the checks, the record, the rate test and the
+    caveats."""
     failed = [c for c in checks if not c["ok"]]
     verdict = (
         "consistent"

@@ -31,6 +31,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from dp_adam_bench.engine.plan_accounting import (
+    EXACT_GAUSSIAN,
+    PrivacyTerms,
+    account_stream,
+    caveats,
+    check_noise_memory,
+    choose_accounting,
+)
+from dp_adam_bench.engine.plan_sigma import calibrated_stream_sigma, poisson_sigma_and_steps
 from dp_adam_bench.engine.sampling import (
     BallsInBinsSampler,
     CyclicPoissonSampler,
@@ -43,10 +52,6 @@ from dp_adam_bench.optim.base import Variant
 from dp_adam_bench.privacy.noise_factory import NOISE, build_strategy
 from dp_adam_bench.privacy.strategies import Strategy
 
-#: Default cap on the memory of a noise mechanism's streaming buffers (``noise.max_memory_gb``).
-DEFAULT_NOISE_MEMORY_GB = 4.0
-#: the name under which a non-amplified run's budget or target is enforced: its exact Gaussian epsilon
-EXACT_GAUSSIAN = "exact_gaussian"
 #: samplers whose batches have a random, unbounded size
 VARIABLE_BATCHES = {
     "poisson": "Poisson",
@@ -236,184 +241,37 @@ def cycle_length(cfg) -> int:
 
 def build_plan(cfg, n: int, variant: Variant, *, numel: int, sampler_seed: int) -> PrivacyPlan:
     """The run's privacy plan over ``n`` private examples and a model of ``numel`` coordinates (per trial for
-    vectorised tasks: all trials). ``cfg`` has passed :func:`dp_adam_bench.config.validate`."""
-    from dp_adam_bench.privacy.accounting import calibrate_sigma, epsilon, mf_epsilon, steps_to_epsilon
-    from dp_adam_bench.privacy.accounting.checks import delta_caveat
+    vectorised tasks: all trials). ``cfg`` has passed :func:`dp_adam_bench.config.validate`.
 
-    kind = NOISE.get(cfg.noise.kind)
-    p = cfg.privacy
-    noisy = kind.private
-    accountant = p.get("accountant") or "rdp"
-    delta = float(p.delta) if noisy else None
-    budget = p.get("epsilon_budget") if noisy else None
-    budget = float(budget) if budget is not None else None
-    target = p.get("target_epsilon") if noisy else None
-    sampler_kind = cfg.train.sampler
+    In order: the refusals of what the accountant could not account for; sigma and the steps of a Poisson run
+    (:mod:`~dp_adam_bench.engine.plan_sigma`); the sampler and the noise strategy; the accounting, and sigma
+    calibrated for any other sampler; then, with noise, the memory, the caveats, and the sensitivity or the
+    budget (:mod:`~dp_adam_bench.engine.plan_accounting`)."""
+    terms = PrivacyTerms.of(cfg, NOISE.get(cfg.noise.kind).private)
+    _refuse_what_cannot_be_accounted(cfg, n, variant, terms)
     notes: list[str] = []
-    check_batch_fits(cfg, n)
-    if noisy and variant.needs_fixed_batch and sampler_kind in VARIABLE_BATCHES:
-        raise ConfigError(
-            f"optimizer.name={variant.name!r} bounds the sensitivity of g^2 assuming at most B examples per batch; "
-            f"{VARIABLE_BATCHES[sampler_kind]} batches are unbounded: use train.sampler=single_pass"
-        )
-    if p.get("secure_rng") and int(cfg.train.get("checkpoint_every") or 0):
-        raise ConfigError(
-            "privacy.secure_rng=true with train.checkpoint_every > 0: a checkpoint holds the noise generators' "
-            "state, from which anyone holding the run folder could regenerate the noise; use checkpoint_every=0"
-        )
-
-    if noisy and (budget is not None or target is not None):
-        _check_accountant_is_guarantee(
-            accountant,
-            "enforce privacy.epsilon_budget" if budget is not None else "reach privacy.target_epsilon",
-        )
-
-    # --- sigma and the number of steps --------------------------------------------------------------------------------
-    steps = cfg.train.get("steps")
-    calibrated = False
-    sigma = 0.0
-    if noisy and sampler_kind == "poisson":
-        q = float(cfg.train.batch_size) / n
-        # sigma = null: calibrated over a fixed Poisson schedule (Li et al. calibrate to eps = 3, 8 this way)
-        if p.sigma is None:
-            account_sigma = calibrate_sigma(float(target), delta, q, int(steps), accountant)
-            sigma = account_sigma / variant.sigma_factor
-            calibrated = True
-            notes.append(
-                f"sigma = {sigma:.6g} calibrated so that {int(steps)} Poisson steps at q = {q:.6g} reach "
-                f"epsilon = {target:g} under {accountant} (delta = {delta:g})"
-            )
-        else:
-            sigma = float(p.sigma)
-        # train.steps = null: train until the target epsilon (Tang: "until eps ~ 7")
-        if steps is None:
-            steps = steps_to_epsilon(float(target), sigma * variant.sigma_factor, q, delta, accountant)
-            if steps < 1:
-                one = epsilon(sigma * variant.sigma_factor, q, 1, delta, accountant)
-                raise ConfigError(
-                    f"privacy.target_epsilon={target:g} is below the epsilon of a single step ({one:.4g} under "
-                    f"{accountant} at sigma = {sigma:g}, q = {q:.4g}): raise the target or privacy.sigma"
-                )
-            notes.append(f"{steps} steps: the most that stay within epsilon = {target:g} under {accountant}")
-    elif noisy and p.sigma is not None:
-        sigma = float(p.sigma)
+    sigma, steps, calibrated = poisson_sigma_and_steps(cfg, n, variant, terms, notes)
     sampler = build_sampler(cfg, n, int(steps) if steps is not None else None, sampler_seed)
-
-    # --- strategy, accounting, calibration of the other samplers -----------------------------------------------------
-    strategy = build_strategy(cfg.noise, sampler.steps) if noisy else None
-    warnings: list[str] = []
-    caveats: list[str] = []
-    if noisy and cfg.noise.kind == "bandmf" and int(cfg.noise.bands) > sampler.steps:
-        # kept, not refused: a smoke run of a paper table trains 2 steps of a 128-band strategy
-        warnings.append(
-            f"noise.bands={int(cfg.noise.bands)} is more than the run's {sampler.steps} steps: BandMF uses "
-            f"{sampler.steps} bands (every past step), the same mechanism as noise.bands={sampler.steps}"
-        )
-        notes.extend(warnings)
-    accounting = "poisson" if sampler.amplification else "gaussian"
-    column_norm = 1.0
-    if noisy and sampler_kind == "cyclic_poisson":
-        accounting, column_norm = _cyclic_poisson_accounting(cfg, strategy, sampler, notes)
-    if noisy and p.sigma is None and sampler_kind != "poisson":
-        sigma = (
-            _calibrate(float(target), delta, accountant, accounting, strategy, sampler, cfg, column_norm)
-            / variant.sigma_factor
+    strategy = build_strategy(cfg.noise, sampler.steps) if terms.noisy else None
+    warnings = _bands_beyond_steps(cfg, sampler, terms.noisy)
+    notes.extend(warnings)
+    accounting, column_norm = choose_accounting(cfg, strategy, sampler, terms.noisy, notes)
+    if terms.noisy and terms.sigma is None and cfg.train.sampler != "poisson":
+        sigma = calibrated_stream_sigma(
+            cfg, terms, variant, accounting, strategy, sampler, column_norm, notes
         )
         calibrated = True
-        notes.append(
-            f"sigma = {sigma:.6g} calibrated so that the run ({sampler.steps} steps, {_how(accounting)}) reaches "
-            f"epsilon = {target:g}"
-            + (
-                f" under {accountant}"
-                if accounting != "gaussian"
-                else f" under {_EXACT_NOTE.format(accountant)}"
-            )
-            + f" (delta = {delta:g})"
-        )
     account_sigma = sigma * variant.sigma_factor
-
-    # --- sensitivity, memory, budget ----------------------------------------------------------------------------------
-    sensitivity = None
-    max_steps = sampler.steps
-    if noisy:
-        streams = variant.releases().streams
-        floats = strategy.mechanism().buffer_floats(numel) * streams
-        limit = float(cfg.noise.get("max_memory_gb") or DEFAULT_NOISE_MEMORY_GB)
-        need = floats * 4 / 2**30
-        if need > limit:
-            raise ConfigError(
-                f"noise={cfg.noise.kind} keeps every past noise draw: {sampler.steps} steps x {numel:,} "
-                f"coordinates x {streams} stream(s) = {need:.1f} GiB (float32), over noise.max_memory_gb={limit:g}. "
-                "Use noise=bandmf (O(bands x d) memory) or noise=blt (O(buffers x d)), or raise "
-                "noise.max_memory_gb if the machine has the memory"
-            )
-        if sampler_kind == "shuffle":  # a caveat: in the notes, the warnings and the guarantee (below)
-            caveats.append(
-                "train.sampler=shuffle: this epsilon is Poisson sampling's at q = B/N, and the run's fixed-size "
-                "shuffled batches are not Poisson sampling: it is not a guarantee for this run"
-            )
-        large_delta = delta_caveat(delta, n)
-        if large_delta:
-            caveats.append(large_delta)
-        notes.extend(caveats)
-        warnings.extend(caveats)
-        if accounting == "gaussian":
-            if sampler_kind == "single_pass":
-                participations = int(cfg.train.epochs)
-                sensitivity = strategy.sensitivity(
-                    participations=participations,
-                    min_separation=sampler.min_separation if participations > 1 else None,
-                )
-                notes.append(
-                    f"single-pass fixed-size batches ({participations} participation(s), min separation "
-                    f"{sampler.min_separation}): a Gaussian mechanism with sensitivity {sensitivity:.4g}, no "
-                    "amplification by sampling"
-                )
-            else:
-                sensitivity = _separated_sensitivity(strategy, sampler)
-                notes.append(
-                    f"{sampler_kind} batches (at most {_rounds(sampler)} participation(s), min separation "
-                    f"{sampler.cycle_length}): accounted by the conservative bound, a Gaussian mechanism with "
-                    f"sensitivity {sensitivity:.4g} and no amplification credit; {_not_implemented()}"
-                )
-            if budget is not None:
-                cost = mf_epsilon(account_sigma, sensitivity, delta)
-                if cost > budget:
-                    raise ConfigError(
-                        f"privacy.epsilon_budget={budget:g}: the whole run costs epsilon = {cost:.3f} (a "
-                        "non-amplified release is paid in full up front); raise the budget or privacy.sigma"
-                    )
-                notes.append(
-                    f"privacy.epsilon_budget = {budget:g} holds: the whole run costs epsilon = {cost:.4g} under "
-                    + _EXACT_NOTE.format(accountant)
-                )
-        elif budget is not None:
-            if accounting == "amplified_mf":
-                from dp_adam_bench.privacy.accounting.amplified_mf import amplified_steps_to_epsilon
-
-                allowed = amplified_steps_to_epsilon(
-                    budget, account_sigma, sampler.q, sampler.cycle_length, delta, accountant, column_norm
-                )
-            else:
-                allowed = steps_to_epsilon(budget, account_sigma, sampler.q, delta, accountant)
-            max_steps = min(sampler.steps, allowed)
-            if max_steps < 1:
-                raise ConfigError(
-                    f"privacy.epsilon_budget={budget:g} is below the epsilon of a single step under {accountant}: "
-                    "nothing could be trained; raise the budget or privacy.sigma"
-                )
-            if max_steps < sampler.steps:
-                notes.append(
-                    f"stops after step {max_steps} of {sampler.steps}: one more would exceed "
-                    f"privacy.epsilon_budget = {budget:g} under {accountant}"
-                )
-    if variant.sigma_factor != 1.0 and noisy:
-        notes.append(
-            f"{variant.name} releases {variant.releases().streams} noisy quantities per step with sigma = "
-            f"{sigma:g} each: accounted with noise multiplier {account_sigma:.4g}"
+    sensitivity, max_steps, run_caveats = None, sampler.steps, []
+    if terms.noisy:
+        check_noise_memory(cfg, strategy, variant, sampler, numel)
+        run_caveats = caveats(cfg, terms.delta, n)
+        notes.extend(run_caveats)
+        warnings.extend(run_caveats)
+        sensitivity, max_steps = account_stream(
+            cfg, terms, accounting, strategy, sampler, account_sigma, column_norm, notes
         )
-    if variant.needs_clean and not variant.private:
-        notes.append(f"{variant.name} uses clean (un-noised) statistics: a non-private baseline")
+    notes.extend(_variant_notes(variant, terms.noisy, sigma, account_sigma))
     if not (
         math.isfinite(sigma) and sigma >= 0
     ):  # validate() refuses this; a calibration must never yield it
@@ -422,97 +280,67 @@ def build_plan(cfg, n: int, variant: Variant, *, numel: int, sampler_seed: int) 
         sampler=sampler,
         sigma=sigma,
         account_sigma=account_sigma,
-        noisy=noisy,
-        private=noisy and variant.private,
+        noisy=terms.noisy,
+        private=terms.noisy and variant.private,
         strategy=strategy,
         sensitivity=sensitivity,
-        accountant=accountant,
-        delta=delta,
-        budget=budget,
+        accountant=terms.accountant,
+        delta=terms.delta,
+        budget=terms.budget,
         steps=max_steps,
         notes=notes,
         calibrated=calibrated,
         accounting=accounting,
         column_norm=column_norm,
-        target=float(target) if target is not None else None,
+        target=float(terms.target) if terms.target is not None else None,
         warnings=warnings,
-        caveats=caveats,
+        caveats=run_caveats,
     )
 
 
-# --- cyclic Poisson and balls-in-bins (dp_adam_bench.privacy.accounting.amplified_mf) ---------------------------------
-def _rounds(sampler) -> int:
-    return -(-sampler.steps // sampler.cycle_length)
-
-
-def _not_implemented() -> str:
-    from dp_adam_bench.privacy.accounting.amplified_mf import NOT_IMPLEMENTED
-
-    return NOT_IMPLEMENTED
-
-
-#: how a non-amplified run's budget or target is met (formatted with privacy.accountant)
-_EXACT_NOTE = (
-    f"{EXACT_GAUSSIAN} (the whole run is one Gaussian mechanism, its epsilon computed exactly; the summary's "
-    "epsilon under {0} is a looser upper bound on the same release)"
-)
-
-
-def _how(accounting: str) -> str:
-    return {
-        "amplified_mf": "amplified BandMF",
-        "gaussian": "one Gaussian mechanism, no amplification",
-    }.get(accounting, accounting)
-
-
-def _separated_sensitivity(strategy, sampler) -> float:
-    from dp_adam_bench.privacy.accounting.amplified_mf import separated_sensitivity
-
-    return separated_sensitivity(strategy, sampler.steps, sampler.cycle_length)
-
-
-def _cyclic_poisson_accounting(cfg, strategy, sampler, notes: list[str]) -> tuple[str, float]:
-    """("amplified_mf", max column norm) when C is banded with bands <= b (arXiv:2306.08153, Thm. 4); a
-    ConfigError when BandMF is wider than the cycle; ("gaussian", 1) with a note for any other strategy."""
-    from dp_adam_bench.privacy.accounting.amplified_mf import AMPLIFIED_BANDMF, amplifies, strategy_bands
-
-    b = sampler.cycle_length
-    bands = strategy_bands(strategy)
-    if amplifies(strategy, b):
-        column_norm = float(strategy.max_column_norm())
-        notes.append(
-            f"cyclic Poisson sampling (cycle length b = {b}, q = b B / N = {sampler.q:.6g}) with a {bands}-banded "
-            f"strategy: amplified BandMF ({AMPLIFIED_BANDMF}), accounted as ceil(steps / b) = {_rounds(sampler)} "
-            "Poisson-subsampled Gaussian steps, one recorded at the first step of each cycle"
-        )
-        return "amplified_mf", column_norm
-    if cfg.noise.kind == "bandmf":
+def _refuse_what_cannot_be_accounted(cfg, n: int, variant: Variant, terms: PrivacyTerms) -> None:
+    """ConfigError for a batch larger than the data, a variant that needs fixed-size batches on a sampler whose
+    batches are unbounded, checkpoints of a secure-RNG run, and a budget or target under an accountant that is
+    not an upper bound."""
+    check_batch_fits(cfg, n)
+    sampler_kind = cfg.train.sampler
+    if terms.noisy and variant.needs_fixed_batch and sampler_kind in VARIABLE_BATCHES:
         raise ConfigError(
-            f"train.sampler=cyclic_poisson with cycle length {b} and noise.bands={strategy.bands}: amplified "
-            f"BandMF ({AMPLIFIED_BANDMF}) needs bands <= the cycle length; set train.cycle_length >= "
-            f"{strategy.bands} (or null: the bands), or noise.bands <= {b}"
+            f"optimizer.name={variant.name!r} bounds the sensitivity of g^2 assuming at most B examples per batch; "
+            f"{VARIABLE_BATCHES[sampler_kind]} batches are unbounded: use train.sampler=single_pass"
         )
-    return "gaussian", 1.0
+    if cfg.privacy.get("secure_rng") and int(cfg.train.get("checkpoint_every") or 0):
+        raise ConfigError(
+            "privacy.secure_rng=true with train.checkpoint_every > 0: a checkpoint holds the noise generators' "
+            "state, from which anyone holding the run folder could regenerate the noise; use checkpoint_every=0"
+        )
+    if terms.noisy and (terms.budget is not None or terms.target is not None):
+        _check_accountant_is_guarantee(
+            terms.accountant,
+            "enforce privacy.epsilon_budget" if terms.budget is not None else "reach privacy.target_epsilon",
+        )
 
 
-def _calibrate(target, delta, accountant, accounting, strategy, sampler, cfg, column_norm) -> float:
-    """The noise multiplier the accountant sees that makes the run reach ``target`` (non-Poisson samplers)."""
-    from dp_adam_bench.privacy.accounting.amplified_mf import (
-        calibrate_amplified_sigma,
-        calibrate_gaussian_sigma,
-    )
+def _bands_beyond_steps(cfg, sampler, noisy: bool) -> list[str]:
+    """The warning when BandMF has more bands than the run has steps (kept, not refused: a smoke run of a paper
+    table trains 2 steps of a 128-band strategy)."""
+    if not (noisy and cfg.noise.kind == "bandmf" and int(cfg.noise.bands) > sampler.steps):
+        return []
+    return [
+        f"noise.bands={int(cfg.noise.bands)} is more than the run's {sampler.steps} steps: BandMF uses "
+        f"{sampler.steps} bands (every past step), the same mechanism as noise.bands={sampler.steps}"
+    ]
 
-    if accounting == "amplified_mf":
-        return calibrate_amplified_sigma(
-            target, delta, sampler.q, sampler.steps, sampler.cycle_length, accountant, column_norm
+
+def _variant_notes(variant: Variant, noisy: bool, sigma: float, account_sigma: float) -> list[str]:
+    """What the variant changes about the guarantee: several noisy releases per step (one larger noise
+    multiplier for the accountant), or clean statistics (no guarantee at all)."""
+    notes = []
+    if variant.sigma_factor != 1.0 and noisy:
+        notes.append(
+            f"{variant.name} releases {variant.releases().streams} noisy quantities per step with sigma = "
+            f"{sigma:g} each: accounted with noise multiplier {account_sigma:.4g}"
         )
-    if accounting == "poisson":  # shuffle: validate() refuses sigma = null
-        raise ConfigError("privacy.sigma=null (calibrate sigma) is not available with train.sampler=shuffle")
-    if cfg.train.sampler == "single_pass":
-        k = int(cfg.train.epochs)
-        sens = strategy.sensitivity(
-            participations=k, min_separation=sampler.min_separation if k > 1 else None
-        )
-    else:
-        sens = _separated_sensitivity(strategy, sampler)
-    return calibrate_gaussian_sigma(target, delta, sens)
+    if variant.needs_clean and not variant.private:
+        notes.append(f"{variant.name} uses clean (un-noised) statistics: a non-private baseline")
+    return notes

@@ -250,11 +250,23 @@ def run(cfg, folder: Path, log_metrics: Callable[[int, dict], None], prepared: R
 
 
 def _train(r: Run, folder: Path, log_metrics, t0: float) -> dict:
-    cfg, backend, plan, ddp = r.cfg, r.backend, r.plan, r.ddp
-    model_task = backend.kind == "model"
+    """The run from step 0, or from the checkpoint in ``folder``, to its summary (``t0``: when it started)."""
+    session = PrivateTraining(r, _diagnostics(r, folder))
+    notes = _privacy_notes(r)
+    fp = ckpt.fingerprint(_to_dict(r.cfg))
+    start = _resume(r, session, folder, fp)
+    untrained = _evaluate_untrained(r, start, log_metrics)
+    step, last_metrics = _train_steps(r, session, folder, fp, start, log_metrics)
+    return _summary(r, session, step, last_metrics, untrained, notes, t0)
+
+
+def _diagnostics(r: Run, folder: Path) -> Diagnostics:
+    """Rank 0's clean-gradient diagnostics (``diagnostics.*``; model tasks): the clean sum it observes is the
+    all-reduced, global one."""
+    cfg, ddp = r.cfg, r.ddp
     diag_cfg = cfg.get("diagnostics") or {}
-    diag_every = int(diag_cfg.get("every", 0) or 0) if model_task else 0
-    diagnostics = Diagnostics(  # rank 0's: the clean sum it observes is the all-reduced, global one
+    diag_every = int(diag_cfg.get("every", 0) or 0) if r.backend.kind == "model" else 0
+    return Diagnostics(
         every=diag_every if ddp.is_main else 0,
         beta1=float(cfg.optimizer.get("beta1", 0.9)),
         beta2=float(cfg.optimizer.get("beta2", 0.999)),
@@ -263,16 +275,24 @@ def _train(r: Run, folder: Path, log_metrics, t0: float) -> dict:
         hist_dir=folder / "diagnostics" if diag_cfg.get("histograms", True) and ddp.is_main else None,
         seed=int(cfg.seed),
     )
-    session = PrivateTraining(r, diagnostics)
-    notes = list(plan.notes)
+
+
+def _privacy_notes(r: Run) -> list[str]:
+    """The plan's notes, and the public examples side information holds out of the private set."""
+    notes = list(r.plan.notes)
     if r.public is not None:
         notes.append(
             f"side information: {len(r.public)} training examples held out as public; the private set "
             f"has N = {len(r.population)}"
         )
+    return notes
 
-    # --- resume ------------------------------------------------------------------------------------------------------
-    fp = ckpt.fingerprint(_to_dict(cfg))
+
+def _resume(r: Run, session: PrivateTraining, folder: Path, fp: str) -> int:
+    """The step the run starts after: that of the checkpoint in ``folder`` (``train.resume``; its metric rows
+    past it dropped), else 0 (an earlier attempt's ``metrics.jsonl`` removed). Data-parallel, every rank then
+    holds rank 0's parameters."""
+    cfg, backend, ddp = r.cfg, r.backend, r.ddp
     start = 0
     payload = ckpt.load(folder, fp, backend.params[0].device) if cfg.train.get("resume", True) else None
     if payload is not None:
@@ -285,23 +305,53 @@ def _train(r: Run, folder: Path, log_metrics, t0: float) -> dict:
         (folder / "metrics.jsonl").unlink()
     if ddp.active:  # a safety net for tasks whose build_model is not deterministic across processes
         ddp.broadcast_([p.data for p in backend.model.parameters()])
+    return start
 
-    every_ckpt = int(cfg.train.get("checkpoint_every") or 0)
-    # read once: an OmegaConf lookup per step is slow on toys
-    every_log = int(cfg.train.get("log_every") or 100)
-    every_eval = int(cfg.train.get("eval_every") or 0)
-    stop_after = cfg.train.get("stop_after")  # test hook: simulate a kill after this many steps
-    clip = session.clip
-    # CPU model steps allocate their activations on the host heap (engine/memory.py); on a GPU they do not
-    trim_heap = model_task and torch.device(backend.device).type == "cpu"
-    # the untrained model (Ganesh Fig. 3 "no fine-tuning")
-    # the untrained model's metrics: the reference of the divergence note (toys evaluate in closed form, cheaply)
-    untrained: dict = {}
-    if start == 0 and cfg.train.get("eval_at_start") and ddp.is_main:
-        untrained = backend.evaluate(final=False)
+
+def _evaluate_untrained(r: Run, start: int, log_metrics) -> dict:
+    """The untrained model's metrics (Ganesh Fig. 3 "no fine-tuning"; the reference of the divergence note): with
+    ``train.eval_at_start`` logged as step 0, and always for toys, which evaluate in closed form, cheaply. {} on a
+    resume."""
+    if start == 0 and r.cfg.train.get("eval_at_start") and r.ddp.is_main:
+        untrained = r.backend.evaluate(final=False)
         log_metrics(0, untrained)
-    elif start == 0 and not model_task:
-        untrained = backend.evaluate(final=False)
+        return untrained
+    if start == 0 and r.backend.kind != "model":
+        return r.backend.evaluate(final=False)
+    return {}
+
+
+@dataclass(frozen=True)
+class _Cadence:
+    """How often the loop logs, evaluates and checkpoints, read once: an OmegaConf lookup per step is slow on
+    toys. ``stop_after`` is a test hook (simulate a kill after this many steps); ``trim_heap``: CPU model steps
+    allocate their activations on the host heap (engine/memory.py), on a GPU they do not."""
+
+    log: int
+    eval: int
+    checkpoint: int
+    stop_after: int | None
+    trim_heap: bool
+
+    @classmethod
+    def of(cls, r: Run) -> _Cadence:
+        train = r.cfg.train
+        return cls(
+            log=int(train.get("log_every") or 100),
+            eval=int(train.get("eval_every") or 0),
+            checkpoint=int(train.get("checkpoint_every") or 0),
+            stop_after=train.get("stop_after"),
+            trim_heap=r.backend.kind == "model" and torch.device(r.backend.device).type == "cpu",
+        )
+
+
+def _train_steps(r: Run, session: PrivateTraining, folder: Path, fp: str, start: int, log_metrics):
+    """The steps after ``start`` until the plan's last (plan.steps < sampler.steps when the epsilon budget stops
+    the run: the step that would exceed it is never drawn), each logged, shown and checkpointed on its cadence;
+    returns (last step, last evaluation). An engine or noise check (engine/watch.py, engine/noise_check.py)
+    stops the run before its next release: what stopped it is recorded in ``folder`` and the error propagates."""
+    plan, ddp = r.plan, r.ddp
+    cadence = _Cadence.of(r)
     last_metrics: dict = {}
     step = start
     bar = Progress(
@@ -312,63 +362,103 @@ def _train(r: Run, folder: Path, log_metrics, t0: float) -> dict:
         epsilon=session.epsilon_so_far if plan.noisy else None,
         accountant=plan.accountant if plan.noisy else None,
     )
-    # plan.steps < sampler.steps when the epsilon budget stops the run: the step that would exceed it is never drawn
-    # an engine or noise check (engine/watch.py, engine/noise_check.py) stops the run before its next release
     try:
         while not session.done:
             result = session.step()
             step = result.step
-            if trim_heap and step % memory.TRIM_EVERY == 0:
+            if cadence.trim_heap and step % memory.TRIM_EVERY == 0:
                 memory.release_free_memory()
-            metrics = dict(result.diagnostics)
-            final_step = step == plan.steps
-            logged = step % every_log == 0 or final_step
-            if logged:
-                if model_task:  # every rank logs on the same steps: the all-reduce inside is safe here
-                    metrics |= {"diag/batch_size": result.batch_size} | backend.clipped_fraction(clip)
-                else:
-                    metrics |= backend.evaluate(final=final_step)
-                if r.schedule.name != "constant":
-                    metrics["lr"] = r.variant.lr  # the learning rate this step used
-            evaluated = model_task and ddp.is_main and ((every_eval and step % every_eval == 0) or final_step)
-            if evaluated:
-                last_metrics = backend.evaluate(final=final_step)
-                metrics |= last_metrics
-            if (
-                (logged or evaluated) and plan.amplified and ddp.is_main
-            ):  # the ledger so far (a cheap, cached call)
-                metrics |= session.epsilon_so_far()
+            metrics, logged, last_metrics = _step_metrics(r, session, result, cadence, last_metrics)
             if metrics and ddp.is_main:
                 log_metrics(step, metrics)
             bar.update(step, metrics, logged)
-            if every_ckpt and step % every_ckpt == 0:
-                # the weights this checkpoint saves, checked (engine/watch.py): every rank runs the same check
-                session.check_engine("checkpoint")
-                state = session.state_dict()  # a collective: every rank takes part
-                if ddp.is_main:
-                    ckpt.save(folder, {"fingerprint": fp, **state, "self_check": _check_to_carry(r)})
-            if stop_after is not None and step >= int(stop_after):
+            if cadence.checkpoint and step % cadence.checkpoint == 0:
+                _save_checkpoint(r, session, folder, fp)
+            if cadence.stop_after is not None and step >= int(cadence.stop_after):
                 bar.close()
-                raise KeyboardInterrupt(f"train.stop_after={stop_after} reached (simulated kill)")
+                raise KeyboardInterrupt(f"train.stop_after={cadence.stop_after} reached (simulated kill)")
     except PrivacyMismatch as err:
         if ddp.is_main:
             _record_stop(folder, session, err)
         bar.close()
         raise
     bar.close()
-    sampler = plan.sampler
-    stopped_by_budget = plan.steps < sampler.steps
-    if model_task and ddp.is_main and not last_metrics:  # resumed from a checkpoint of the last step
+    return step, last_metrics
+
+
+def _step_metrics(r: Run, session: PrivateTraining, result, cadence: _Cadence, last_metrics: dict):
+    """(the step's metrics, whether it is a logged step, the latest evaluation). A logged step adds the batch
+    size and the fraction clipped (model tasks; every rank logs on the same steps, so the all-reduce inside is
+    safe) or the toy's closed-form evaluation, and the learning rate the step used; an evaluated step (rank 0,
+    model tasks) the evaluation; either, under amplified accounting, the epsilon so far (a cheap, cached call)."""
+    plan, backend, ddp = r.plan, r.backend, r.ddp
+    model_task = backend.kind == "model"
+    step = result.step
+    metrics = dict(result.diagnostics)
+    final_step = step == plan.steps
+    logged = step % cadence.log == 0 or final_step
+    if logged:
+        if model_task:
+            metrics |= {"diag/batch_size": result.batch_size} | backend.clipped_fraction(session.clip)
+        else:
+            metrics |= backend.evaluate(final=final_step)
+        if r.schedule.name != "constant":
+            metrics["lr"] = r.variant.lr
+    evaluated = model_task and ddp.is_main and ((cadence.eval and step % cadence.eval == 0) or final_step)
+    if evaluated:
+        last_metrics = backend.evaluate(final=final_step)
+        metrics |= last_metrics
+    if (logged or evaluated) and plan.amplified and ddp.is_main:
+        metrics |= session.epsilon_so_far()
+    return metrics, logged, last_metrics
+
+
+def _save_checkpoint(r: Run, session: PrivateTraining, folder: Path, fp: str) -> None:
+    """The weights this checkpoint saves, checked first (engine/watch.py: every rank runs the same check); the
+    state is a collective, every rank takes part; rank 0 writes it."""
+    session.check_engine("checkpoint")
+    state = session.state_dict()
+    if r.ddp.is_main:
+        ckpt.save(folder, {"fingerprint": fp, **state, "self_check": _check_to_carry(r)})
+
+
+def _summary(
+    r: Run, session: PrivateTraining, step: int, last_metrics: dict, untrained: dict, notes, t0
+) -> dict:
+    """What the run reports (rank 0's carries the metrics and epsilons): the final evaluation (again when the run
+    resumed from a checkpoint of its last step), the privacy record, the backend's part, and a divergence note."""
+    plan, backend, ddp = r.plan, r.backend, r.ddp
+    if backend.kind == "model" and ddp.is_main and not last_metrics:
         last_metrics = backend.evaluate(final=True)
+    summary = {
+        "metrics": last_metrics,
+        **_privacy_summary(r, session, step),
+        "privacy_notes": notes,
+        "stopped_by_budget": plan.steps < plan.sampler.steps,
+        "train_time_s": time.time() - t0,
+        "final_params_sha1": _params_digest(backend.params),
+    }
+    if getattr(backend.task, "data_note", None):  # what model and data (e.g. pretrained on what, how long)
+        summary["data_note"] = backend.task.data_note
+    summary |= _backend_summary(r, session)
+    diverged = divergence_note(summary["metrics"], untrained, backend.params) if ddp.is_main else None
+    if diverged:  # the CLI prints it (dp_adam_bench.train)
+        summary["diverged"] = diverged
+    return summary
+
+
+def _privacy_summary(r: Run, session: PrivateTraining, step: int) -> dict:
+    """The steps, the sampler, the epsilons and the accountant of each, the plan, the ledger, and the checks of
+    what ran against it."""
+    plan, ddp = r.plan, r.ddp
     eps, eps_errors = (
         session.ledger.epsilons_with_errors(plan.delta) if plan.noisy and ddp.is_main else ({}, {})
     )
-    summary = {
-        "metrics": last_metrics,
+    return {
         "steps": step,
-        "planned_steps": sampler.steps,
+        "planned_steps": plan.sampler.steps,
         "private": plan.private,
-        "sampler": sampler.kind,
+        "sampler": plan.sampler.kind,
         "epsilon": eps,
         "epsilon_errors": eps_errors,
         # which accountant the reported epsilon, the budget and the target use
@@ -383,30 +473,24 @@ def _train(r: Run, folder: Path, log_metrics, t0: float) -> dict:
         "participation": session.participation_report() if ddp.is_main else {},
         # the noise added to each release against the ledger's multiplier (engine/noise_check.py)
         "noise_check": session.noise_check.describe() if session.noise_check is not None else {},
-        "privacy_notes": notes,
-        "stopped_by_budget": stopped_by_budget,
-        "train_time_s": time.time() - t0,
-        "final_params_sha1": _params_digest(backend.params),
     }
-    if getattr(backend.task, "data_note", None):  # what model and data (e.g. pretrained on what, how long)
-        summary["data_note"] = backend.task.data_note
-    if model_task:
-        summary |= {
-            "clipping": backend.engine_name,
-            "world_size": ddp.world,
-            "self_check": session.self_check,
-            "engine_probe": r.engine_probe,
-            # the engine checked again as the run trained (engine/watch.py)
-            "engine_watch": session.watch.describe() if session.watch is not None else {},
-            # the TF32 / reduced-precision fp32 settings (engine/fp32_exact.py); clipping runs in IEEE fp32
-            "fp32_math": fp32_settings(),
-        }
-    else:
-        summary |= backend.final_summary(r.variant, session.state)
-    diverged = divergence_note(summary["metrics"], untrained, backend.params) if ddp.is_main else None
-    if diverged:  # the CLI prints it (dp_adam_bench.train)
-        summary["diverged"] = diverged
-    return summary
+
+
+def _backend_summary(r: Run, session: PrivateTraining) -> dict:
+    """Model tasks: the clipping engine, the world size and the engine's checks; toys: their trials' results."""
+    backend = r.backend
+    if backend.kind != "model":
+        return backend.final_summary(r.variant, session.state)
+    return {
+        "clipping": backend.engine_name,
+        "world_size": r.ddp.world,
+        "self_check": session.self_check,
+        "engine_probe": r.engine_probe,
+        # the engine checked again as the run trained (engine/watch.py)
+        "engine_watch": session.watch.describe() if session.watch is not None else {},
+        # the TF32 / reduced-precision fp32 settings (engine/fp32_exact.py); clipping runs in IEEE fp32
+        "fp32_math": fp32_settings(),
+    }
 
 
 #: a final loss this many times the untrained model's is a divergence

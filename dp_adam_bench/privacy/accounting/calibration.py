@@ -63,6 +63,23 @@ def _events(sigma: float, q: float, steps: int) -> tuple[PoissonGaussianEvent, .
     return (PoissonGaussianEvent(sigma, q, steps),)
 
 
+class _Aim:
+    """The window ``[target - tol, target]`` a sigma search must land in, and the point it aims at, in
+    g = log eps: the middle of the window."""
+
+    def __init__(self, target: float, tol: float):
+        self.target, self.lo_ok, self.hi_ok = target, target - tol, target
+        self.g = math.log(target - tol / 2)
+
+    def hit(self, e: float) -> bool:
+        return self.lo_ok <= e <= self.hi_ok
+
+
+def _g(e: float) -> float:
+    """log eps, with eps = 0 read as the log of the smallest double."""
+    return math.log(e) if e > 0 else -745.0
+
+
 def _solve_sigma(
     eps_fn: Callable[[float], float],
     target: float,
@@ -76,59 +93,73 @@ def _solve_sigma(
     Regula falsi with the Illinois modification on u = log sigma and g = log eps (nearly linear there), after
     secant steps from ``sigma0`` to bracket the root. Returns (sigma, eps(sigma), d log eps / d log sigma).
     """
-    lo_ok, hi_ok = target - tol, target
-    aim = math.log(target - tol / 2)
-
-    def g(e: float) -> float:
-        return math.log(e) if e > 0 else -745.0
-
-    u0 = math.log(sigma0)
+    aim = _Aim(target, tol)
     e0 = eps_fn(sigma0) if eps0 is None else eps0
-    if lo_ok <= e0 <= hi_ok:
+    if aim.hit(e0):
         return sigma0, e0, slope
-    # lo: a point with eps > target (sigma too small); hi: eps < target - tol (sigma too large).
-    lo = (u0, e0) if e0 > hi_ok else None
-    hi = (u0, e0) if e0 < lo_ok else None
-    prev = (u0, e0)
+    lo, hi, slope, found = _bracket(eps_fn, aim, (math.log(sigma0), e0), slope)
+    if found is not None:
+        return found
+    return _illinois(eps_fn, aim, lo, hi, slope)
+
+
+def _bracket(eps_fn, aim: _Aim, start: tuple[float, float], slope: float):
+    """Secant steps in (u, g) from ``start`` = (u0, eps(sigma0)) until one point has eps above the window (lo:
+    sigma too small) and one below it (hi: sigma too large). Returns (lo, hi, slope, None), or (.., (sigma, eps,
+    slope)) when a step lands in the window; a ValueError when sigma leaves [_SIGMA_MIN, _SIGMA_MAX] first."""
+    u0, e0 = start
+    lo = (u0, e0) if e0 > aim.hi_ok else None
+    hi = (u0, e0) if e0 < aim.lo_ok else None
+    prev = start
     for _ in range(200):
         if lo is not None and hi is not None:
-            break
+            return lo, hi, slope, None
         e_prev = prev[1]
-        if e_prev == math.inf:
-            step = 1.0  # no privacy at all: sigma far too small
-        elif e_prev <= 0:
-            step = -1.0  # eps 0: sigma far too large
-        else:
-            step = (aim - g(e_prev)) / slope
-            step = max(min(step * 1.5, 3.0), -3.0)  # overshoot a little to bracket in one step
-            if abs(step) < 1e-3:
-                step = math.copysign(1e-3, step)
-        u = min(max(prev[0] + step, math.log(_SIGMA_MIN)), math.log(_SIGMA_MAX))
+        u = min(max(prev[0] + _secant_step(e_prev, aim, slope), math.log(_SIGMA_MIN)), math.log(_SIGMA_MAX))
         if u == prev[0]:
             side = "above" if hi is None else "below"
             raise ValueError(
-                f"target_epsilon {target!r} is not reachable with sigma in [{_SIGMA_MIN}, {_SIGMA_MAX}]: "
+                f"target_epsilon {aim.target!r} is not reachable with sigma in [{_SIGMA_MIN}, {_SIGMA_MAX}]: "
                 f"epsilon stays {side} it for this q, number of steps and accountant"
             )
         e = eps_fn(math.exp(u))
-        if lo_ok <= e <= hi_ok:
-            return math.exp(u), e, slope
+        if aim.hit(e):
+            return lo, hi, slope, (math.exp(u), e, slope)
         if 0 < e < math.inf and 0 < e_prev < math.inf:
-            s = (g(e) - g(e_prev)) / (u - prev[0])
+            s = (_g(e) - _g(e_prev)) / (u - prev[0])
             if s < 0:
                 slope = s
-        if e > hi_ok:
+        if e > aim.hi_ok:
             lo = (u, e) if lo is None or u > lo[0] else lo
         else:
             hi = (u, e) if hi is None or u < hi[0] else hi
         prev = (u, e)
-    else:
-        raise RuntimeError(f"could not bracket sigma for target epsilon {target!r}")
+    raise RuntimeError(f"could not bracket sigma for target epsilon {aim.target!r}")
 
-    # Illinois: f values are stored and the end retained twice in a row has its f halved.
+
+def _secant_step(e_prev: float, aim: _Aim, slope: float) -> float:
+    """The next step in u from a point of epsilon ``e_prev``: along the slope to the aim, 1.5 times over (to
+    bracket in one step), at most 3 and at least 1e-3 in size; +1 from eps = inf (no privacy at all: sigma far
+    too small), -1 from eps = 0 (sigma far too large)."""
+    if e_prev == math.inf:
+        return 1.0
+    if e_prev <= 0:
+        return -1.0
+    step = (aim.g - _g(e_prev)) / slope
+    step = max(min(step * 1.5, 3.0), -3.0)
+    if abs(step) < 1e-3:
+        step = math.copysign(1e-3, step)
+    return step
+
+
+def _illinois(eps_fn, aim: _Aim, lo: tuple[float, float], hi: tuple[float, float], slope: float):
+    """Regula falsi between the bracket's ends ``lo`` (eps above the window) and ``hi`` (below it), each (u,
+    eps): the Illinois modification halves the stored f of an end retained twice in a row. Returns (sigma, eps,
+    slope); when the bracket closes without a point in the window (the tolerance is below the accountant's
+    resolution, e.g. a flat RDP piece), the conservative end, ``hi``."""
     (u_lo, e_lo), (u_hi, e_hi) = lo, hi
-    f_lo = g(e_lo) - aim if math.isfinite(e_lo) else math.inf
-    f_hi = g(e_hi) - aim
+    f_lo = _g(e_lo) - aim.g if math.isfinite(e_lo) else math.inf
+    f_hi = _g(e_hi) - aim.g
     side = 0
     for _ in range(200):
         if math.isfinite(f_lo):
@@ -138,12 +169,12 @@ def _solve_sigma(
         else:
             u = (u_lo + u_hi) / 2
         e = eps_fn(math.exp(u))
-        f = g(e) - aim if math.isfinite(e) else math.inf
-        if lo_ok <= e <= hi_ok:
+        f = _g(e) - aim.g if math.isfinite(e) else math.inf
+        if aim.hit(e):
             if math.isfinite(e_lo) and e_lo > 0 and e_hi > 0:
-                slope = (g(e_hi) - g(e_lo)) / (u_hi - u_lo)
+                slope = (_g(e_hi) - _g(e_lo)) / (u_hi - u_lo)
             return math.exp(u), e, slope
-        if e > hi_ok:
+        if e > aim.hi_ok:
             u_lo, e_lo, f_lo = u, e, f
             if side == -1:
                 f_hi /= 2
@@ -155,7 +186,6 @@ def _solve_sigma(
             side = 1
         if u_hi - u_lo < 1e-13:
             break
-    # Tolerance below the accountant's resolution (e.g. a flat RDP piece): the conservative end.
     return math.exp(u_hi), e_hi, slope
 
 
