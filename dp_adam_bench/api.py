@@ -163,6 +163,8 @@ def _errors_in_api_terms(fn):
     return wrapper
 
 
+# longer than 80 lines only by its signature and docstring (every argument of the public API, documented); the
+# body is the named steps below
 @_errors_in_api_terms
 def make_private(
     model: nn.Module,
@@ -257,28 +259,8 @@ def make_private(
     Bad arguments raise :class:`~dp_adam_bench.errors.ConfigError` in one line naming the argument as given here
     (``clip=None``, ``clipping=ghost``, ``optimizer_args['beta1']``), not the CLI field it sets.
     """
-    from dp_adam_bench.config import PRECISIONS, SAMPLERS, validate
-    from dp_adam_bench.engine.trainer import prepare
-    from dp_adam_bench.privacy.noise_factory import NOISE
-
-    cfg = _root_config()
-    cfg["task"] = {"name": UserTask.name}
-    cfg["optimizer"] = _load_group("optimizer", optimizer, "optimizer")
-    cfg["noise"] = _load_group("noise", noise, "noise")
-    cfg["privacy"] = _load_group("privacy", "default", "privacy")
-    cfg["logger"] = _load_group("logger", "default", "logger")
-    cfg["seed"] = seed
-    _merge(
-        cfg["optimizer"],
-        dict(optimizer_args or {})
-        | ({"lr": lr} if lr is not None else {})
-        | ({"weight_decay": weight_decay} if weight_decay is not None else {}),
-        "optimizer_args",
-    )
-    if weight_decay_mask is not None and not callable(weight_decay_mask):
-        raise ConfigError(
-            f"weight_decay_mask={weight_decay_mask!r} must be a callable (name, parameter) -> bool, or None"
-        )
+    cfg = _config_with_groups(optimizer, noise, seed)
+    _set_optimizer_args(cfg["optimizer"], optimizer_args, lr, weight_decay, weight_decay_mask)
     _merge(cfg["noise"], dict(noise_args or {}), "noise_args")
     cfg["privacy"].update(
         clip=clip,
@@ -289,12 +271,7 @@ def make_private(
         accountant=accountant,
         secure_rng=secure_rng,
     )
-    correlated = NOISE.get(cfg["noise"]["kind"]).correlated
-    sampler = sampler or ("single_pass" if correlated else "poisson")
-    if sampler not in SAMPLERS:  # before it picks steps or epochs below
-        raise ConfigError(f"sampler={sampler!r} is not known; valid: {', '.join(SAMPLERS)}")
-    if precision not in PRECISIONS:
-        raise ConfigError(f"precision={precision!r} is not known; valid: {', '.join(PRECISIONS)}")
+    sampler = _sampler_for(cfg["noise"], sampler, precision)
     task = UserTask(model, dataset, loss_fn, target_key, evaluate)
     refuse_half_precision(model, "pass precision='bf16'")
     train = cfg["train"]
@@ -307,51 +284,129 @@ def make_private(
         lr_warmup_steps=lr_warmup_steps,
         precision=precision,
     )
-    train["device"] = _device_of(model)
-    # named as the caller knows it (the model's device), not as train.device, a field the caller never set
-    if train["device"].split(":")[0] not in ("cpu", "cuda"):
+    train["device"] = _device_on_cpu_or_cuda(model)
+    _set_engine_checks(train, self_check, engine_watch_every, physical_batch_size)
+    _set_length(train, sampler, steps, epochs, batch_size, task.dataset_size)
+    run = _prepared_run(cfg, task)
+    if weight_decay_mask is not None:
+        _set_decay_mask(run, model, weight_decay_mask)
+    _warn_if_shuffled(run.plan)
+    return PrivateTraining(run)
+
+
+def _config_with_groups(optimizer: str, noise: str, seed: int) -> dict:
+    """The root config (``configs/config.yaml``) with the variant's and the mechanism's groups, the default privacy
+    and logger groups, and the seed."""
+    cfg = _root_config()
+    cfg["task"] = {"name": UserTask.name}
+    cfg["optimizer"] = _load_group("optimizer", optimizer, "optimizer")
+    cfg["noise"] = _load_group("noise", noise, "noise")
+    cfg["privacy"] = _load_group("privacy", "default", "privacy")
+    cfg["logger"] = _load_group("logger", "default", "logger")
+    cfg["seed"] = seed
+    return cfg
+
+
+def _set_optimizer_args(optimizer: dict, optimizer_args, lr, weight_decay, weight_decay_mask) -> None:
+    """``optimizer_args``, ``lr`` and ``weight_decay`` over the variant's defaults; ``weight_decay_mask`` must be a
+    callable (it is applied once the model's parameters are known)."""
+    _merge(
+        optimizer,
+        dict(optimizer_args or {})
+        | ({"lr": lr} if lr is not None else {})
+        | ({"weight_decay": weight_decay} if weight_decay is not None else {}),
+        "optimizer_args",
+    )
+    if weight_decay_mask is not None and not callable(weight_decay_mask):
         raise ConfigError(
-            f"model is on device {train['device']!r}; make_private trains a model on cpu or cuda (a 'meta' model "
+            f"weight_decay_mask={weight_decay_mask!r} must be a callable (name, parameter) -> bool, or None"
+        )
+
+
+def _sampler_for(noise: dict, sampler: str | None, precision: str) -> str:
+    """``sampler``, by default the one the mechanism is accounted with (single_pass for correlated noise, else
+    poisson); an unknown sampler or precision is refused here, before the sampler picks steps or epochs."""
+    from dp_adam_bench.config import PRECISIONS, SAMPLERS
+    from dp_adam_bench.privacy.noise_factory import NOISE
+
+    correlated = NOISE.get(noise["kind"]).correlated
+    sampler = sampler or ("single_pass" if correlated else "poisson")
+    if sampler not in SAMPLERS:
+        raise ConfigError(f"sampler={sampler!r} is not known; valid: {', '.join(SAMPLERS)}")
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision={precision!r} is not known; valid: {', '.join(PRECISIONS)}")
+    return sampler
+
+
+def _device_on_cpu_or_cuda(model: nn.Module) -> str:
+    """The model's device, refused (named as the caller knows it, not as train.device, a field the caller never
+    set) unless it is the CPU or a CUDA device."""
+    device = _device_of(model)
+    if device.split(":")[0] not in ("cpu", "cuda"):
+        raise ConfigError(
+            f"model is on device {device!r}; make_private trains a model on cpu or cuda (a 'meta' model "
             "has no values): build it there or move it with model.to('cpu')"
         )
+    return device
+
+
+def _set_engine_checks(train: dict, self_check, engine_watch_every, physical_batch_size: int | None) -> None:
+    """The engine's self-check (on or off) and watch interval, and the micro-batch size when given."""
     if not isinstance(self_check, bool):
         raise ConfigError(f"self_check={self_check!r} must be True or False")
     train["self_check"] = dict(train.get("self_check") or {}, enabled=self_check)
     train["engine_watch"] = dict(train.get("engine_watch") or {}, every=engine_watch_every)
     if physical_batch_size is not None:
         train["physical_batch_size"] = physical_batch_size
+
+
+def _set_length(train: dict, sampler: str, steps, epochs, batch_size, n: int) -> None:
+    """The run's length in the sampler's terms: steps for Poisson and cyclic Poisson (``epochs``: that many
+    expected passes), full passes for the fixed-size samplers (one by default)."""
     if steps is not None and epochs is not None:
         raise ConfigError(f"steps={steps!r} and epochs={epochs!r}: give one")
-    if sampler in ("poisson", "cyclic_poisson"):  # a number of steps (epochs: that many expected passes)
-        if epochs is not None:
-            train["steps"] = _epochs_to_steps(epochs, batch_size, task.dataset_size)
-        else:
-            train["steps"] = steps
+    if sampler in ("poisson", "cyclic_poisson"):
+        train["steps"] = _epochs_to_steps(epochs, batch_size, n) if epochs is not None else steps
     else:
         if steps is not None:
             raise ConfigError(
                 f"steps={steps!r} with sampler={sampler!r}: fixed-size samplers run full passes; give epochs"
             )
         train["epochs"] = 1 if epochs is None else epochs
+
+
+def _prepared_run(cfg: dict, task: UserTask):
+    """The config validated as the CLI's and the run prepared from it
+    (:func:`~dp_adam_bench.engine.trainer.prepare`); a variant or task refusing one of its fields is a
+    ConfigError."""
+    from dp_adam_bench.config import validate
+    from dp_adam_bench.engine.trainer import prepare
+
     conf = OmegaConf.create(cfg)
     validate(conf, custom_task=True)
     try:
-        run = prepare(conf, task)
+        return prepare(conf, task)
     except ConfigError:
         raise
-    except ValueError as err:  # a variant or task refusing one of its fields
+    except ValueError as err:
         raise ConfigError(str(err)) from err
-    if weight_decay_mask is not None:
-        from dp_adam_bench.optim.decay import mask_from_names
 
-        run.variant.decay_mask = mask_from_names(model, run.backend.params, weight_decay_mask)
-    if run.plan.noisy and run.plan.sampler.kind == "shuffle":
+
+def _set_decay_mask(run, model: nn.Module, weight_decay_mask: Callable[[str, nn.Parameter], bool]) -> None:
+    """The parameters weight decay acts on: those ``weight_decay_mask(name, parameter)`` keeps (instead of the
+    default rule, :mod:`dp_adam_bench.optim.decay`)."""
+    from dp_adam_bench.optim.decay import mask_from_names
+
+    run.variant.decay_mask = mask_from_names(model, run.backend.params, weight_decay_mask)
+
+
+def _warn_if_shuffled(plan) -> None:
+    if plan.noisy and plan.sampler.kind == "shuffle":
         warnings.warn(
             "sampler='shuffle' is accounted as Poisson sampling, which it does not implement: its epsilon is not a "
             "guarantee (use sampler='poisson' for DP-SGD's accountants)",
-            stacklevel=3,  # the caller of make_private
+            stacklevel=4,  # the caller of make_private (through this function and _errors_in_api_terms' wrapper)
         )
-    return PrivateTraining(run)
 
 
 #: ``make_private``'s argument for each CLI field it sets (a config group's other fields: its ``*_args``)

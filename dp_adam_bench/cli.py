@@ -175,18 +175,43 @@ def _pretrain(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``dp-adam-bench ARGV``'s exit code: ``train`` goes to the Hydra entry point, every other subcommand is parsed
+    and run here."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "train":
         return _train(argv[1:])
+    return _run(_parse(build_parser(), argv))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``dp-adam-bench`` parser: one subcommand each, ``train`` only named (Hydra parses its overrides)."""
     parser = argparse.ArgumentParser(prog="dp-adam-bench", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("train", help="train one configuration (Hydra overrides follow; see configs/)")
+    _add_report(sub)
+    _add_sweep(sub)
+    _add_reproduce(sub)
+    _add_pretrain(sub)
+    _add_wandb_dashboard(sub)
+    data_prepare.add_parser(sub)
+    _add_privacy(sub)
 
+    from dp_adam_bench.audit.cli import add_parser as add_audit
+
+    add_audit(sub)
+    return parser
+
+
+def _add_profile(p, **kwargs) -> None:
+    p.add_argument("--profile", default="cpu", choices=["cpu", "paper"], **kwargs)
+
+
+def _add_report(sub) -> None:
     p = sub.add_parser("report", help="write results/<id>.{csv,md,png} from the run store")
     p.add_argument("tables", nargs="*", help="table ids or groups (see --list)")
     p.add_argument("--list", action="store_true", help="list table ids with their paper and runtime")
     p.add_argument("--document", action="store_true", help="assemble results/REPORT.md from the tables")
-    p.add_argument("--profile", default="cpu", choices=["cpu", "paper"])
+    _add_profile(p)
     p.add_argument(
         "--source",
         choices=list(RUN_SOURCES),
@@ -201,9 +226,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.set_defaults(func=_report)
 
+
+def _add_sweep(sub) -> None:
     p = sub.add_parser("sweep", help="run an experiment preset's sweep (Hydra multirun)")
     p.add_argument("experiment")
-    p.add_argument("--profile", default="cpu", choices=["cpu", "paper"])
+    _add_profile(p)
     _add_launch_options(p)
     p.add_argument(
         "--dry-run",
@@ -226,12 +253,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
     p.set_defaults(func=_sweep)
 
+
+def _add_reproduce(sub) -> None:
     p = sub.add_parser("reproduce", help="sweep (if the table needs runs) and report")
     p.add_argument("table", nargs="?", default="default")
-    p.add_argument("--profile", default="cpu", choices=["cpu", "paper"])
+    _add_profile(p)
     _add_launch_options(p)
     p.set_defaults(func=_reproduce)
 
+
+def _add_pretrain(sub) -> None:
     p = sub.add_parser(
         "pretrain",
         help="build a non-private pretrained starting point (configs/pretrain/<preset>.yaml) into the cache; "
@@ -241,38 +272,42 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("overrides", nargs="*", help="key=value changes to the preset (another cache folder)")
     p.set_defaults(func=_pretrain)
 
+
+def _add_wandb_dashboard(sub) -> None:
     p = sub.add_parser(
         "wandb-dashboard", help="save the W&B workspace of configs/wandb/dashboard.yaml (one per experiment)"
     )
     p.add_argument("--project", required=True, metavar="ENTITY/PROJECT")
     p.add_argument("--experiment", help="one experiment preset (default: every preset)")
-    p.add_argument(
-        "--profile", default="cpu", choices=["cpu", "paper"], help="names the W&B group of the runs"
-    )
+    _add_profile(p, help="names the W&B group of the runs")
     p.add_argument(
         "--dry-run", action="store_true", help="print the panel plan; no network, no wandb-workspaces"
     )
     p.set_defaults(func=_wandb_dashboard)
 
-    data_prepare.add_parser(sub)
 
+def _add_privacy(sub) -> None:
     try:
-        from dp_adam_bench.privacy.cli import add_parser as add_privacy
+        from dp_adam_bench.privacy.cli import add_parser
     except ImportError:  # pragma: no cover - the privacy CLI is optional while it is being built
-        add_privacy = None
-    if add_privacy is not None:
-        add_privacy(sub)
+        return
+    add_parser(sub)
 
-    from dp_adam_bench.audit.cli import add_parser as add_audit
 
-    add_audit(sub)
-
-    # Hydra overrides may come before or after options: leftovers are overrides for `sweep`, errors otherwise
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """The arguments; Hydra overrides may come before or after options: leftovers are overrides for `sweep`,
+    errors otherwise."""
     args, extra = parser.parse_known_args(argv)
     if extra:
         if args.cmd != "sweep" or any(e.startswith("-") for e in extra):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.overrides = [*args.overrides, *extra]
+    return args
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The subcommand's exit code; Ctrl-C and the errors a user can fix are one line on stderr, not a
+    traceback."""
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt as stop:  # Ctrl-C: one line, not a traceback (130: the shell's code for SIGINT)

@@ -130,10 +130,19 @@ def choice(cfg: Mapping, dotted: str, valid, default=_MISSING):
 def validate(cfg: Mapping, *, custom_task: bool = False) -> None:
     """Raise :class:`ConfigError` on the first invalid field (or combination of fields). ``custom_task``: the task
     is a user's own objects (:func:`dp_adam_bench.make_private`), not a registered task name."""
-    from dp_adam_bench.engine.engines import ENGINES
-    from dp_adam_bench.optim.registry import VARIANTS
-    from dp_adam_bench.privacy.accounting import ACCOUNTANTS
-    from dp_adam_bench.privacy.noise_factory import NOISE
+    _validate_top_level(cfg, custom_task)
+    _validate_optimizer(cfg)
+    kind, noise = _validate_noise(cfg)
+    sampler = choice(cfg, "train.sampler", SAMPLERS)
+    _validate_training_options(cfg)
+    _validate_accounting(cfg, kind, sampler, noise)
+    _validate_schedule(cfg, sampler, noise.private)
+    _validate_engine_and_machine(cfg)
+    _validate_logger(cfg)
+
+
+def _validate_top_level(cfg: Mapping, custom_task: bool) -> None:
+    """No key outside :data:`ROOT_KEYS`; the seed, the profile, the task's name and trials."""
     from dp_adam_bench.tasks.registry import TASKS
 
     unknown = sorted(str(k) for k in cfg if k not in ROOT_KEYS)
@@ -147,7 +156,12 @@ def validate(cfg: Mapping, *, custom_task: bool = False) -> None:
         TASKS.check(_get(cfg, "task.name"))
     integer(cfg, "task.trials", default=1)
 
-    # --- optimizer: the name, then every hyper-parameter through the variant's own checks ------------------------
+
+def _validate_optimizer(cfg: Mapping) -> None:
+    """The variant's name, then every hyper-parameter: a field of that variant, a finite number (or null or a
+    string where the variant allows one), and through the variant's own checks (its constructor)."""
+    from dp_adam_bench.optim.registry import VARIANTS
+
     opt = _get(cfg, "optimizer")
     VARIANTS.check(_get(cfg, "optimizer.name"))
     number(cfg, "optimizer.lr", low=0, low_open=True)
@@ -171,14 +185,24 @@ def validate(cfg: Mapping, *, custom_task: bool = False) -> None:
     except (ValueError, TypeError) as err:
         raise ConfigError(str(err) if "optimizer." in str(err) else f"optimizer: {err}") from err
 
-    # --- noise and privacy ----------------------------------------------------------------------------------------
+
+def _validate_noise(cfg: Mapping) -> tuple[str, object]:
+    """The noise mechanism's name and its own fields (and any mechanism's memory cap); returns the name and the
+    mechanism."""
+    from dp_adam_bench.privacy.noise_factory import NOISE
+
     kind = NOISE.check(_get(cfg, "noise.kind"))
     noise = NOISE.get(kind)
     noise.validate(_get(cfg, "noise"))
     number(
         cfg, "noise.max_memory_gb", low=0, low_open=True, null=True, default=None
     )  # any mechanism's buffers
-    sampler = choice(cfg, "train.sampler", SAMPLERS)
+    return kind, noise
+
+
+def _validate_training_options(cfg: Mapping) -> None:
+    """The learning-rate schedule, the precision (with the clipping engine it needs), the engine's self-check and
+    watch, and what the noise check does."""
     choice(cfg, "train.lr_schedule", SCHEDULES, default="constant")
     integer(cfg, "train.lr_warmup_steps", low=0, default=0)
     precision = choice(cfg, "train.precision", PRECISIONS, default="fp32")
@@ -195,12 +219,21 @@ def validate(cfg: Mapping, *, custom_task: bool = False) -> None:
         integer(cfg, "train.engine_watch.every", low=0, default=0)
     number(cfg, "train.engine_watch.budget", low=0, high=1, default=0.02)
     choice(cfg, "train.noise_check", ("stop", "record"), default="stop")
+
+
+def _validate_accounting(cfg: Mapping, kind: str, sampler: str, noise) -> None:
+    """The accountant's name and the RNG; a private mechanism's privacy fields (:func:`_validate_privacy`)."""
+    from dp_adam_bench.privacy.accounting import ACCOUNTANTS
+
     ACCOUNTANTS.check(_get(cfg, "privacy.accountant", "rdp"))
     boolean(cfg, "privacy.secure_rng")
     if noise.private:
         _validate_privacy(cfg, kind, sampler, noise.correlated)
 
-    # --- schedule -------------------------------------------------------------------------------------------------
+
+def _validate_schedule(cfg: Mapping, sampler: str, private: bool) -> None:
+    """The batch size and the length of the run in the sampler's terms: steps for Poisson and cyclic Poisson
+    (Poisson: null with a target epsilon, train until it), full passes for the fixed-size samplers."""
     cycle = integer(cfg, "train.cycle_length", null=True, default=None)
     if cycle is not None and sampler != "cyclic_poisson":
         raise ConfigError(
@@ -210,7 +243,7 @@ def validate(cfg: Mapping, *, custom_task: bool = False) -> None:
     if sampler == "poisson":
         number(cfg, "train.batch_size", low=0, low_open=True)
         steps = integer(cfg, "train.steps", null=True)
-        if steps is None and not (noise.private and _get(cfg, "privacy.target_epsilon", None) is not None):
+        if steps is None and not (private and _get(cfg, "privacy.target_epsilon", None) is not None):
             raise ConfigError(
                 "train.steps=None must be an integer >= 1 with train.sampler=poisson (or null with "
                 "privacy.target_epsilon set on a private run: train until that epsilon)"
@@ -228,7 +261,12 @@ def validate(cfg: Mapping, *, custom_task: bool = False) -> None:
                 "set train.steps=null (or use train.sampler=poisson)"
             )
 
-    # --- engine and machine ---------------------------------------------------------------------------------------
+
+def _validate_engine_and_machine(cfg: Mapping) -> None:
+    """The clipping engine, micro-batches, logging, evaluation and checkpoint intervals, diagnostics, the device
+    and processes, side information and the run's flags."""
+    from dp_adam_bench.engine.engines import ENGINES
+
     ENGINES.check(_get(cfg, "train.clipping", "bk"))
     integer(cfg, "train.physical_batch_size")
     integer(cfg, "train.log_every")
@@ -240,6 +278,15 @@ def validate(cfg: Mapping, *, custom_task: bool = False) -> None:
     number(cfg, "diagnostics.reference_sigma", low=0, null=True, default=None)
     number(cfg, "diagnostics.reference_clip", low=0, low_open=True, null=True, default=None)
     choice(cfg, "train.distributed", DISTRIBUTED, default="auto")
+    _validate_device(cfg)
+    integer(cfg, "train.side_info.public_examples", default=1000)
+    integer(cfg, "train.side_info.batch_size", default=256)
+    for flag in ("force", "resume", "eval_at_start"):
+        boolean(cfg, f"train.{flag}")
+
+
+def _validate_device(cfg: Mapping) -> None:
+    """``train.device``: auto, cpu, cuda or cuda:<index>, a CUDA one only where CUDA is available."""
     device = _get(cfg, "train.device", "auto")
     if not isinstance(device, str) or not (device in ("auto", "cpu") or device.startswith("cuda")):
         raise ConfigError(f"train.device={device!r}; valid: auto, cpu, cuda, cuda:<index>")
@@ -247,10 +294,9 @@ def validate(cfg: Mapping, *, custom_task: bool = False) -> None:
         from dp_adam_bench.engine.trainer import resolve_device
 
         resolve_device(device)  # ConfigError when no CUDA device is available
-    integer(cfg, "train.side_info.public_examples", default=1000)
-    integer(cfg, "train.side_info.batch_size", default=256)
-    for flag in ("force", "resume", "eval_at_start"):
-        boolean(cfg, f"train.{flag}")
+
+
+def _validate_logger(cfg: Mapping) -> None:
     mode = _get(cfg, "logger.wandb.mode", None)
     if mode not in WANDB_MODES:
         raise ConfigError(

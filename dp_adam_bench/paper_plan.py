@@ -82,89 +82,113 @@ def model_shape(data: dict) -> ModelShape:
     import torch
 
     task = data["task"]
-    name = task["name"]
-    if name == "cifar10_cnn":
-        from dp_adam_bench.tasks.cifar10_cnn import CNN5
-
-        model = CNN5()
-        flops, acts = [0.0], [0.0]
-
-        def hook(m, inp, out):
-            acts[0] += out.numel()
-            if isinstance(m, torch.nn.Conv2d):
-                k = m.kernel_size[0] * m.kernel_size[1] * m.in_channels // m.groups
-                flops[0] += 2.0 * k * out.numel()
-            elif isinstance(m, torch.nn.Linear):
-                flops[0] += 2.0 * m.in_features * m.out_features
-
-        handles = [m.register_forward_hook(hook) for m in model.modules() if not list(m.children())]
-        with torch.no_grad():
-            model(torch.zeros(1, 3, 32, 32))
-        for h in handles:
-            h.remove()
-        n = _count(model)
-        return ModelShape(n, n, cnn_flops=flops[0], cnn_activations=acts[0])
+    if task["name"] == "cifar10_cnn":
+        return _cnn_shape()
     with torch.device("meta"):
-        if name == "e2e_gpt2":
-            from transformers import GPT2Config, GPT2LMHeadModel
+        if task["name"] == "e2e_gpt2":
+            return _gpt2_shape()
+        return _bert_shape(task)
 
-            from dp_adam_bench.tasks.e2e_gpt2 import untie_lm_head
 
-            cfg = GPT2Config(tie_word_embeddings=False)  # gpt2 (124M): 12 layers, width 768, 12 heads
-            lm = GPT2LMHeadModel(cfg)
-            untie_lm_head(lm)
-            emb = cfg.vocab_size * cfg.n_embd + cfg.n_positions * cfg.n_embd
-            return ModelShape(
-                _count(lm),
-                _count(lm, True),
-                emb,
-                cfg.n_layer,
-                cfg.n_embd,
-                cfg.n_head,
-                cfg.vocab_size,
-                PADDED_TOKENS[name],
-                cfg.n_layer,
-            )
-        from transformers import BertConfig
+def _cnn_shape() -> ModelShape:
+    """The CNN's parameters, and its forward FLOPs and activation floats per example, counted by hooks on one
+    forward pass of a 32 x 32 image (Conv2d: 2 x kernel MACs per output; Linear: 2 x in x out)."""
+    import torch
 
-        from dp_adam_bench.tasks import text
+    from dp_adam_bench.tasks.cifar10_cnn import CNN5
 
-        if name == "snli_bert":
-            from transformers import BertForSequenceClassification
+    model = CNN5()
+    flops, acts = [0.0], [0.0]
 
-            from dp_adam_bench.tasks.snli_bert import SnliBert
+    def hook(m, inp, out):
+        acts[0] += out.numel()
+        if isinstance(m, torch.nn.Conv2d):
+            k = m.kernel_size[0] * m.kernel_size[1] * m.in_channels // m.groups
+            flops[0] += 2.0 * k * out.numel()
+        elif isinstance(m, torch.nn.Linear):
+            flops[0] += 2.0 * m.in_features * m.out_features
 
-            cfg = BertConfig(
-                vocab_size=28996, num_labels=3
-            )  # bert-base-cased: 12 layers, width 768, 12 heads
-            model = BertForSequenceClassification(cfg)
-            if task.get("freeze_pretrained", True):
-                for p in model.parameters():
-                    p.requires_grad_(False)
-                for m in SnliBert.head_modules(model):
-                    for p in m.parameters():
-                        p.requires_grad_(True)
-            trained = 1 if task.get("freeze_pretrained", True) else cfg.num_hidden_layers
-            tokens = PADDED_TOKENS[name] if task.get("pad_to") == "longest" else int(task["max_length"])
-        else:  # arxiv_mlm
-            from transformers import BertForMaskedLM
+    handles = [m.register_forward_hook(hook) for m in model.modules() if not list(m.children())]
+    with torch.no_grad():
+        model(torch.zeros(1, 3, 32, 32))
+    for h in handles:
+        h.remove()
+    n = _count(model)
+    return ModelShape(n, n, cnn_flops=flops[0], cnn_activations=acts[0])
 
-            cfg = arxiv_mlm_config(task)
-            model = BertForMaskedLM(cfg)
-            trained, tokens = cfg.num_hidden_layers, int(task["max_length"])
-        text.prepare_bert_for_dp(model, untie=bool(task.get("untie_embeddings", True)))
-        emb = (cfg.vocab_size + cfg.max_position_embeddings + cfg.type_vocab_size) * cfg.hidden_size
-        return ModelShape(
-            _count(model),
-            _count(model, True),
-            emb,
-            cfg.num_hidden_layers,
-            cfg.hidden_size,
-            cfg.num_attention_heads,
-            cfg.vocab_size,
-            tokens,
-            trained,
-        )
+
+def _gpt2_shape() -> ModelShape:
+    """GPT-2 (124M: 12 layers, width 768, 12 heads) with its output layer untied, as e2e_gpt2 trains it."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from dp_adam_bench.tasks.e2e_gpt2 import untie_lm_head
+
+    cfg = GPT2Config(tie_word_embeddings=False)
+    lm = GPT2LMHeadModel(cfg)
+    untie_lm_head(lm)
+    emb = cfg.vocab_size * cfg.n_embd + cfg.n_positions * cfg.n_embd
+    return ModelShape(
+        _count(lm),
+        _count(lm, True),
+        emb,
+        cfg.n_layer,
+        cfg.n_embd,
+        cfg.n_head,
+        cfg.vocab_size,
+        PADDED_TOKENS["e2e_gpt2"],
+        cfg.n_layer,
+    )
+
+
+def _bert_shape(task: dict) -> ModelShape:
+    """The BERT of snli_bert or arxiv_mlm, prepared for DP as the task prepares it."""
+    from dp_adam_bench.tasks import text
+
+    if task["name"] == "snli_bert":
+        model, cfg, trained, tokens = _snli_model(task)
+    else:  # arxiv_mlm
+        model, cfg, trained, tokens = _arxiv_mlm_model(task)
+    text.prepare_bert_for_dp(model, untie=bool(task.get("untie_embeddings", True)))
+    emb = (cfg.vocab_size + cfg.max_position_embeddings + cfg.type_vocab_size) * cfg.hidden_size
+    return ModelShape(
+        _count(model),
+        _count(model, True),
+        emb,
+        cfg.num_hidden_layers,
+        cfg.hidden_size,
+        cfg.num_attention_heads,
+        cfg.vocab_size,
+        tokens,
+        trained,
+    )
+
+
+def _snli_model(task: dict):
+    """(model, config, trained layers, tokens per example) of snli_bert: bert-base-cased (12 layers, width 768,
+    12 heads) with every layer but its head frozen unless ``freeze_pretrained`` is false."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from dp_adam_bench.tasks.snli_bert import SnliBert
+
+    cfg = BertConfig(vocab_size=28996, num_labels=3)
+    model = BertForSequenceClassification(cfg)
+    if task.get("freeze_pretrained", True):
+        for p in model.parameters():
+            p.requires_grad_(False)
+        for m in SnliBert.head_modules(model):
+            for p in m.parameters():
+                p.requires_grad_(True)
+    trained = 1 if task.get("freeze_pretrained", True) else cfg.num_hidden_layers
+    tokens = PADDED_TOKENS["snli_bert"] if task.get("pad_to") == "longest" else int(task["max_length"])
+    return model, cfg, trained, tokens
+
+
+def _arxiv_mlm_model(task: dict):
+    """(model, config, trained layers, tokens per example) of arxiv_mlm: every layer trained."""
+    from transformers import BertForMaskedLM
+
+    cfg = arxiv_mlm_config(task)
+    return BertForMaskedLM(cfg), cfg, cfg.num_hidden_layers, int(task["max_length"])
 
 
 def arxiv_mlm_config(task: dict):

@@ -42,7 +42,7 @@ from torch.nn import functional as F
 
 from dp_adam_bench import progress
 from dp_adam_bench.paths import shared_data_dir
-from dp_adam_bench.tasks import text
+from dp_adam_bench.tasks import fields, text
 from dp_adam_bench.tasks.arxiv_data import (  # noqa: F401 (the data functions are part of this task's API)
     DATA_FILE,
     FOLDER,
@@ -121,18 +121,34 @@ class ArxivMLM(ModelTask):
         del trials, seed
         self.profile = task_profile(cfg)
         self.pretrain_summary: dict | None = None
+        self.model_name, self.pretrained = self._choose_model(cfg)
+        self.max_length = fields.max_length(cfg)
+        self.pad_to = fields.pad_to(cfg, "max_length")
+        self._read_masking(cfg)
+        self.eval_batch_size = fields.positive(cfg, "eval_batch_size", 256)
+        self.dropout = cfg.get("dropout")
+        self.untie = bool(cfg.get("untie_embeddings", True))
+        eval_split = fields.eval_split(cfg, ("test", "val"))
+        keys, texts = self._split_abstracts(cfg, eval_split)
+        self._load_tokenizer()
+        self.train_ids = self._tokenize([texts[i] for i in self.train_rows])
+        self.test_ids = self._tokenize([texts[i] for i in self.test_rows])
+        self.val_ids = None if self.val_rows is None else self._tokenize([texts[i] for i in self.val_rows])
+        self.data_note = self._data_note(len(keys))
+        log.info("arxiv_mlm: %s; %s", self.data_source, self.data_note)
+
+    def _choose_model(self, cfg) -> tuple[str, bool]:
+        """(model folder or hub name, pretrained): ``task.pretrain``'s build, else ``task.model`` (null: the
+        profile's) with ``task.pretrained`` (null: the paper profile's only)."""
         if cfg.get("pretrain"):
-            self.model_name, self.pretrained = self._from_pretrain_preset(cfg)
-        else:
-            self.model_name = str(cfg.get("model") or default_model(self.profile))
-            pretrained = cfg.get("pretrained")
-            self.pretrained = (self.profile == "paper") if pretrained is None else bool(pretrained)
-        self.max_length = int(cfg.get("max_length", 128))
-        if self.max_length < 8:
-            raise ValueError(f"task.max_length must be >= 8, got {self.max_length}")
-        self.pad_to = str(cfg.get("pad_to", "max_length"))
-        if self.pad_to not in ("max_length", "longest"):
-            raise ValueError(f"task.pad_to must be max_length or longest, got {self.pad_to!r}")
+            return self._from_pretrain_preset(cfg)
+        pretrained = cfg.get("pretrained")
+        model_name = str(cfg.get("model") or default_model(self.profile))
+        return model_name, (self.profile == "paper") if pretrained is None else bool(pretrained)
+
+    def _read_masking(self, cfg) -> None:
+        """BERT's masking fields (module docstring): the share of tokens chosen, how they are replaced, at most how
+        many per example, and the seed of every example's fixed corruption."""
         self.mask_prob = float(cfg.get("mask_prob", 0.15))
         self.mask_token_frac = float(cfg.get("mask_token_frac", 0.8))
         self.random_token_frac = float(cfg.get("random_token_frac", 0.1))
@@ -151,15 +167,10 @@ class ArxivMLM(ModelTask):
         if self.max_predictions < 1:
             raise ValueError(f"task.max_predictions must be >= 1, got {self.max_predictions}")
         self.mask_seed = int(cfg.get("mask_seed", 0))
-        self.eval_batch_size = int(cfg.get("eval_batch_size", 256))
-        if self.eval_batch_size < 1:
-            raise ValueError(f"task.eval_batch_size must be >= 1, got {self.eval_batch_size}")
-        self.dropout = cfg.get("dropout")
-        self.untie = bool(cfg.get("untie_embeddings", True))
-        eval_split = str(cfg.get("eval_split") or "test")
-        if eval_split not in ("test", "val"):
-            raise ValueError(f"task.eval_split must be test or val, got {eval_split!r}")
 
+    def _split_abstracts(self, cfg, eval_split: str) -> tuple[list[str], list[str]]:
+        """The abstracts' keys and texts; the rows of the data file each split trains or scores on (the hash split,
+        then ``train_subset``, ``test_subset`` and ``val_subset`` in that order from ``data_seed``)."""
         # null source: cpu reads the local file (then the hub); paper wants the full corpus from the hub
         source = str(cfg.get("source") or ("hf" if self.profile == "paper" else "auto"))
         keys, texts, self.data_source = load_abstracts(
@@ -193,7 +204,11 @@ class ArxivMLM(ModelTask):
             va_rows = np.flatnonzero(split == SPLIT_CODES["val"])
             va = subset_indices(len(va_rows), cfg.get("val_subset"), rng, "val_subset")
             self.val_rows = va_rows if va is None else va_rows[va]
+        return keys, texts
 
+    def _load_tokenizer(self) -> None:
+        """The model's tokenizer, its [MASK] and [PAD] ids, the ids never chosen for masking and the ids a chosen
+        token may be replaced by."""
         self.tokenizer = text.load_tokenizer(self.model_name, hint=MODEL_HINT)
         tok = self.tokenizer
         for what in ("mask_token_id", "pad_token_id"):
@@ -205,14 +220,13 @@ class ArxivMLM(ModelTask):
         self.special_ids = np.asarray(sorted(special - {tok.unk_token_id}), dtype=np.int64)
         # random replacements: any non-special token
         self.random_ids = np.setdiff1d(np.arange(len(tok), dtype=np.int64), np.asarray(sorted(special)))
-        self.train_ids = self._tokenize([texts[i] for i in self.train_rows])
-        self.test_ids = self._tokenize([texts[i] for i in self.test_rows])
-        self.val_ids = None if self.val_rows is None else self._tokenize([texts[i] for i in self.val_rows])
 
+    def _data_note(self, n_abstracts: int) -> str:
+        """What differs from Ganesh et al.'s setting (the data, the starting point, truncation), for the summary."""
         notes = []
         if self.data_source.startswith("local:"):
             notes.append(
-                f"{len(keys):,} arXiv abstracts ({self.split_sizes['train']:,} / {self.split_sizes['val']:,} / "
+                f"{n_abstracts:,} arXiv abstracts ({self.split_sizes['train']:,} / {self.split_sizes['val']:,} / "
                 f"{self.split_sizes['test']:,} train / val / test by hash; Ganesh et al.: ≈ 1.7M / 0.1M / 0.1M)"
             )
         if self.pretrain_summary is not None:
@@ -234,8 +248,7 @@ class ArxivMLM(ModelTask):
             )
         if self.max_length != 512:
             notes.append(f"abstracts truncated to {self.max_length} tokens (paper: 512)")
-        self.data_note = "; ".join(notes) if notes else "as in the paper"
-        log.info("arxiv_mlm: %s; %s", self.data_source, self.data_note)
+        return "; ".join(notes) if notes else "as in the paper"
 
     def _from_pretrain_preset(self, cfg) -> tuple[str, bool]:
         """(model folder, True) for ``task.pretrain``: a ``bert_mlm_head`` preset's encoder with its fitted MLM head,

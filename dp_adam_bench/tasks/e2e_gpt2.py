@@ -78,15 +78,9 @@ from torch.nn import functional as F
 
 from dp_adam_bench import progress
 from dp_adam_bench.paths import shared_data_dir
-from dp_adam_bench.tasks import compact_vocab, e2e_metrics, text
-from dp_adam_bench.tasks.base import (
-    ModelTask,
-    data_folders,
-    missing_data,
-    subset_indices,
-    task_profile,
-    try_hub,
-)
+from dp_adam_bench.tasks import compact_vocab, e2e_metrics, fields, text
+from dp_adam_bench.tasks.base import ModelTask, data_folders, missing_data, subset_indices, task_profile
+from dp_adam_bench.tasks.local_or_hub import local_or_hub
 from dp_adam_bench.tasks.text import TOKENIZER_HINT, load_gpt2_tokenizer  # noqa: F401 (part of this API)
 
 log = logging.getLogger(__name__)
@@ -152,17 +146,17 @@ def load_e2e_split(
     if source not in SOURCES:
         raise ValueError(f"unknown E2E source {source!r}; valid: {', '.join(SOURCES)}")
     names = [f"{FILES[split]}.csv.gz", f"{FILES[split]}.csv"]
-    tried = []
-    if source in ("auto", "local"):
-        for folder in data_folders(data_dir, FOLDER):
-            for name in names:
-                if (folder / name).is_file():
-                    return (*read_e2e_csv(folder / name), f"local:{folder / name}")
-            tried.append(f"{folder}: none of {', '.join(names)}")
-    if source in ("auto", "hf"):
-        data = try_hub(source, hf_name, lambda: load_e2e_hf(split, hf_name), tried)
-        if data is not None:
-            return (*data, f"hf:{hf_name}[{HF_SPLITS[split]}]")
+    data, origin, tried = local_or_hub(
+        names,
+        data_folders(data_dir, FOLDER),
+        read_e2e_csv,
+        source,
+        hf_name,
+        lambda: load_e2e_hf(split, hf_name),
+        f"hf:{hf_name}[{HF_SPLITS[split]}]",
+    )
+    if data is not None:
+        return (*data, origin)
     raise missing_data(
         f"E2E {split!r} split",
         source,
@@ -288,6 +282,19 @@ class E2EGpt2(ModelTask):
     def __init__(self, cfg, *, trials: int, seed: int):
         del trials, seed
         self.profile = task_profile(cfg)
+        self._choose_model(cfg)
+        self._read_options(cfg)
+        eval_split = fields.eval_split(cfg, ("test", "dev"))
+        tr_mrs, tr_refs, subsets = self._load_pairs(cfg, eval_split)
+        self._load_tokenizer(cfg)
+        self._tokenize_pairs(tr_mrs, tr_refs)
+        self.last_generations: list[dict] = []
+        self.data_note = self._data_note(eval_split, *subsets)
+        log.info("e2e_gpt2: train %s, test %s; %s", self.train_source, self.test_source, self.data_note)
+
+    def _choose_model(self, cfg) -> None:
+        """``model_name`` and ``pretrained`` (the module docstring's profiles), the architecture of a GPT-2 built
+        from scratch, and ``task.pretrain``'s preset when there is one."""
         model = cfg.get("model")
         pretrained = cfg.get("pretrained")
         self.pretrain_preset = cfg.get("pretrain")
@@ -303,34 +310,32 @@ class E2EGpt2(ModelTask):
                 "task.pretrained=true needs task.model (a GPT-2 folder with weights or a hub name such as gpt2) or "
                 "task.pretrain (a configs/pretrain preset); no pretrained GPT-2 exists offline"
             )
+
+    def _read_options(self, cfg) -> None:
+        """The model's, the batches' and the decoding's fields (the class docstring lists them)."""
         self.dropout = cfg.get("dropout")
         if self.dropout is not None and not 0 <= float(self.dropout) < 1:
             raise ValueError(f"task.dropout must be in [0, 1) or null, got {self.dropout}")
         self.attn_implementation = str(cfg.get("attn_implementation") or "sdpa")
         self.swap_conv1d = bool(cfg.get("swap_conv1d", True))
-        self.max_length = int(cfg.get("max_length", 128))
-        if self.max_length < 8:
-            raise ValueError(f"task.max_length must be >= 8, got {self.max_length}")
-        self.pad_to = str(cfg.get("pad_to", "longest"))
-        if self.pad_to not in ("max_length", "longest"):
-            raise ValueError(f"task.pad_to must be max_length or longest, got {self.pad_to!r}")
-        self.eval_batch_size = _positive(cfg, "eval_batch_size", 64)
+        self.max_length = fields.max_length(cfg)
+        self.pad_to = fields.pad_to(cfg, "longest")
+        self.eval_batch_size = fields.positive(cfg, "eval_batch_size", 64)
         gs = cfg.get("generate_subset", 100)
         self.generate_subset = None if gs is None else int(gs)
         if self.generate_subset is not None and self.generate_subset < 0:
             raise ValueError(f"task.generate_subset must be >= 0 or null (all), got {gs}")
         self.generate_every_eval = bool(cfg.get("generate_every_eval", False))
-        self.num_beams = _positive(cfg, "num_beams", 5)
+        self.num_beams = fields.positive(cfg, "num_beams", 5)
         mnt = cfg.get("max_new_tokens")
         self.max_new_tokens = (100 if self.profile == "paper" else 60) if mnt is None else int(mnt)
         if self.max_new_tokens < 1:
             raise ValueError(f"task.max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        self.generate_batch_size = _positive(cfg, "generate_batch_size", 16)
-        eval_split = str(cfg.get("eval_split") or "test")
-        if eval_split not in ("test", "dev"):
-            raise ValueError(f"task.eval_split must be test or dev, got {eval_split!r}")
+        self.generate_batch_size = fields.positive(cfg, "generate_batch_size", 16)
 
-        # --- data --------------------------------------------------------------------------------------------------
+    def _load_pairs(self, cfg, eval_split: str) -> tuple[list[str], list[str], tuple[bool, bool]]:
+        """The training pairs (MRs, references) after ``train_subset``, and whether each split was subsampled; the
+        evaluated MRs with all their references (after ``test_subset``) kept in ``test_mrs`` / ``test_refs``."""
         source = str(cfg.get("source") or "auto")
         hf_name = str(cfg.get("hf_name") or HF_NAME)
         tr_mrs, tr_refs, self.train_source = load_e2e_split("train", source, cfg.get("data_dir"), hf_name)
@@ -346,8 +351,9 @@ class E2EGpt2(ModelTask):
         keep = np.arange(len(groups_mr)) if te is None else te
         self.test_mrs = [groups_mr[g] for g in keep]  # one per evaluated MR
         self.test_refs = [groups_refs[g] for g in keep]  # all its references
+        return tr_mrs, tr_refs, (tr is not None, te is not None)
 
-        # --- tokens ------------------------------------------------------------------------------------------------
+    def _load_tokenizer(self, cfg) -> None:
         if self.pretrain_preset and not self.pretrained and not cfg.get("tokenizer"):
             # the control: its build's tokenizer (BPE files + the vocabulary chosen from the public corpus), derived
             # without building the pretrained model
@@ -364,6 +370,10 @@ class E2EGpt2(ModelTask):
             # a folder with compact_vocab.json (a gpt2_clm build with vocab_size) gives GPT-2's BPE over it
             self.tokenizer = compact_vocab.load_tokenizer(self.tokenizer_name)
         self.eos_id = int(self.tokenizer.eos_token_id)
+
+    def _tokenize_pairs(self, tr_mrs: list[str], tr_refs: list[str]) -> None:
+        """Token ids of the training pairs and of every evaluated (MR, reference) pair, checked against
+        ``max_length``; the ids decoding may not produce."""
         self.train_mr_ids, self.train_mr_of_row, self.train_ref_ids = self._encode(tr_mrs, tr_refs)
         # MR + reference tokens of every training pair: the sort key of micro_batch_order, computed once
         self.train_lengths = self.train_mr_ids.lengths()[self.train_mr_of_row] + self.train_ref_ids.lengths()
@@ -381,8 +391,9 @@ class E2EGpt2(ModelTask):
         self.bad_words_ids = sorted(
             [i] for t, i in vocab.items() if "\n" in self.tokenizer.convert_tokens_to_string([t])
         )
-        self.last_generations: list[dict] = []
 
+    def _data_note(self, eval_split: str, train_subset: bool, test_subset: bool) -> str:
+        """What differs from Li et al.'s setting (the model, the subsets, truncation, the text), for the summary."""
         notes = []
         if self.pretrain_preset:
             notes.append(self._pretrain_note())
@@ -395,10 +406,12 @@ class E2EGpt2(ModelTask):
                 if self.model_name is None
                 else f"{self.model_name} RANDOMLY INITIALISED (task.pretrained=false): compare orderings, not BLEU"
             )
-        if tr is not None:
-            notes.append(f"{len(tr_mrs):,} of the {self.full_sizes['train']:,} training pairs")
-        if te is not None or eval_split != "test":
-            notes.append(f"{len(self.test_mrs)} of the {len(groups_mr)} {eval_split} MRs")
+        if train_subset:
+            notes.append(f"{self.dataset_size:,} of the {self.full_sizes['train']:,} training pairs")
+        if test_subset or eval_split != "test":
+            notes.append(
+                f"{len(self.test_mrs)} of the {self.full_sizes[f'{eval_split}_mrs']} {eval_split} MRs"
+            )
         n_gen = self.n_generate
         if n_gen < len(self.test_mrs):
             notes.append(
@@ -412,8 +425,7 @@ class E2EGpt2(ModelTask):
         notes.append(
             "original E2E CSV text (Li et al.: the prefix-tuning re-formatted MRs and tokenised references)"
         )
-        self.data_note = "; ".join(notes)
-        log.info("e2e_gpt2: train %s, test %s; %s", self.train_source, self.test_source, self.data_note)
+        return "; ".join(notes)
 
     def _from_pretrain_preset(self, cfg, pretrained) -> tuple[str | None, bool]:
         """(model folder or None, pretrained) for ``task.pretrain``: the preset's architecture always (so the
@@ -699,10 +711,3 @@ class E2EGpt2(ModelTask):
                 for mr, h, r in zip(self.test_mrs, hyps, refs, strict=False)
             ]
         return metrics
-
-
-def _positive(cfg, key: str, default: int) -> int:
-    v = int(cfg.get(key, default))
-    if v < 1:
-        raise ValueError(f"task.{key} must be >= 1, got {v}")
-    return v

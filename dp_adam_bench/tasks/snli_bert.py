@@ -51,7 +51,7 @@ from torch.nn import functional as F
 
 from dp_adam_bench import progress
 from dp_adam_bench.paths import cache_dir, shared_data_dir
-from dp_adam_bench.tasks import frozen_prefix, text
+from dp_adam_bench.tasks import fields, frozen_prefix, text
 from dp_adam_bench.tasks.base import (
     ModelTask,
     count_field,
@@ -59,8 +59,8 @@ from dp_adam_bench.tasks.base import (
     missing_data,
     subset_indices,
     task_profile,
-    try_hub,
 )
+from dp_adam_bench.tasks.local_or_hub import local_or_hub
 
 log = logging.getLogger(__name__)
 
@@ -160,17 +160,17 @@ def load_snli_split(
         raise ValueError(f"unknown SNLI split {split!r}; valid: {', '.join(SPLITS)}")
     if source not in SOURCES:
         raise ValueError(f"unknown SNLI source {source!r}; valid: {', '.join(SOURCES)}")
-    tried = []
-    if source in ("auto", "local"):
-        for folder in data_folders(data_dir, FOLDER):
-            for name in split_files(split):
-                if (folder / name).is_file():
-                    return read_snli_file(folder / name), f"local:{folder / name}"
-            tried.append(f"{folder}: none of {', '.join(split_files(split))}")
-    if source in ("auto", "hf"):
-        data = try_hub(source, hf_name, lambda: load_snli_hf(split, hf_name), tried)
-        if data is not None:
-            return data, f"hf:{hf_name}[{HF_SPLITS[split]}]"
+    data, origin, tried = local_or_hub(
+        split_files(split),
+        data_folders(data_dir, FOLDER),
+        read_snli_file,
+        source,
+        hf_name,
+        lambda: load_snli_hf(split, hf_name),
+        f"hf:{hf_name}[{HF_SPLITS[split]}]",
+    )
+    if data is not None:
+        return data, origin
     raise missing_data(
         f"SNLI {split!r} split",
         source,
@@ -232,15 +232,9 @@ class SnliBert(ModelTask):
         self.profile = task_profile(cfg)
         self.model_name = str(cfg.get("model") or default_model(self.profile))
         self.pretrained = bool(cfg.get("pretrained", True))
-        self.max_length = int(cfg.get("max_length", 128))
-        if self.max_length < 8:
-            raise ValueError(f"task.max_length must be >= 8, got {self.max_length}")
-        self.pad_to = str(cfg.get("pad_to", "max_length"))
-        if self.pad_to not in ("max_length", "longest"):
-            raise ValueError(f"task.pad_to must be max_length or longest, got {self.pad_to!r}")
-        self.eval_batch_size = int(cfg.get("eval_batch_size", 256))
-        if self.eval_batch_size < 1:
-            raise ValueError(f"task.eval_batch_size must be >= 1, got {self.eval_batch_size}")
+        self.max_length = fields.max_length(cfg)
+        self.pad_to = fields.pad_to(cfg, "max_length")
+        self.eval_batch_size = fields.positive(cfg, "eval_batch_size", 256)
         self.reinit_last_layer = bool(cfg.get("reinit_last_layer", True))
         std = cfg.get("reinit_std", 1.0)
         self.reinit_std = None if std is None else float(std)
