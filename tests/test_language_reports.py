@@ -127,33 +127,78 @@ def test_ganesh_fig3_cells_selection_and_claims(g3_store):
     assert "[ours] DP-BandMF beats DP-SGD at the same epsilon for every DP variant: **holds**" in md
     assert "[paper] DP-SGD, sigma at BandMF's epsilon: IME is worse than post-processing: **holds**" in md
     assert "Incomplete runs left out: stp-crashed" in md
-    # margins in standard errors over the seeds, and the seed-noise section with one line per compared pair
-    assert "standard errors over 2 / 2 seeds" in md
+    # each ordering with Welch's t over the seeds (scipy's, the oracle), and the seed-noise section with one line
+    # per compared pair: post-processing 7.3 / 7.31 vs IME 7.4 / 7.41 in the first column
+    ime = stats.ttest_ind([7.4, 7.41], [7.3, 7.31], equal_var=False)
+    assert (
+        "[ours] DP-SGD, sigma at BandMF's RMSE: IME is worse than post-processing: **holds** (post-processing vs "
+        f"ime: 7.305 vs 7.405, margin +0.100; t = {ime.statistic:+.2f} (Welch, df {ime.df:.1f}), "
+        f"p = {ime.pvalue:.2g} over 2 / 2 seeds)"
+    ) in md
     assert "## Seed noise: the comparisons of the claims" in md
+    assert (
+        "| postprocessing @ dpsgd_sigma0.134 | ime @ dpsgd_sigma0.134 | +0.1000 | 0.0071 | "
+        f"{ime.statistic:.4f} | {ime.df:.4f} | {ime.pvalue:.4f} | yes |  |"
+    ) in md
     assert "| stp @ bandmf_sigma1_b128 | postprocessing @ bandmf_sigma1_b128 |" in md
+    # one seed a cell (the non-private rows here): no test, and the claim says so
+    assert (
+        "non-private Adam beats non-private SGD: **holds** (7.000 vs 7.450, margin +0.450; no test: 1 / 1 "
+        in md
+    )
+    assert "| nonprivate_adam @ dpsgd_sigma0.134 | nonprivate_sgd @ dpsgd_sigma0.134 | +0.4500 |" in md
 
 
-def test_ganesh_fig3_standard_error_and_seed_count_against_simulation():
-    """The SE of a difference of seed means, and the seeds at which a difference is 2 SE, against a simulation
-    of seeds drawn with a known spread."""
-    a, b = ("adam", "c"), ("bc", "c")
+def _seed_rows(cells: dict) -> dict:
+    """The seed section ganesh_fig3 writes for a table of these cells ({(row, column): (mean, sample std, n)}),
+    as {(first, second): its row}."""
+    from dp_adam_bench.report.restate_md import read_markdown_table
+
+    frame = pd.DataFrame(
+        [
+            {"row": r, "column": c, "paper": None, "ours": m, "ours_sample_std": sd, "n": n, "chosen": ""}
+            for (r, c), (m, sd, n) in cells.items()
+        ]
+    )
+    table = read_markdown_table(ganesh_fig3.seed_section(frame).split("\n\n", 1)[1])
+    return {
+        (f, s): row
+        for f, s, row in zip(table["first"], table["second"], table.to_dict("records"), strict=True)
+    }
+
+
+def test_ganesh_fig3_seed_section_against_simulation_and_scipy():
+    """The seed section's SE of a difference of seed means against a simulation of seeds drawn with a known
+    spread; its test against scipy's Welch t; the seeds a cell that would decide it against a search with scipy."""
+    col = ganesh_fig3.COLUMNS[0]
+    a, b = ("postprocessing", col), ("ime", col)
     rng = np.random.default_rng(0)
     n, sd, d = 4, 0.05, 0.03
     sims = []
     for _ in range(20_000):
         xa, xb = rng.normal(0.0, sd, n), rng.normal(d, sd, n)
         sims.append(xb.mean() - xa.mean())
-    std = {a: sd * np.sqrt((n - 1) / n), b: sd * np.sqrt((n - 1) / n)}  # population stds of that spread
-    se = ganesh_fig3.standard_error(std, {a: n, b: n}, a, b)
-    assert se == pytest.approx(np.std(sims), rel=0.03)
-    need = ganesh_fig3.seeds_to_separate(std, {a: n, b: n}, a, b, d)
-    assert need == int(np.ceil(8 * sd**2 / d**2))  # 23: at that n, 2 SE = sqrt(2 sd^2 / n) * 2 <= d
-    assert 2 * sd * np.sqrt(2 / need) <= d < 2 * sd * np.sqrt(2 / (need - 1))
-    assert ganesh_fig3.standard_error(std, {a: 1, b: n}, a, b) is None  # one seed: no spread to use
-    assert ganesh_fig3.seeds_to_separate(std, {a: n, b: n}, a, b, 0.0) is None
-    # a diverged run's NaN loss: no count (math.ceil(nan) used to raise, taking the whole report down)
-    assert ganesh_fig3.seeds_to_separate(std, {a: n, b: n}, a, b, float("nan")) is None
-    assert ganesh_fig3.seeds_to_separate({a: float("nan"), b: sd}, {a: n, b: n}, a, b, d) is None
+    row = _seed_rows({a: (5.0, sd, n), b: (5.0 + d, sd, n)})[(f"{a[0]} @ {col}", f"{b[0]} @ {col}")]
+    assert row["se"] == pytest.approx(np.std(sims), rel=0.03)
+    welch = stats.ttest_ind_from_stats(5.0 + d, sd, n, 5.0, sd, n, equal_var=False)
+    # equal spreads and seeds: the Welch-Satterthwaite df is 2 (n - 1)
+    assert (row["t"], row["df"], row["p"]) == pytest.approx(
+        (welch.statistic, 2 * (n - 1), welch.pvalue), abs=5e-5
+    )
+    need = next(
+        m for m in range(n + 1, 1000) if stats.ttest_ind_from_stats(d, sd, m, 0, sd, m, False).pvalue < 0.05
+    )
+    assert row["decided (p < 0.05)"] == "no" and row["seeds to decide"] == need > n  # never the count run
+    one = _seed_rows({a: (5.0, None, 1), b: (5.0 + d, sd, n)})[(f"{a[0]} @ {col}", f"{b[0]} @ {col}")]
+    assert one["decided (p < 0.05)"] == "no test: fewer than 2 seeds a cell" and pd.isna(
+        one["seeds to decide"]
+    )
+    # a diverged run's loss: no test and no count (math.ceil(nan) used to raise, taking the whole report down)
+    inf = _seed_rows({a: (5.0, sd, n), b: (float("inf"), sd, n)})[(f"{a[0]} @ {col}", f"{b[0]} @ {col}")]
+    assert inf["decided (p < 0.05)"] == "no test: a value not finite" and pd.isna(inf["seeds to decide"])
+    assert _seed_rows({a: (5.0, float("nan"), n), b: (5.0 + d, sd, n)})[
+        (f"{a[0]} @ {col}", f"{b[0]} @ {col}")
+    ]["decided (p < 0.05)"].startswith("no test")
 
 
 def test_pilots_report_chooses_per_group_and_checks_the_grid_edges(isolated_dirs):
@@ -399,8 +444,9 @@ def test_tang_table1_and_fig2(isolated_dirs):
     )
 
 
-def test_tang_fig3_sorts_runs_into_ablations(isolated_dirs):
-    root, exp = isolated_dirs / "runs", "tang_fig3_snli_cpu"
+def tang_fig3_store(root):
+    """One seed a point of every ablation of tang_fig3_snli (cpu), as its committed table has."""
+    exp = "tang_fig3_snli_cpu"
     acc = {None: 50.0, 1e-7: 45.0, 1e-9: 48.0}
     for phi, a in acc.items():
         write_run(root, exp, f"phi-{phi}", snli_cfg("adambc", 0, phi=phi), {"metrics": {"test_accuracy": a}})
@@ -412,6 +458,10 @@ def test_tang_fig3_sorts_runs_into_ablations(isolated_dirs):
         write_run(
             root, exp, f"b-{b2}", snli_cfg("adam", 0, beta1=b1, beta2=b2), {"metrics": {"test_accuracy": a}}
         )
+
+
+def test_tang_fig3_sorts_runs_into_ablations(isolated_dirs):
+    tang_fig3_store(isolated_dirs / "runs")
     tang_fig3.build(ReportContext(), "snli")
     df = pd.read_csv(isolated_dirs / "results" / "tang_fig3_snli.csv")
     assert set(df.ablation) == {"phi", "gamma_bc", "gamma_biased", "beta"}
@@ -426,8 +476,23 @@ def test_tang_fig3_sorts_runs_into_ablations(isolated_dirs):
         "spread over the gamma' grid > spread over the gamma grid: **holds** (5.00 (45.00-50.00) vs 1.00"
         in md
     )
-    assert "DP-AdamBC (true Phi) > DP-Adam-Biased at the best of its gamma: **holds** (50.00 vs 43.00)" in md
-    assert "DP-AdamBC (true Phi) > DP-Adam-Biased at the best of its betas: **holds** (50.00 vs 44.00)" in md
+    # one seed a point: no Welch test, so every ordering is flagged in the Gap's own words
+    no_test = "no test: 1 / 1 seeds; WITHIN SEED NOISE (no test: fewer than 2 seeds a cell))"
+    assert (
+        "DP-AdamBC (true Phi) > DP-Adam-Biased at the best of its gamma: **holds** (50.00 vs 43.00, margin +7.00; "
+        + no_test
+    ) in md
+    assert (
+        "DP-AdamBC (true Phi) > DP-Adam-Biased at the best of its betas: **holds** (50.00 vs 44.00, margin +6.00; "
+        + no_test
+    ) in md
+    assert (
+        "(beta2 0.9: 40.00, beta2 0.99: 44.00, beta2 0.999: 42.00; 44.00 vs 42.00, margin +2.00; " + no_test
+    ) in md
+    assert ("vs 1.00 (42.00-43.00); " + no_test) in md
+    assert md.count("WITHIN SEED NOISE") == 6 and "**not checked**" not in md
+    # one seed has no spread: the sample std is empty, not 0
+    assert df["test_accuracy_sample_std"].isna().all() and "std" not in df.columns
 
 
 def test_tang_fig3_names_its_profile_and_seeds_per_point(isolated_dirs):
@@ -441,14 +506,64 @@ def test_tang_fig3_names_its_profile_and_seeds_per_point(isolated_dirs):
     write_run(root, exp, "gb-6", snli_cfg("adam", 0, eps=1e-6), {"metrics": {"test_accuracy": 43.0}})
     tang_fig3.build(ReportContext(profile="paper", out=isolated_dirs / "results" / "paper"), "snli")
     md = (isolated_dirs / "results" / "paper" / "tang_fig3_snli.md").read_text()
+    assert "- 1-2 seeds per point on the paper profile: one seed gives a point no spread" in md
     assert (
-        "- 1-2 seeds per point on the paper profile: a claim whose two sides differ by less than 2 points"
-        in md
-    )
+        "accuracy(true Phi) > accuracy(Phi' > Phi): **holds** (50.00 vs 45.00, margin +5.00; no test: 2 / 1 seeds; "
+        "WITHIN SEED NOISE (no test: fewer than 2 seeds a cell))"
+    ) in md
     assert "see results/paper/tang_fig1_snli.md." in md and "cpu profile" not in md
     assert (
         tang_fig3._seeds_per_point([1, 1]) == "One seed" and tang_fig3._seeds_per_point([3, 3]) == "3 seeds"
     )
+
+
+def test_tang_fig3_judges_its_orderings_by_welchs_t(isolated_dirs):
+    """Three seeds a point: each ordering with Welch's test (scipy's is the oracle), flagged only where the seeds do
+    not decide it; the gap between two grids' spreads is no two-cell comparison, so it is never decided."""
+    root, exp = isolated_dirs / "runs", "tang_fig3_snli_cpu"
+    points = {
+        ("adambc", "phi-true"): ({}, (50.0, 51.0, 52.0)),  # also gamma_bc's point at the paper's gamma'
+        ("adambc", "phi-over"): ({"phi": 1e-7}, (44.0, 45.0, 46.0)),
+        ("adambc", "phi-under"): ({"phi": 1e-9}, (50.0, 51.5, 53.0)),
+        ("adambc", "g-7"): ({"gamma": 1e-7}, (45.0, 46.0, 47.0)),
+        ("adam", "gb-6"): ({"eps": 1e-6}, (43.0, 44.0, 45.0)),
+        ("adam", "gb-8"): ({"eps": 1e-8}, (42.0, 43.0, 44.0)),
+    }
+    for (opt, name), (kw, accs) in points.items():
+        for seed, acc in enumerate(accs):
+            write_run(
+                root, exp, f"{name}-{seed}", snli_cfg(opt, seed, **kw), {"metrics": {"test_accuracy": acc}}
+            )
+    tang_fig3.build(ReportContext(), "snli")
+    df = pd.read_csv(isolated_dirs / "results" / "tang_fig3_snli.csv")
+    # rows by ablation, then x: gamma_bc 1e-9 (the true-Phi runs), 1e-7; gamma_biased 1e-8, 1e-6; phi 1e-9, Phi, 1e-7
+    assert df["test_accuracy_sample_std"].tolist() == pytest.approx([1.0, 1.0, 1.0, 1.0, 1.5, 1.0, 1.0])
+    md = (isolated_dirs / "results" / "tang_fig3_snli.md").read_text()
+    lines = {ln.split(": **")[0]: ln for ln in md.splitlines() if ln.startswith("- ") and ": **" in ln}
+    over = stats.ttest_ind([50.0, 51.0, 52.0], [44.0, 45.0, 46.0], equal_var=False)
+    assert over.pvalue < 0.05
+    more = lines["- subtracting more than the true Phi hurts: accuracy(true Phi) > accuracy(Phi' > Phi)"]
+    assert more.endswith(
+        f"**holds** (51.00 vs 45.00, margin +6.00; t = {over.statistic:+.2f} (Welch, df {over.df:.1f}), "
+        f"p = {over.pvalue:.2g} over 3 / 3 seeds)"
+    )
+    under = stats.ttest_ind([50.0, 51.0, 52.0], [50.0, 51.5, 53.0], equal_var=False)
+    under_line = next(v for k, v in lines.items() if "subtracting less" in k)
+    assert (
+        f"**does not hold** (51.00 vs 51.50, margin -0.50; t = {under.statistic:+.2f} (Welch, df {under.df:.1f}), "
+        f"p = {under.pvalue:.2g} over 3 / 3 seeds; WITHIN SEED NOISE (p = {under.pvalue:.2g} >= 0.05"
+    ) in under_line
+    spread = next(v for k, v in lines.items() if "spread over the gamma' grid" in k)
+    assert spread.endswith(
+        "**holds** (5.00 (46.00-51.00) vs 1.00 (43.00-44.00); no test: 3 / 3 seeds; WITHIN SEED NOISE (no test: "
+        "Welch's t compares two cells, not the spreads of two grids))"
+    )
+    best_gamma = stats.ttest_ind([50.0, 51.0, 52.0], [43.0, 44.0, 45.0], equal_var=False)
+    assert (
+        f"at the best of its gamma: **holds** (51.00 vs 44.00, margin +7.00; t = {best_gamma.statistic:+.2f} "
+        f"(Welch, df {best_gamma.df:.1f}), p = {best_gamma.pvalue:.2g} over 3 / 3 seeds)\n"
+    ) in md
+    assert "- 3 seeds per point on the cpu profile" in md and "No ordering above" not in md
 
 
 # ---------------------------------------------------------------------------------------------- li_e2e
@@ -473,28 +588,31 @@ def _li_cfg(noise, target, pretrained):
 
 
 def _li_store(root, bleus: dict):
-    """One run per (pretrained, noise, target) with the given BLEU (ROUGE-L = BLEU + 5)."""
-    for (pretrained, noise, target), bleu in bleus.items():
+    """One run per (pretrained, noise, target) and seed with the given BLEU (one number: seed 0 only; a tuple: one a
+    seed), ROUGE-L = BLEU + 5."""
+    for (pretrained, noise, target), per_seed in bleus.items():
         eps = (
             {"rdp": target, "gdp_clt": 0.9 * target, "prv": 0.95 * target, "pld": 0.95 * target}
             if target
             else {}
         )
-        write_run(
-            root,
-            "li_e2e_cpu",
-            f"{pretrained}-{noise}-{target}",
-            _li_cfg(noise, target, pretrained),
-            {
-                "metrics": {"test_bleu": bleu, "test_rougeL": bleu + 5, "test_loss": 10.0 - bleu / 10},
-                "epsilon": eps,
-                "sigma": 0.5 if target else 0.0,
-                "steps": 30,
-                "data_note": "GPT-2 architecture (...) PRETRAINED NON-PRIVATELY by `dp-adam-bench pretrain gpt2_arxiv`"
-                if pretrained
-                else "GPT-2 architecture (...) of the gpt2_arxiv preset TRAINED FROM SCRATCH",
-            },
-        )
+        for seed, bleu in enumerate(np.atleast_1d(per_seed).tolist()):
+            write_run(
+                root,
+                "li_e2e_cpu",
+                f"{pretrained}-{noise}-{target}" + (f"-{seed}" if seed else ""),
+                _li_cfg(noise, target, pretrained) | {"seed": seed},
+                {
+                    "metrics": {"test_bleu": bleu, "test_rougeL": bleu + 5, "test_loss": 10.0 - bleu / 10},
+                    "epsilon": eps,
+                    "sigma": 0.5 if target else 0.0,
+                    "steps": 30,
+                    "data_note": "GPT-2 architecture (...) PRETRAINED NON-PRIVATELY by `dp-adam-bench pretrain "
+                    "gpt2_arxiv`"
+                    if pretrained
+                    else "GPT-2 architecture (...) of the gpt2_arxiv preset TRAINED FROM SCRATCH",
+                },
+            )
 
 
 def test_li_e2e_pretrained_and_scratch_rows_and_claims(isolated_dirs):
@@ -515,40 +633,48 @@ def test_li_e2e_pretrained_and_scratch_rows_and_claims(isolated_dirs):
     assert bleu.loc[("pretrained", "eps3"), "paper"] == pytest.approx(61.519)
     assert bleu.loc[("pretrained", "nonprivate"), "ours"] == 50.0
     assert bleu.loc[("scratch", "eps8"), "ours"] == 47.0 and np.isnan(bleu.loc[("scratch", "eps8"), "paper"])
-    assert bleu["ours_std"].isna().all()  # one seed a cell: no spread to show (not 0)
+    assert bleu["ours_sample_std"].isna().all()  # one seed a cell: no spread to show (not 0)
+    assert "ours_std" not in df.columns
     gdp = df[df.quantity.str.contains("CLT")].set_index(["init", "column"])
     assert gdp.loc[("pretrained", "eps8"), "paper"] == pytest.approx(6.77)
     assert gdp.loc[("pretrained", "eps8"), "ours"] == pytest.approx(7.2)
     md = (isolated_dirs / "results" / "li_e2e.md").read_text()
     assert "bleu, pretrained: non-private > eps = 8 > eps = 3: **holds**" in md
     assert "bleu, eps3: under DP the pretrained model beats the same network trained from scratch" in md
+    # one seed a cell: no Welch test, every seed claim flagged in the Gap's own words
+    no_test = "no test: 1 / 1 seeds; WITHIN SEED NOISE (no test: fewer than 2 seeds a cell)"
     assert (
-        "(Li et al.: pretraining is what makes DP fine-tuning work): **holds** (pretrained 40.00, scratch 1.00)"
-        in md
+        "(Li et al.: pretraining is what makes DP fine-tuning work): **holds** (40.00 vs 1.00, margin +39.00; "
+        f"{no_test})" in md
     )
-    assert "(pretrained 45.00, scratch 47.00)" in md and md.count("**does not hold** (pretrained") == 3
+    scratch_wins = "(Li et al.: pretraining is what makes DP fine-tuning work): **does not hold** ("
+    assert f"{scratch_wins}45.00 vs 47.00, margin -2.00; {no_test})" in md and md.count(scratch_wins) == 3
+    no_test_link = "no test: 1 / 1 seeds, WITHIN SEED NOISE (no test: fewer than 2 seeds a cell)"
     assert (
-        "test_loss, pretrained: non-private < eps = 8 < eps = 3: **holds** (5.00 / 5.50 / 6.00; one seed a cell: "
-        "the margins are not tested against seed noise)" in md
+        "test_loss, pretrained: non-private < eps = 8 < eps = 3: **holds** (5.00 / 5.50 / 6.00; eps 8 - eps 3 = "
+        f"-0.50: {no_test_link}; non-private - eps 8 = -0.50: {no_test_link})" in md
     )
     assert (
         "test_loss, eps3: under DP the pretrained model beats" in md
-        and "(pretrained 6.00, scratch 9.90)" in md
+        and f"(6.00 vs 9.90, margin +3.90; {no_test})" in md
     )
     loss = df[df.quantity == "test_loss"].set_index(["init", "column"])
     assert loss.loc[("scratch", "eps3"), "ours"] == pytest.approx(9.9) and np.isnan(loss["paper"]).all()
     # 45 / 50 = 0.90 >= 0.8
     assert (
-        "x the non-private BLEU (our goal for the CPU profile; paper 0.91): **holds** (45.00 / 50.00 = 0.90)"
-        in md
+        "x the non-private BLEU (our goal for the CPU profile; paper 0.91): **holds** (45.00 / 50.00 = 0.90; "
+        f"eps 8 - 0.8 x non-private = +5.00: {no_test_link})" in md
     )
+    # the accountants' claims compare one run's epsilons, not seeds: no test, no flag
+    assert "PRV than under RDP (as in the paper): **holds** (RDP 3.000, GDP-CLT 2.700, PRV 2.850)\n" in md
+    assert "No ordering above can be tested: with one seed a cell there is no spread" in md
     assert "PRETRAINED NON-PRIVATELY" in md
     assert "Adam lr 0.002 constant" in md
 
 
 def test_li_e2e_seed_spread_seed_noise_and_schedule_words(isolated_dirs):
-    """Two seeds a cell: the sample standard deviation (ddof = 1), the ordering's margins in standard errors of the
-    difference (Welch, from the sample variances), and a linear schedule named in the setting."""
+    """Two seeds a cell: the sample standard deviation (ddof = 1), the ordering's margins each with Welch's t-test
+    (scipy's is the oracle) and, where it does not decide, the flag, and a linear schedule named in the setting."""
     runs = isolated_dirs / "runs"
     cells = {
         ("independent", 3.0): (39.0, 41.0),
@@ -567,14 +693,25 @@ def test_li_e2e_seed_spread_seed_noise_and_schedule_words(isolated_dirs):
     li_e2e.build(ReportContext())
     df = pd.read_csv(isolated_dirs / "results" / "li_e2e.csv")
     row = df[(df.quantity == "bleu") & (df.column == "eps8")].iloc[0]
-    assert row.ours == 42.0 and row.n == 2 and row.ours_std == pytest.approx(np.std([40.0, 44.0], ddof=1))
+    assert row.ours == 42.0 and row.n == 2
+    assert row.ours_sample_std == pytest.approx(np.std([40.0, 44.0], ddof=1))
     md = (isolated_dirs / "results" / "li_e2e.md").read_text()
     assert "Adam lr 0.002 decayed linearly to ~0 after 5 warm-up steps" in md
-    # eps 8 - eps 3 = 2, SE = sqrt(2 / 2 + 8 / 2) = sqrt(5); non-private - eps 8 = 19, SE = sqrt(8 / 2 + 2 / 2)
-    se_low, se_high = np.sqrt(5.0), np.sqrt(5.0)
+    # eps 8 - eps 3 = 2 at sample variances 8 and 2: p = 0.49, not decided; non-private - eps 8 = 19: p = 0.03
+    low = stats.ttest_ind([40.0, 44.0], [39.0, 41.0], equal_var=False)
+    high = stats.ttest_ind([60.0, 62.0], [40.0, 44.0], equal_var=False)
+    assert low.pvalue >= 0.05 and high.pvalue < 0.05
+    need = next(
+        n
+        for n in range(3, 10_000)
+        if stats.ttest_ind_from_stats(42, np.sqrt(8), n, 40, np.sqrt(2), n, equal_var=False).pvalue < 0.05
+    )
     assert (
-        f"eps 8 - eps 3 = +2.00, {2 / se_low:+.1f} SE (WITHIN SEED NOISE, < 2 SE); "
-        f"non-private - eps 8 = +19.00, {19 / se_high:+.1f} SE)" in md
+        f"eps 8 - eps 3 = +2.00: t = {low.statistic:+.2f} (Welch, df {low.df:.1f}), p = {low.pvalue:.2g} over "
+        f"2 / 2 seeds, WITHIN SEED NOISE (p = {low.pvalue:.2g} >= 0.05 by Welch's t; ~{need} seeds a cell would "
+        "decide it if the gap and spread seen were the truth); "
+        f"non-private - eps 8 = +19.00: t = {high.statistic:+.2f} (Welch, df {high.df:.1f}), "
+        f"p = {high.pvalue:.2g} over 2 / 2 seeds)" in md
     )
 
 
@@ -585,7 +722,10 @@ def test_li_e2e_goal_ratio_fails_below_0_8(isolated_dirs):
     )
     li_e2e.build(ReportContext())
     md = (isolated_dirs / "results" / "li_e2e.md").read_text()
-    assert "**does not hold** (39.00 / 50.00 = 0.78)" in md
+    assert (
+        "**does not hold** (39.00 / 50.00 = 0.78; eps 8 - 0.8 x non-private = -1.00: no test: 1 / 1 seeds, "
+        "WITHIN SEED NOISE (no test: fewer than 2 seeds a cell))" in md
+    )
     assert "scratch" not in pd.read_csv(isolated_dirs / "results" / "li_e2e.csv")["init"].tolist()
 
 
@@ -774,21 +914,46 @@ def test_ganesh_horizon_follows_the_gaps_across_horizons(isolated_dirs):
     # the step-size reading: Phi ratio 2.25 -> BandMF's steps 1 / 1.5 as large; Phi 1e8 x the clean v
     assert "96 steps: Phi 5.4e-07 (BandMF) vs 2.4e-07 (independent), ratio 2.25: BandMF's steps 0.67x" in md
     assert "median clean v 2.4e-15 (1e+08x below Phi)" in md
+    claim = "negative (the paper's sign) beyond seed noise at every horizon from some horizon run on"
     assert (
-        "STP - post-processing, DP-SGD noise at BandMF's sigma: negative (the paper's sign) beyond seed noise "
-        "from 96 steps on: **holds**" in md
+        f"STP - post-processing, DP-SGD noise at BandMF's sigma: {claim}: **holds** (from 96 steps on; " in md
     )
     assert (
-        "BandMF - DP-SGD (same epsilon), post-processing: negative (the paper's sign) beyond seed noise at "
-        "none of the horizons run: **does not hold**" in md
+        f"BandMF - DP-SGD (same epsilon), post-processing: {claim}: **does not hold** (at none of the horizons "
+        "run; " in md
     )
     assert (
-        "post-processing - DP-SGD with momentum, DP-SGD noise at BandMF's sigma: negative (the paper's sign) beyond "
-        "seed noise at none of the horizons run: **does not hold**" in md
+        f"post-processing - DP-SGD with momentum, DP-SGD noise at BandMF's sigma: {claim}: **does not hold** (at "
+        "none of the horizons run; " in md
     )
-    assert "32 steps: +0.1000 ± 0.0071" in md  # the seeds differ by 0.01 in both cells: SE = 0.01 / sqrt(2)
-    # seeds for 2 SE: 8 s^2 / d^2 = 8 * 5e-5 / 0.1^2 < 2, so the 2 it has; at 96 steps d = -0.1 likewise
-    assert "| 32 | 0.1000 | 0.0071 | 2 | against the paper | 2 |" in md
+    assert (
+        "32 steps: +0.1000 ± 0.0071, t = " in md
+    )  # the seeds differ by 0.01 in both cells: SE = 0.01 / sqrt(2)
+    # STP - post-processing at 32 steps, 6.1 / 6.11 vs 6.0 / 6.01: decided by Welch's t (scipy's, the oracle), so
+    # no seeds to decide; at 64 steps +0.03 is not, and the seeds a cell that would decide it are more than 2
+    at32 = stats.ttest_ind([6.1, 6.11], [6.0, 6.01], equal_var=False)
+    assert (
+        at32.pvalue < 0.05
+        and (
+            f"| 32 | 0.1000 | 2 | against the paper | 0.0071 | {at32.statistic:.4f} | {at32.df:.4f} | "
+            f"{at32.pvalue:.4f} | yes |  |"
+        )
+        in md
+    )
+    at64 = stats.ttest_ind([6.03, 6.04], [6.0, 6.01], equal_var=False)
+    sd = np.std([6.0, 6.01], ddof=1)
+    need = next(
+        m for m in range(3, 1000) if stats.ttest_ind_from_stats(0.03, sd, m, 0, sd, m, False).pvalue < 0.05
+    )
+    assert (
+        at64.pvalue >= 0.05
+        and need > 2
+        and (
+            f"| 64 | 0.0300 | 2 | within seed noise | 0.0071 | {at64.statistic:.4f} | {at64.df:.4f} | "
+            f"{at64.pvalue:.4f} | no | {need} |"
+        )
+        in md
+    )
     assert (
         md.count("a straight line would cross zero near") == 0
     )  # STP's line ends negative; BandMF's is flat
@@ -822,13 +987,18 @@ def test_ganesh_horizon_scores_the_chosen_setting_on_held_out_seeds(isolated_dir
     assert f"## Held-out seeds ({', '.join(map(str, held))})" in md
     mean, n = 4.95 + 0.001 * sum(held) / len(held), len(held)
     stp = top[("stp", "independent")]
+    stp_held = [4.95 + 0.001 * seed for seed in held]
+    spread = np.std(stp_held, ddof=1)  # the sample std over the held-out seeds
     assert (
-        f"| 96 | stp | dpsgd_sigma1 | {mean:.4f} | 5.000e-04 | {n} | lr={stp:g}, eps_s1=0.0001, clip=100 |"
+        f"| 96 | stp | dpsgd_sigma1 | {mean:.4f} | {spread:.3e} | {n} | lr={stp:g}, eps_s1=0.0001, clip=100 |"
         in md
     )
+    welch = stats.ttest_ind(stp_held, [5.0 + 0.001 * seed for seed in held], equal_var=False)
+    assert welch.pvalue < 1e-3  # printed as 2.0e-04
     assert (
         "[held-out seeds] STP - post-processing, DP-SGD noise at BandMF's sigma, 96 steps: negative (the paper's "
-        f"sign) beyond seed noise: **holds** (-0.0500 ± 0.0007 over seeds {', '.join(map(str, held))} ({n} a cell)"
+        f"sign) beyond seed noise: **holds** (-0.0500 ± 0.0007, t = {welch.statistic:+.2f} (Welch, df "
+        f"{welch.df:.1f}), p = {welch.pvalue:.1e} over {n} / {n} seeds (seeds {', '.join(map(str, held))})"
     ) in md
     assert "[held-out seeds] BandMF - DP-SGD (same epsilon), post-processing, 96 steps" in md
     # the runs at the preset's ho_* values (not the top of these synthetic grids) are stale

@@ -2,6 +2,7 @@
 non-private Adam's per-coordinate learning rates, and the report on a tiny sweep."""
 
 import math
+import statistics
 import tempfile
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from dp_adam_bench.optim.registry import build_variant
 from dp_adam_bench.report import ganesh_quadratic
 from dp_adam_bench.sweep import load_preset, sweep_commands
 from dp_adam_bench.tasks.quadratic_2d import Quadratic2D
+from dp_adam_bench.tracking.run_store import load_local_runs
 from dp_adam_bench.train import train
 
 from helpers import compose_cfg
@@ -225,8 +227,19 @@ def test_report_on_a_tiny_sweep_writes_table_figure_and_claims(isolated_dirs):
     ]
     df = pd.read_csv(isolated_dirs / "results" / "ganesh_quadratic.csv")
     assert list(df.row) == list(ganesh_quadratic.ROWS)
-    wanted = {"lr_x", "lr_y", "lr_ratio", "theory_lr_ratio", "excess_loss", "excess_loss_std", "eta"}
+    wanted = {"lr_x", "lr_y", "lr_ratio", "theory_lr_ratio", "excess_loss", "excess_loss_sample_std", "eta"}
     assert wanted <= set(df.columns)
+    # the spread over trials is the sample std (ddof = 1) of the chosen run's final excess losses
+    pp = df[df.row == "postprocessing"].iloc[0]
+    (chosen,) = [
+        r
+        for r in load_local_runs(isolated_dirs / "runs", "ganesh_quadratic")
+        if r.config["optimizer"]["name"] == "adam"
+        and r.config["noise"]["kind"] == "independent"
+        and r.config["optimizer"]["lr"] == pp.eta
+    ]
+    trials = chosen.summary["trials"]["excess_loss"]
+    assert pp.excess_loss_sample_std == pytest.approx(statistics.stdev(trials), rel=1e-6)
     assert df.loc[df.row == "postprocessing", "theory_lr_ratio"].iloc[0] == pytest.approx(
         math.sqrt(1.09 / 0.1), rel=1e-6
     )

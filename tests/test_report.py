@@ -3,10 +3,12 @@ incomplete while runs the preset expects are missing."""
 
 import json
 import math
+import statistics
 
 import pandas as pd
 import pytest
 import yaml
+from scipy import stats
 
 from dp_adam_bench.report import expected, ganesh_fig2, registry
 from dp_adam_bench.report.aggregate import select_best, split_complete
@@ -65,6 +67,7 @@ def test_select_best_picks_lowest_mean_and_ignores_incomplete(store):
     cells = select_best(records, per=["optimizer", "noise"], tuned=["optimizer.lr"], metric="test_loss")
     pp = cells[("adagrad_pp", "dpmf_sqrt")]
     assert pp.chosen == {"optimizer.lr": 1.0} and pp.mean == pytest.approx(0.606) and pp.n == 2
+    assert pp.std == pytest.approx(statistics.stdev([0.605, 0.607]))  # the sample std (ddof = 1)
     assert cells[("adagrad_ime", "dpmf_sqrt")].chosen == {"optimizer.lr": 1.0}
     assert len(pp.candidates) == 2
 
@@ -74,7 +77,7 @@ def test_ganesh_fig2_report_writes_table_claims_and_figure(store, all_expected):
     names = sorted(p.name for p in paths)
     assert names == ["ganesh_fig2.csv", "ganesh_fig2.md", "ganesh_fig2.png"]
     df = pd.read_csv(store / "results" / "ganesh_fig2.csv")
-    assert {"row", "column", "paper", "ours", "ours_std", "n"} <= set(df.columns)
+    assert {"row", "column", "paper", "ours", "ours_sample_std", "n"} <= set(df.columns)
     assert set(df.row) == {"ground_truth", "nonprivate", "postprocessing", "ime", "ime_free"}
     assert set(df.column) == {"dpmf", "independent"}
     ime = df[(df.row == "ime") & (df.column == "dpmf")].iloc[0]
@@ -82,7 +85,16 @@ def test_ganesh_fig2_report_writes_table_claims_and_figure(store, all_expected):
     assert df[df.column == "independent"].paper.isna().all()
     md = (store / "results" / "ganesh_fig2.md").read_text()
     assert "Regenerate: `make reproduce-table TABLE=ganesh_fig2`" in md
-    assert "IME beats post-processing (dpmf noise): **holds**" in md
+    # IME 0.603 vs post-processing 0.606 over 2 / 2 trials: the right order, but Welch's t (scipy's, the oracle)
+    # does not decide it, so the claim holds and carries the flag
+    # t > 0 in the paper's order: post-processing's loss minus IME's
+    welch = stats.ttest_ind([0.605, 0.607], [0.602, 0.604], equal_var=False)
+    assert welch.pvalue >= 0.05
+    assert (
+        "IME beats post-processing (dpmf noise): **holds** (0.6030 vs 0.6060, margin +0.0030; "
+        f"t = {welch.statistic:+.2f} (Welch, df {welch.df:.1f}), p = {welch.pvalue:.2g} over 2 / 2 trials; "
+        f"WITHIN SEED NOISE (p = {welch.pvalue:.2g} >= 0.05 by Welch's t;"
+    ) in md
     assert "non-private AdaGrad reaches the ground-truth loss (within 0.001): **does not hold**" in md
     assert "Incomplete runs left out: broken" in md
 
@@ -325,5 +337,5 @@ def test_reported_on_gives_the_test_metric_of_the_setting_chosen_on_val(isolated
     out = reported_on(cells, records, lambda cfg: (cfg["optimizer"]["name"],), "test_loss")
     (cell,) = out.values()
     assert cell.chosen == {"optimizer.lr": 1.0} and cell.n == 2
-    assert cell.mean == pytest.approx(0.91) and cell.std == pytest.approx(0.01)
+    assert cell.mean == pytest.approx(0.91) and cell.std == pytest.approx(statistics.stdev([0.90, 0.92]))
     assert [m for _, m in cell.candidates] == pytest.approx([0.505, 0.405])

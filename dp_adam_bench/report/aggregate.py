@@ -2,19 +2,19 @@
 
 Selection rule (what the papers do when they "tune eta"; each preset states its own under ``sweep.selection``):
 within each group of runs that differ only in the tuned hyper-parameters, keep the setting with the best mean final
-metric and report that setting's mean and std.
+metric and report that setting's mean and sample std (:data:`~dp_adam_bench.report.stats.STD_CONVENTION`).
 Incomplete runs are never aggregated; they are returned so the report can list them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from dp_adam_bench.report.stats import sample_std
 from dp_adam_bench.tracking.run_store import RunRecord
 
 
@@ -43,11 +43,11 @@ def key_config(per: list[str], key: tuple) -> dict:
 
 @dataclass
 class Cell:
-    """One selected table cell."""
+    """One selected table cell: the mean of its ``n`` values and their sample std (None for fewer than 2)."""
 
     key: tuple
     mean: float
-    std: float
+    std: float | None
     n: int
     chosen: dict
     values: list[float] = field(default_factory=list)
@@ -78,30 +78,6 @@ def group_values(
     return groups
 
 
-def _sample_variance(std: float | None, n: int) -> float:
-    return (std or 0.0) ** 2 * n / (n - 1)
-
-
-def difference_se(std_a: float | None, n_a: int, std_b: float | None, n_b: int) -> float | None:
-    """Standard error of mean_b - mean_a over seeds, from each cell's :class:`Cell` ``std`` (the population std over
-    its ``n`` values, turned here into the sample std); None when a cell has fewer than 2 values."""
-    if n_a < 2 or n_b < 2:
-        return None
-    return math.sqrt(_sample_variance(std_a, n_a) / n_a + _sample_variance(std_b, n_b) / n_b)
-
-
-def seeds_to_separate(std_a: float | None, n_a: int, std_b: float | None, n_b: int, d: float) -> int | None:
-    """Seeds per cell at which a difference ``d`` of means would be 2 standard errors, from the spread seen:
-    n > 8 s^2 / d^2 with s^2 the mean of the two sample variances. None when a cell has < 2 values, d = 0, or a
-    value is not finite (a diverged run's NaN loss)."""
-    if n_a < 2 or n_b < 2 or d == 0 or not math.isfinite(d):
-        return None
-    s2 = (_sample_variance(std_a, n_a) + _sample_variance(std_b, n_b)) / 2
-    if not math.isfinite(s2):
-        return None
-    return max(2, math.ceil(8 * s2 / d**2))
-
-
 def select_best(
     records: list[RunRecord],
     *,
@@ -124,7 +100,7 @@ def select_best(
         cells[key] = Cell(
             key=key,
             mean=float(np.mean(vals)),
-            std=float(np.std(vals)),
+            std=sample_std(vals),
             n=len(vals),
             chosen=dict(zip(tuned, best, strict=True)),
             values=vals,
@@ -177,7 +153,7 @@ def chosen_runs(records: list[RunRecord], cell: Cell, place, place_of) -> list[R
 
 def reported_on(cells: dict, records: list[RunRecord], place_of, metric: str, selection=None) -> dict:
     """``cells`` selected on one metric (a validation loss) holding another (``metric``, the test loss) over each
-    chosen setting's runs: mean, std and n; ``candidates`` keep the selection metric's means. With the
+    chosen setting's runs: mean, sample std and n; ``candidates`` keep the selection metric's means. With the
     ``selection`` the cells were chosen by, its held-out seeds' runs are left out (:func:`tuning_runs`), as they
     were from the choice."""
     records = tuning_runs(records, selection) if selection is not None else records
@@ -185,6 +161,6 @@ def reported_on(cells: dict, records: list[RunRecord], place_of, metric: str, se
     for place, cell in cells.items():
         vals = [float(r.summary["metrics"][metric]) for r in chosen_runs(records, cell, place, place_of)]
         out[place] = dataclasses.replace(
-            cell, mean=float(np.mean(vals)), std=float(np.std(vals)), n=len(vals), values=vals
+            cell, mean=float(np.mean(vals)), std=sample_std(vals), n=len(vals), values=vals
         )
     return out

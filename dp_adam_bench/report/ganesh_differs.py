@@ -1,12 +1,12 @@
 """Where the CPU ``ganesh_fig3`` table differs from Ganesh, McMahan & Thakurta's Fig. 3 (arXiv:2507.01129, §5.2),
 and what this repository's own runs say about why: one section of the ganesh_fig3 report, written from the numbers
-of that report (its claims, their standard errors, the effective steps) and of the horizon study
+of that report (its claims and their Welch tests, the effective steps) and of the horizon study
 (``results/ganesh_fig3_horizon.md``), never from fixed text about them.
 
 Three readings, each from its own evidence:
 
 * **which claims differ and by how much**: every Fig. 3 statement that the paper's numbers support and ours do
-  not, with its margin in standard errors over seeds;
+  not, with its Welch test over seeds (:mod:`dp_adam_bench.report.stats`);
 * **why the rows tie at the CPU horizon**: where the clean second moment is a vanishing fraction of the noise
   variance Phi, every Adam variant is DP-SGD with momentum at its own effective step (the effective-steps section);
 * **what the number of steps changes**: each gap of the horizon study at every horizon it ran.
@@ -14,15 +14,14 @@ Three readings, each from its own evidence:
 
 from __future__ import annotations
 
-import re
-
 import pandas as pd
 
+from dp_adam_bench.report import stats
 from dp_adam_bench.report.common import Claim
 from dp_adam_bench.report.ganesh_steps import STEP
+from dp_adam_bench.report.skeleton import within_noise
 
 OURS, PAPER = "[ours] ", "[paper] "
-_SE = re.compile(r"([+-]?\d+(?:\.\d+)?) standard errors")
 
 
 def differing_claims(claims: list[Claim]) -> list[tuple[Claim, Claim]]:
@@ -36,18 +35,19 @@ def differing_claims(claims: list[Claim]) -> list[tuple[Claim, Claim]]:
     return out
 
 
-def margin_se(claim: Claim) -> float | None:
-    """The margin in standard errors that ganesh_fig3's claim detail states ("+0.8 standard errors over 2 / 2
-    seeds"), or None where it states none (fewer than 2 seeds, or a count of rows)."""
-    found = _SE.search(claim.detail)
-    return float(found.group(1)) if found else None
+def decided(claim: Claim) -> bool | None:
+    """Whether the seeds decide one of ganesh_fig3's claims on our cells (its detail states Welch's test and, where
+    they do not, the :data:`~dp_adam_bench.report.stats.WITHIN_SEED_NOISE` flag); None where it states no test."""
+    if within_noise(claim):
+        return False
+    return True if "Welch" in claim.detail else None
 
 
 def differs_section(
-    claims: list[Claim], steps: pd.DataFrame, gaps: pd.DataFrame | None, heldout: pd.DataFrame | None = None
+    claims: list[Claim], reading: str, gaps: pd.DataFrame | None, heldout: pd.DataFrame | None = None
 ) -> str:
-    """The section's markdown: the differing claims, the effective-step reading, the horizon gaps (``heldout``:
-    the same gaps on the horizon study's held-out seeds)."""
+    """The section's markdown: the differing claims, the effective-step ``reading`` (:func:`step_reading`), the
+    horizon gaps (``heldout``: the same gaps on the horizon study's held-out seeds)."""
     both = [
         c for c in claims if c.text.startswith(OURS) and c.text.removeprefix(OURS) in _texts(claims, PAPER)
     ]
@@ -58,28 +58,12 @@ def differs_section(
         f"**{len(differ)} of {len(both)} statements have another verdict here than on the paper's numbers:**",
         "",
     ]
-    margins = []
     for ours, theirs in differ:
-        z = margin_se(ours)
-        margins.append(z)
         lines.append(
             f"- {ours.text.removeprefix(OURS)}: paper {theirs.verdict} ({theirs.detail}); here {ours.verdict} "
             f"({ours.detail})"
         )
-    lines.append("")
-    known = [abs(z) for z in margins if z is not None]
-    if known and len(known) == len(margins):
-        if max(known) < 2:
-            lines.append(
-                f"None of them is beyond seed noise (the largest margin is {max(known):.1f} standard errors; 2 "
-                "would be needed): at this horizon and seed count the table does not order these rows, and the "
-                "seed section says how many seeds a cell would take."
-            )
-        else:
-            beyond = sum(z >= 2 for z in known)
-            lines.append(f"{beyond} of them are beyond seed noise (|margin| >= 2 standard errors).")
-    lines.append("")
-    lines.append(_step_reading(steps))
+    lines += ["", *_noise_sentence([decided(ours) for ours, _ in differ]), reading]
     if gaps is not None and len(gaps):
         lines += ["", _horizon_reading(gaps)]
     if heldout is not None and len(heldout):
@@ -90,6 +74,27 @@ def differs_section(
     return "\n".join(lines).strip()
 
 
+def _noise_sentence(seen: list[bool | None]) -> list[str]:
+    """Whether the seeds decide the differing claims: a paragraph and its blank line (none where one states no
+    test)."""
+    if not seen or None in seen:
+        return []
+    if not any(seen):
+        return [
+            f"None of them is beyond seed noise (Welch's t, p >= {stats.LEVEL:g} for each): at this horizon and "
+            "seed count the table does not order these rows, and the seed section says how many seeds a cell "
+            "would decide each.",
+            "",
+        ]
+    return [f"{sum(seen)} of them are beyond seed noise (Welch's t, p < {stats.LEVEL:g}).", ""]
+
+
+def step_paragraph(section: str) -> str:
+    """The effective-step reading in a section :func:`differs_section` wrote (a re-statement keeps it: it reads the
+    runs' diagnostics, not the rule)."""
+    return next(p for p in section.split("\n\n") if p.startswith(STEP_READINGS))
+
+
 def _texts(claims: list[Claim], prefix: str) -> set[str]:
     return {c.text.removeprefix(prefix) for c in claims if c.text.startswith(prefix)}
 
@@ -97,9 +102,15 @@ def _texts(claims: list[Claim], prefix: str) -> set[str]:
 RATIO = "median clean v / Phi"  # a column of ganesh_steps.effective_steps
 #: below this clean v / Phi in every Adam run, v^ is read as noise (the CPU table: <= 1.2e-7)
 NOISE_ONLY = 0.01
+#: the first words of each reading :func:`step_reading` writes
+STEP_READINGS = (
+    "Why the private rows are so close here",
+    "The median clean second moment",
+    "(No second moments logged",
+)
 
 
-def _step_reading(steps: pd.DataFrame) -> str:
+def step_reading(steps: pd.DataFrame) -> str:
     """Why the private rows tie: the clean v against Phi, and the spread of the rows' effective steps."""
     if steps is None or not len(steps) or RATIO not in steps:
         return "(No second moments logged: the effective-step reading needs the runs' diagnostics.)"
@@ -138,8 +149,10 @@ def _per_gap(gaps: pd.DataFrame) -> str:
     parts = []
     for _, g in gaps.groupby("gap", sort=False):
         per = ", ".join(
-            f"{int(s)} steps {d:+.3f}" + ("" if pd.isna(se) else f" ± {se:.3f}") + f" ({v})"
-            for s, d, se, v in zip(g.steps, g.difference, g.se, g.verdict, strict=True)
+            f"{int(s)} steps {d:+.3f}"
+            + ("" if pd.isna(se) else f" ± {se:.3f}")
+            + f" ({'' if pd.isna(p) else f'p = {stats.format_p(p)}, '}{v})"
+            for s, d, se, p, v in zip(g.steps, g.difference, g.se, g.p, g.verdict, strict=True)
         )
         parts.append(f"{g.what.iloc[0]}: {per}")
     return "; ".join(parts)

@@ -5,22 +5,22 @@ the row is the optimizer (private or not), the column the mechanism (DP-SGD at B
 BandMF's epsilon), told apart by ``noise.kind`` and ``privacy.sigma``. Within a cell the tuned settings (eta,
 eps_s, clip, momentum) are selected by the preset's ``sweep.selection`` (the lowest mean final test loss over
 seeds, as the paper does); the table
-prints that setting's mean ± std beside the paper's number, and the paper's claims are checked on ours (and, as a
+prints that setting's mean ± sample std beside the paper's number, and the paper's claims are checked on ours (and, as a
 sanity check of their wording, on the paper's own numbers).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from dp_adam_bench.report import aggregate, ganesh_horizon
-from dp_adam_bench.report.aggregate import Cell, difference_se, get, select_cells
-from dp_adam_bench.report.common import Claim, incomplete_note, load_paper, markdown_table, write_table
+from dp_adam_bench.report.aggregate import Cell, get, select_cells
+from dp_adam_bench.report.common import Claim, incomplete_note, load_paper, markdown_table
 from dp_adam_bench.report.context import ReportContext
 from dp_adam_bench.report.expected import preset_runs
 from dp_adam_bench.report.ganesh_cells import (  # noqa: F401 - ganesh_fig3's names, re-exported for its readers
@@ -36,11 +36,28 @@ from dp_adam_bench.report.ganesh_cells import (  # noqa: F401 - ganesh_fig3's na
     row_of,
     steps_of,
 )
-from dp_adam_bench.report.ganesh_differs import differs_section
+from dp_adam_bench.report.ganesh_differs import differs_section, step_paragraph, step_reading
 from dp_adam_bench.report.ganesh_steps import effective_steps, order_reading
+from dp_adam_bench.report.restate import Markdown
+from dp_adam_bench.report.restate_md import MdRestatement, replaced
+from dp_adam_bench.report.restate_md import register as register_reading_md
+from dp_adam_bench.report.skeleton import (
+    Ordering,
+    SeedStats,
+    Table,
+    complete_runs,
+    gap,
+    ordering_claim,
+    restated_rule_notes,
+    rule_notes,
+)
+from dp_adam_bench.report.stats import LEVEL, STD_SUFFIX, WITHIN_SEED_NOISE
+from dp_adam_bench.report.welch_columns import COLUMNS as WELCH_COLUMNS
+from dp_adam_bench.report.welch_columns import welch_columns
 from dp_adam_bench.sweep import Selection, load_preset
 
 TABLE_ID = "ganesh_fig3"
+STD = f"ours{STD_SUFFIX}"
 
 
 def cells_for(
@@ -51,243 +68,296 @@ def cells_for(
     return select_cells(records, selection, cell_locator({"sigma_low": sigma_low, "sigma_high": sigma_high}))
 
 
-def initial_loss(records) -> tuple[float | None, float | None, int]:
-    """Test loss of the model before training (step-0 evaluation, ``train.eval_at_start``): mean, std, n."""
+def initial_loss(records) -> SeedStats | None:
+    """Test loss of the model before training (step-0 evaluation, ``train.eval_at_start``) over the runs; None
+    where none logged it."""
     vals = []
     for r in records:
         first = next((m for m in r.metrics() if m.get("step") == 0 and "test_loss" in m), None)
         if first is not None:
             vals.append(float(first["test_loss"]))
-    if not vals:
-        return None, None, 0
-    return float(np.mean(vals)), float(np.std(vals)), len(vals)
-
-
-def standard_error(std: dict, n: dict, a, b) -> float | None:
-    """Standard error of mean[b] - mean[a] of two cells over their seeds (:func:`aggregate.difference_se`)."""
-    return difference_se(std.get(a), n.get(a) or 0, std.get(b), n.get(b) or 0)
-
-
-def seeds_to_separate(std: dict, n: dict, a, b, d: float) -> int | None:
-    """Seeds per cell at which the difference ``d`` of cells a and b would be 2 standard errors
-    (:func:`aggregate.seeds_to_separate`)."""
-    return aggregate.seeds_to_separate(std.get(a), n.get(a) or 0, std.get(b), n.get(b) or 0, d)
-
-
-def _claims(
-    values: dict[tuple[str, str], float],
-    std: dict[tuple[str, str], float],
-    who: str,
-    n: dict[tuple[str, str], int] | None = None,
-    pairs: list | None = None,
-) -> list[Claim]:
-    """The paper's Fig. 3 statements as inequalities on a {(row, column): loss} table; ``n`` (seeds per cell)
-    turns the margins into standard errors; every pair of cells compared is appended to ``pairs``."""
-    n = n or {}
-
-    def have(*keys):
-        return all(values.get(k) is not None for k in keys)
-
-    def margin(a, b):  # b - a, in standard errors of the difference when both cells have >= 2 seeds
-        if pairs is not None:
-            pairs.append((a, b))
-        d = values[b] - values[a]
-        se = standard_error(std, n, a, b)
-        text = f"{values[a]:.3f} vs {values[b]:.3f}"
-        if se:
-            text += f", {d / se:+.1f} standard errors over {n[a]} / {n[b]} seeds"
-        elif n.get(a) and n.get(b):
-            text += f", {n[a]} / {n[b]} seeds"
-        return text
-
-    out = []
-    for col in COLUMNS:
-        dp = [r for r in DP_ROWS if have((r, col))]
-        if "stp" in dp and len(dp) > 1:
-            best = min(dp, key=lambda r: values[(r, col)])
-            others = [r for r in dp if r != "stp"]
-            runner = min(others, key=lambda r: values[(r, col)])
-            out.append(
-                Claim(
-                    f"[{who}] {COLUMN_LABELS[col]}: scale-then-privatize has the lowest loss of the DP variants",
-                    best == "stp",
-                    f"stp vs best other ({runner}): {margin(('stp', col), (runner, col))}",
-                )
-            )
-        if have(("ime", col), ("postprocessing", col)):
-            out.append(
-                Claim(
-                    f"[{who}] {COLUMN_LABELS[col]}: IME is worse than post-processing",
-                    values[("ime", col)] > values[("postprocessing", col)],
-                    f"post-processing vs ime: {margin(('postprocessing', col), ('ime', col))}",
-                )
-            )
-        if have(("postprocessing", col), ("dpsgd_momentum", col)):
-            out.append(
-                Claim(
-                    f"[{who}] {COLUMN_LABELS[col]}: DP-Adam (post-processing) beats DP-SGD with momentum",
-                    values[("postprocessing", col)] < values[("dpsgd_momentum", col)],
-                    f"post-processing vs DP-SGD: {margin(('postprocessing', col), ('dpsgd_momentum', col))}",
-                )
-            )
-    rows = [r for r in DP_ROWS if have((r, COLUMNS[1]), (r, COLUMNS[2]))]
-    if rows:
-        if pairs is not None:
-            pairs.extend(((r, COLUMNS[1]), (r, COLUMNS[2])) for r in rows)
-        wins = [r for r in rows if values[(r, COLUMNS[1])] < values[(r, COLUMNS[2])]]
-        out.append(
-            Claim(
-                f"[{who}] DP-BandMF beats DP-SGD at the same epsilon for every DP variant",
-                len(wins) == len(rows),
-                f"{len(wins)} of {len(rows)} rows"
-                + (f"; not: {', '.join(sorted(set(rows) - set(wins)))}" if len(wins) < len(rows) else ""),
-            )
-        )
-    c0 = COLUMNS[0]
-    if have(("nonprivate_adam", c0), ("nonprivate_sgd", c0)):
-        out.append(
-            Claim(
-                f"[{who}] non-private Adam beats non-private SGD",
-                values[("nonprivate_adam", c0)] < values[("nonprivate_sgd", c0)],
-                margin(("nonprivate_adam", c0), ("nonprivate_sgd", c0)),
-            )
-        )
-    return out
+    return SeedStats.of(vals) if vals else None
 
 
 def build(ctx: ReportContext | None = None) -> list[Path]:
     ctx = ctx or ReportContext()
-    profile = ctx.profile
-    paper = load_paper("ganesh")["fig3"]["test_loss"]
-    command = f"make reproduce-table TABLE={TABLE_ID} PROFILE={profile}"
-    runs = preset_runs(ctx, TABLE_ID)
-    complete, incomplete = runs.complete, runs.incomplete
-    if not complete:
-        raise FileNotFoundError(f"no complete runs in {ctx.where(runs.spec.name)}; run `{command}`")
-    setting = profile_setting(profile)
-    cells = cells_for(
-        complete, runs.spec.selection, float(setting["sigma_low"]), float(setting["sigma_high"])
-    )
+    command = f"make reproduce-table TABLE={TABLE_ID} PROFILE={ctx.profile}"
+    found = complete_runs(ctx, TABLE_ID, command)
+    setting = profile_setting(ctx.profile)
     place = cell_locator(setting)
-    if runs.spec.selection.metric != "test_loss":  # selected on val abstracts: the table gives the test loss
-        cells = aggregate.reported_on(cells, complete, place, "test_loss", runs.spec.selection)
-    init_mean, init_std, init_n = initial_loss(complete)
-
-    long_rows, ours, ours_std, ours_n, paper_vals = [], {}, {}, {}, {}
-    for row in ["no_finetuning", *ROWS]:
-        for col in COLUMNS:
-            p = (paper.get(row) or {}).get(col)
-            if p is not None:
-                paper_vals[(row, col)] = p
-            cell = cells.get((row, col))
-            if row == "no_finetuning":
-                mean, std, n, chosen = (init_mean, init_std, init_n, {}) if col == COLUMNS[0] else (None,) * 4
-            elif cell is not None:
-                mean, std, n, chosen = cell.mean, cell.std, cell.n, cell.chosen
-            else:
-                mean = std = n = chosen = None
-            if mean is not None:
-                ours[(row, col)], ours_std[(row, col)], ours_n[(row, col)] = mean, std, n
-            if p is None and mean is None:
-                continue
-            long_rows.append(
-                {
-                    "row": row,
-                    "column": col,
-                    "paper": p,
-                    "ours": mean,
-                    "ours_std": std,
-                    "n": n,
-                    "chosen": named(chosen or {}),
-                }
-            )
-    df = pd.DataFrame(long_rows)
-    df["ours_minus_paper"] = df["ours"] - df["paper"]
-    df["n"] = df["n"].astype("Int64")
-
-    wide = []
-    for row in ["no_finetuning", *ROWS]:
-        line = {"row": ROW_LABELS[row]}
-        for col in COLUMNS:
-            p, o, s = paper_vals.get((row, col)), ours.get((row, col)), ours_std.get((row, col))
-            line[f"{col} paper"] = "" if p is None else f"{p:.3f}"
-            line[f"{col} ours"] = "" if o is None else f"{o:.3f} ± {s:.3f}"
-        wide.append(line)
-
-    eps = _column_epsilons(complete, float(setting["sigma_low"]), float(setting["sigma_high"]))
-    # the checks on the paper's own numbers do not depend on our runs: never incomplete
-    paper_claims = [replace(c, from_runs=False) for c in _claims(paper_vals, {}, "paper")]
-    pairs: list = []
-    claims = _claims(ours, ours_std, "ours", ours_n, pairs) + paper_claims
-    tuning = preset_runs(ctx, "ganesh_fig3_tuning").complete if profile == "cpu" else []
-    notes = _notes(profile, setting, incomplete, complete, tuning)
-    notes += baseline_note(ours, cells)
-    chosen = [r for p, c in cells.items() for r in aggregate.chosen_runs(complete, c, p, place)]
+    cells = _selected(found, setting, place)
+    frame = _frame(cells, initial_loss(found.complete), load_paper("ganesh")["fig3"]["test_loss"])
+    claims = claims_from_frame(frame)
+    chosen = [r for p, c in cells.items() for r in aggregate.chosen_runs(found.complete, c, p, place)]
     steps = effective_steps(chosen, place)
-    notes += [n for n in (order_reading(steps, list(COLUMNS)),) if n]
     horizon = ganesh_horizon.study(ctx, setting)  # read once: the wider-grid note and the differs section
-    if profile == "cpu":
-        notes += wider_grid_note(horizon.runs.complete, setting, cells)
-    differs = differs_section(claims, steps, *_horizon_gaps(horizon))
-    return write_table(
+    return Table(
         TABLE_ID,
-        df,
-        out=ctx.out,
-        title="Ganesh et al. Fig. 3 — masked-token prediction on arXiv abstracts (the paper: TinyBERT): test loss",
-        command=command,
-        setting=_setting_text(profile, setting, complete, len(runs.spec.seeds or [0])),
+        "Ganesh et al. Fig. 3 — masked-token prediction on arXiv abstracts (the paper: TinyBERT): test loss",
+        command,
+        frame,
+        setting=_setting_text(ctx.profile, setting, found.complete, len(found.spec.seeds or [0])),
         claims=claims,
-        notes=notes,
+        notes=notes_for(claims, frame, cells, steps, horizon, found, ctx),
         digits=3,
         extra_sections=[
-            ("Where this table differs from the paper's, and why (from the numbers below)", differs),
-            ("The table as the paper prints it (mean ± std over seeds)", markdown_table(pd.DataFrame(wide))),
-            ("Privacy of each column (ours, from the run ledgers)", eps),
-            ("Seed noise: the comparisons of the claims", _seed_section(pairs, ours, ours_std, ours_n)),
+            (DIFFERS, differs_section(claims, step_reading(steps), *_horizon_gaps(horizon))),
+            *_cell_sections(frame, found.complete, setting),
             (
                 "Effective steps: the factor a steady privatized gradient is multiplied by, from the logged v^ "
                 "(Adam variants: eta over their denominator at that coordinate; DP-SGD: lr / (1 - momentum))",
                 markdown_table(steps, 4) if len(steps) else "(no second moments logged)",
             ),
         ],
-        missing=runs.missing,
+        missing=found.missing,
+    ).write(ctx.out)
+
+
+def _selected(found, setting: dict, place) -> dict[tuple[str, str], Cell]:
+    """The preset's selection in every cell; selected on val abstracts, a cell holds the chosen setting's test
+    loss."""
+    cells = cells_for(
+        found.complete, found.spec.selection, float(setting["sigma_low"]), float(setting["sigma_high"])
     )
+    if found.spec.selection.metric != "test_loss":  # selected on val abstracts: the table gives the test loss
+        cells = aggregate.reported_on(cells, found.complete, place, "test_loss", found.spec.selection)
+    return cells
+
+
+def _frame(cells: dict, init: SeedStats | None, paper: dict) -> pd.DataFrame:
+    """One row per (row, column) the paper or we have: the paper's test loss beside our mean, sample std over
+    seeds, seeds and chosen setting ('no fine-tuning': the initial model, in the first column)."""
+    rows = []
+    for row in ["no_finetuning", *ROWS]:
+        for col in COLUMNS:
+            p = (paper.get(row) or {}).get(col)
+            cell = cells.get((row, col))
+            if row == "no_finetuning":
+                cell = init if col == COLUMNS[0] else None
+            if p is None and cell is None:
+                continue
+            rows.append(
+                {
+                    "row": row,
+                    "column": col,
+                    "paper": p,
+                    "ours": cell.mean if cell else None,
+                    STD: cell.std if cell else None,
+                    "n": cell.n if cell else None,
+                    "chosen": named(getattr(cell, "chosen", None) or {}),
+                }
+            )
+    df = pd.DataFrame(rows, columns=["row", "column", "paper", "ours", STD, "n", "chosen"])
+    df["ours_minus_paper"] = df["ours"] - df["paper"]
+    df["n"] = df["n"].astype("Int64")
+    return df
+
+
+def _cell_stats(frame: pd.DataFrame) -> tuple[dict, dict]:
+    """({(row, column): our test loss over seeds}, {(row, column): the paper's}), from the table's own rows."""
+    rows = frame.to_dict("records")
+    ours = {(r["row"], r["column"]): SeedStats.from_row(r, std=STD) for r in rows if not pd.isna(r["ours"])}
+    paper = {(r["row"], r["column"]): float(r["paper"]) for r in rows if not pd.isna(r["paper"])}
+    return ours, paper
+
+
+def claims_from_frame(frame: pd.DataFrame, pairs: list | None = None) -> list[Claim]:
+    """The paper's Fig. 3 statements on our cells (Welch's t over the seeds) and, as a check of their wording, on
+    the paper's own numbers; every pair of our cells compared is appended to ``pairs``."""
+    ours, paper = _cell_stats(frame)
+    # the checks on the paper's own numbers do not depend on our runs: never incomplete
+    paper_claims = [replace(c, from_runs=False) for c in _claims(paper, "paper")]
+    return _claims({k: c.mean for k, c in ours.items()}, "ours", ours, pairs) + paper_claims
+
+
+def _claims(values: dict, who: str, cells: dict | None = None, pairs: list | None = None) -> list[Claim]:
+    """The paper's Fig. 3 statements as inequalities on a {(row, column): loss} table; with ``cells`` (our cells
+    over seeds) each ordering carries Welch's test and, where the seeds do not decide it, the flag."""
+    compare = _Compare(values, who, cells, pairs)
+    out = []
+    for col in COLUMNS:
+        dp = [r for r in DP_ROWS if (r, col) in values]
+        if "stp" in dp and len(dp) > 1:
+            runner = min((r for r in dp if r != "stp"), key=lambda r: values[(r, col)])
+            out.append(
+                compare(
+                    f"{COLUMN_LABELS[col]}: scale-then-privatize has the lowest loss of the DP variants",
+                    ("stp", col),
+                    (runner, col),
+                    f"stp vs best other ({runner}): ",
+                )
+            )
+        if ("ime", col) in values and ("postprocessing", col) in values:
+            out.append(
+                compare(
+                    f"{COLUMN_LABELS[col]}: IME is worse than post-processing",
+                    ("postprocessing", col),
+                    ("ime", col),
+                    "post-processing vs ime: ",
+                )
+            )
+        if ("postprocessing", col) in values and ("dpsgd_momentum", col) in values:
+            out.append(
+                compare(
+                    f"{COLUMN_LABELS[col]}: DP-Adam (post-processing) beats DP-SGD with momentum",
+                    ("postprocessing", col),
+                    ("dpsgd_momentum", col),
+                    "post-processing vs DP-SGD: ",
+                )
+            )
+    out += compare.every_row(
+        "DP-BandMF beats DP-SGD at the same epsilon for every DP variant",
+        [
+            ((r, COLUMNS[1]), (r, COLUMNS[2]))
+            for r in DP_ROWS
+            if (r, COLUMNS[1]) in values and (r, COLUMNS[2]) in values
+        ],
+    )
+    c0 = COLUMNS[0]
+    if ("nonprivate_adam", c0) in values and ("nonprivate_sgd", c0) in values:
+        out.append(
+            compare("non-private Adam beats non-private SGD", ("nonprivate_adam", c0), ("nonprivate_sgd", c0))
+        )
+    return out
+
+
+@dataclass
+class _Compare:
+    """One statement of :func:`_claims`: ``better`` has the lower loss. On the paper's numbers the two losses; on
+    ours (``cells``) Welch's test of the two cells too (:func:`~dp_adam_bench.report.skeleton.ordering_claim`)."""
+
+    values: dict
+    who: str
+    cells: dict | None
+    pairs: list | None
+
+    def __call__(self, text: str, better, worse, label: str = "") -> Claim:
+        text = f"[{self.who}] {text}"
+        if self.pairs is not None:
+            self.pairs.append((better, worse))
+        if self.cells is None:
+            return Claim(
+                text,
+                self.values[better] < self.values[worse],
+                f"{label}{self.values[better]:.3f} vs {self.values[worse]:.3f}",
+            )
+        c = ordering_claim(
+            Ordering(better, worse, text, lower_is_better=True),
+            self.cells[better],
+            self.cells[worse],
+            digits=3,
+        )
+        return replace(c, detail=label + c.detail)
+
+    def every_row(self, text: str, row_pairs: list) -> list[Claim]:
+        """``better`` ahead of ``worse`` in every (better, worse) pair: the count of rows, and on ours the rows
+        the seeds do not decide."""
+        if not row_pairs:
+            return []
+        if self.pairs is not None:
+            self.pairs.extend(row_pairs)
+        wins = [b[0] for b, w in row_pairs if self.values[b] < self.values[w]]
+        rows = [b[0] for b, _ in row_pairs]
+        detail = f"{len(wins)} of {len(rows)} rows" + (
+            f"; not: {', '.join(sorted(set(rows) - set(wins)))}" if len(wins) < len(rows) else ""
+        )
+        if self.cells is not None:
+            open_rows = [b[0] for b, w in row_pairs if not gap(self.cells[b], self.cells[w]).decided]
+            detail += f"; decided by the seeds in {len(rows) - len(open_rows)} of {len(rows)} rows"
+            if open_rows:
+                detail += (
+                    f"; {WITHIN_SEED_NOISE} (p >= {LEVEL:g} by Welch's t in {', '.join(open_rows)}: the seed "
+                    "section gives each row's test and the seeds a cell that would decide it)"
+                )
+        return [Claim(f"[{self.who}] {text}", len(wins) == len(rows), detail)]
 
 
 def _horizon_gaps(found) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
     """The horizon study's gap tables (results/ganesh_fig3_horizon.md): on the tuning seeds, and on its held-out
     seeds; None where it has no runs."""
-    gaps = ganesh_horizon.gap_table(found.cells) if found.cells else None
-    held = ganesh_horizon.gap_table(found.heldout) if found.heldout else None
+    gaps = ganesh_horizon.gap_table(ganesh_horizon.cell_stats(found.cells)) if found.cells else None
+    heldout = ganesh_horizon.heldout_table(found)
+    held = None if heldout is None else ganesh_horizon.gap_table(ganesh_horizon.cells_from_frame(heldout))
     return gaps, held
 
 
-def _seed_section(pairs, values, std, n) -> str:
-    """Every pair of cells the claims compare: the difference, its standard error over the seeds, whether it is
-    beyond seed noise (|d| > 2 SE), and how many seeds per cell would make it so at the spread seen here."""
-    lines = [
-        "| first | second | second - first | SE | beyond seed noise (> 2 SE) | seeds for 2 SE |",
-        "|---|---|---|---|---|---|",
+#: the headings of the sections the table's own cells make (and the one of the differences from the paper)
+DIFFERS = "Where this table differs from the paper's, and why (from the numbers below)"
+PAPER_TABLE = "The table as the paper prints it (mean ± sample std over seeds)"
+SEED_NOISE = "Seed noise: the comparisons of the claims"
+
+
+def _cell_sections(frame: pd.DataFrame, complete, setting: dict) -> list[tuple[str, str]]:
+    """The table as the paper prints it, each column's privacy, and the seed-noise section of the claims."""
+    eps = _column_epsilons(complete, float(setting["sigma_low"]), float(setting["sigma_high"]))
+    return [
+        (PAPER_TABLE, paper_table(frame)),
+        ("Privacy of each column (ours, from the run ledgers)", eps),
+        (SEED_NOISE, seed_section(frame)),
     ]
-    beyond = checked = 0
-    for a, b in dict.fromkeys(pairs):  # in order, once each
-        d = values[b] - values[a]
-        se = standard_error(std, n, a, b)
-        need = seeds_to_separate(std, n, a, b, d)
-        if se is not None:
-            checked += 1
-            beyond += abs(d) > 2 * se
-        verdict = "" if se is None else ("yes" if abs(d) > 2 * se else "no")
-        lines.append(
-            f"| {a[0]} @ {a[1]} | {b[0]} @ {b[1]} | {d:+.4f} | {'' if se is None else f'{se:.4f}'} | "
-            f"{verdict or 'fewer than 2 seeds'} | {'' if need is None else need} |"
-        )
+
+
+def paper_table(frame: pd.DataFrame) -> str:
+    """Rows x columns as the paper prints them: the paper's loss beside our mean ± sample std over seeds."""
+    ours, paper = _cell_stats(frame)
+    wide = []
+    for row in ["no_finetuning", *ROWS]:
+        line = {"row": ROW_LABELS[row]}
+        for col in COLUMNS:
+            p, o = paper.get((row, col)), ours.get((row, col))
+            line[f"{col} paper"] = "" if p is None else f"{p:.3f}"
+            line[f"{col} ours"] = (
+                "" if o is None else f"{o.mean:.3f}" + ("" if o.std is None else f" ± {o.std:.3f}")
+            )
+        wide.append(line)
+    return markdown_table(pd.DataFrame(wide))
+
+
+def seed_section(frame: pd.DataFrame) -> str:
+    """Every pair of cells the claims compare: the difference, Welch's test over the seeds, whether the seeds
+    decide it, and where not, the seeds a cell that would if the gap and spread seen were the truth."""
+    pairs: list = []
+    claims_from_frame(frame, pairs)
+    ours = _cell_stats(frame)[0]
+    rows = [
+        {
+            "first": f"{a[0]} @ {a[1]}",
+            "second": f"{b[0]} @ {b[1]}",
+            "second - first": f"{ours[b].mean - ours[a].mean:+.4f}",
+            **welch_columns(gap(ours[b], ours[a])),
+        }
+        for a, b in dict.fromkeys(pairs)  # in order, once each
+    ]
+    decided = [r[WELCH_COLUMNS[4]] for r in rows if not r[WELCH_COLUMNS[4]].startswith("no test")]
     head = (
-        f"{beyond} of {checked} comparisons with at least 2 seeds a cell separate beyond seed noise. 'Seeds for "
-        "2 SE' is the number of seeds per cell at which the difference would be twice its standard error, from "
-        "the spread between the seeds here (a rough count: two seeds estimate a spread poorly)."
+        f"{decided.count('yes')} of {len(decided)} comparisons with at least 2 seeds a cell are decided by the "
+        f"seeds (Welch's t, p < {LEVEL:g}). 'Seeds to decide': the seeds a cell at which the difference and the "
+        "spread between the seeds here would be decided (two seeds estimate a spread poorly: a rough count)."
     )
-    return head + "\n\n" + "\n".join(lines)
+    table = pd.DataFrame(rows)
+    return head + "\n\n" + markdown_table(table, 4)
+
+
+def notes_for(claims, frame, cells, steps, horizon, found, ctx) -> list[str]:
+    """The rule (on our claims), the profile's caveats and tuning, the diverged baselines, the effective-step
+    reading and the horizon study's wider grid."""
+    setting = profile_setting(ctx.profile)
+    tuning = preset_runs(ctx, "ganesh_fig3_tuning").complete if ctx.profile == "cpu" else []
+    notes = rule_notes(ours_claims(claims), WHAT)
+    notes += _notes(ctx.profile, setting, found.incomplete, found.complete, tuning)
+    notes += baseline_note({k: c.mean for k, c in _cell_stats(frame)[0].items()}, cells)
+    notes += [n for n in (order_reading(steps, list(COLUMNS)),) if n]
+    if ctx.profile == "cpu":
+        notes += wider_grid_note(horizon.runs.complete, setting, cells)
+    return notes
+
+
+WHAT = "the variants"
+
+
+def ours_claims(claims: list[Claim]) -> list[Claim]:
+    """The claims on our cells (those on the paper's own numbers have no seeds)."""
+    return [c for c in claims if c.text.startswith("[ours]")]
 
 
 def _column_epsilons(records, sigma_low: float, sigma_high: float) -> str:
@@ -613,3 +683,39 @@ def stp_clip_evidence(tuning, s: dict) -> list[str]:
 
 def _span(a: dict, z: dict, key: str, fmt: str) -> str:
     return f"{format(a[key], fmt)} -> {format(z[key], fmt)}"
+
+
+# --- re-stating the committed table (dp_adam_bench/report/restate_md.py) ----------------------------------
+def restated_sections(frame: pd.DataFrame, md: Markdown, results: Path) -> list[tuple[str, str]]:
+    """The md's sections with those of the table's cells recomputed, and the differences from the paper read
+    again from the re-stated claims, the kept effective-step reading and the horizon study's table beside it."""
+    gaps = ganesh_horizon.gaps_in(results)
+    return replaced(
+        md.sections,
+        {
+            DIFFERS: lambda _, old: (
+                DIFFERS,
+                differs_section(claims_from_frame(frame), step_paragraph(old), *gaps),
+            ),
+            PAPER_TABLE.split(" (")[0]: lambda *_: (PAPER_TABLE, paper_table(frame)),
+            SEED_NOISE: lambda *_: (SEED_NOISE, seed_section(frame)),
+        },
+    )
+
+
+def restated_claims(frame: pd.DataFrame, md: Markdown, results: Path) -> list[Claim]:
+    del md, results
+    return claims_from_frame(frame)
+
+
+def restated_notes(old: list[str], claims: list[Claim], md: Markdown) -> list[str]:
+    del md
+    return restated_rule_notes(old, ours_claims(claims), (), WHAT)
+
+
+SPREADS = {"ours_std": (STD, "population")}
+register_reading_md(
+    MdRestatement(
+        TABLE_ID, SPREADS, restated_claims, restated_notes, restated_sections, digits=3, text=("n",)
+    )
+)

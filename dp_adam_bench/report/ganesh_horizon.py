@@ -8,16 +8,17 @@ paper profile's ~2,000 steps; the cpu profile runs all of its horizons on its ow
 column, horizon) the preset's selection rule picks the setting (the paper's: the lowest mean loss over seeds;
 the horizon preset scores val-split abstracts beside the test ones in every run and selects on ``val_loss``,
 then reports the chosen setting's ``test_loss``, so every horizon is tuned on a split the table does not
-report). Two gaps are followed as the horizon grows, each with its standard error over seeds:
+report). Two gaps are followed as the horizon grows, each with Welch's test over seeds:
 
 * STP - post-processing (Alg. 8 against plain DP-Adam, independent noise at BandMF's sigma): the paper finds it
   negative (scale-then-privatize has the lowest loss);
 * BandMF - DP-SGD for post-processing DP-Adam at the same epsilon: the paper finds it negative.
 
 The paper profile adds the other cells of its main comparisons (BC, STP under BandMF, DP-SGD with momentum) and
-their gaps. For each gap the report states the first horizon from which it has the paper's sign beyond two
-standard errors at every longer horizon, or that it does not within the horizons run, and what a straight line
-through the gap against log2(steps) says (an extrapolation, labelled as one). The diagnostics that explain STP
+their gaps. For each gap the report states the first horizon from which it has the paper's sign beyond seed noise
+(Welch's t, p < 0.05: :mod:`dp_adam_bench.report.stats`) at every longer horizon, or that it does not within the
+horizons run, and what a straight line through the gap against log2(steps) says (an extrapolation, labelled as
+one). The diagnostics that explain STP
 (its scaled per-example norms against its clip, the fraction clipped, where sqrt(v^) exceeds eps_s1) and BC / IME
 (the fraction of negative v^ - Phi coordinates, Ganesh §4.4) are tabulated per horizon from the run logs.
 """
@@ -26,22 +27,23 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from scipy import stats as scipy_stats
 
+from dp_adam_bench.report import stats
 from dp_adam_bench.report.aggregate import (
     Cell,
     chosen_runs,
-    difference_se,
     get,
     reported_on,
-    seeds_to_separate,
     select_cells,
     tuning_runs,
 )
-from dp_adam_bench.report.common import Claim, incomplete_note, markdown_table, save_figure, write_table
+from dp_adam_bench.report.common import Claim, incomplete_note, markdown_table, save_figure
 from dp_adam_bench.report.context import ReportContext
 from dp_adam_bench.report.expected import preset_runs
 from dp_adam_bench.report.ganesh_cells import (
@@ -53,6 +55,12 @@ from dp_adam_bench.report.ganesh_cells import (
     profile_setting,
     steps_of,
 )
+from dp_adam_bench.report.restate import Markdown, parse_markdown, restated_frame
+from dp_adam_bench.report.restate_md import MdRestatement, read_markdown_table, replaced, section
+from dp_adam_bench.report.restate_md import register as register_reading_md
+from dp_adam_bench.report.skeleton import SeedStats, Table, gap, restated_rule_notes, rule_notes
+from dp_adam_bench.report.welch_columns import COLUMNS as WELCH_COLUMNS
+from dp_adam_bench.report.welch_columns import welch_columns
 
 TABLE_ID = "ganesh_fig3_horizon"
 PRESET = "ganesh_fig3_horizon"
@@ -87,6 +95,7 @@ NOT_FOR_STP = {"diag/frac_negative_after_bc", "diag/phi"}
 
 
 REPORTED = "test_loss"
+STD = f"{REPORTED}{stats.STD_SUFFIX}"
 
 
 def horizon_cells(records, selection, setting: dict) -> dict[tuple[str, str, int], Cell]:
@@ -186,40 +195,60 @@ def grid_claims(positions) -> list[Claim]:
     ]
 
 
-def gap_table(cells: dict) -> pd.DataFrame:
-    """Every gap at every horizon where both of its cells are: the difference, its standard error over seeds,
-    whether it is beyond seed noise (|d| > 2 SE) with the paper's sign, and the seeds per cell at which it would be
-    (:func:`aggregate.seeds_to_separate`, from the spread seen)."""
-    rows = []
-    for name, what, a, b in GAPS:
-        for h in sorted({k[2] for k in cells}):
-            ca, cb = cells.get((*a, h)), cells.get((*b, h))
-            if ca is None or cb is None:
-                continue
-            d = ca.mean - cb.mean
-            se = difference_se(ca.std, ca.n, cb.std, cb.n)
-            rows.append(
-                {
-                    "gap": name,
-                    "what": what,
-                    "steps": h,
-                    "difference": d,
-                    "se": se,
-                    "n": min(ca.n, cb.n),
-                    "verdict": _verdict(d, se),
-                    "seeds_for_2se": seeds_to_separate(ca.std, ca.n, cb.std, cb.n, d),
-                }
-            )
-    columns = ["gap", "what", "steps", "difference", "se", "n", "verdict", "seeds_for_2se"]
-    return pd.DataFrame(rows, columns=columns).astype({"seeds_for_2se": "Int64"})
+def cell_stats(cells: dict[tuple[str, str, int], Cell]) -> dict[tuple[str, str, int], SeedStats]:
+    """Each cell's test loss over its seeds (mean, sample std, n): what the table's CSV holds of it."""
+    return {place: SeedStats(c.mean, c.std, c.n) for place, c in cells.items()}
 
 
-def _verdict(d: float, se: float | None) -> str:
-    if se is None or not math.isfinite(d):
-        return "fewer than 2 seeds"
-    if abs(d) <= 2 * se:
+def cells_from_frame(frame: pd.DataFrame) -> dict[tuple[str, str, int], SeedStats]:
+    """{(row, column, steps): test loss over seeds} from a table written by :func:`cell_table` (the CSV, or the
+    held-out section's cells)."""
+    return {
+        (r["row"], r["column"], int(r["steps"])): SeedStats.from_row(r, mean=REPORTED, std=STD)
+        for r in frame.to_dict("records")
+    }
+
+
+def gaps(cells: dict[tuple[str, str, int], SeedStats]) -> list[tuple[str, str, int, stats.Gap]]:
+    """(name, what, steps, Welch's test of first - second) for every gap at every horizon where both of its cells
+    are, in :data:`GAPS`' order and by horizon."""
+    horizons = sorted({k[2] for k in cells})
+    return [
+        (name, what, h, gap(cells[(*a, h)], cells[(*b, h)]))
+        for name, what, a, b in GAPS
+        for h in horizons
+        if (*a, h) in cells and (*b, h) in cells
+    ]
+
+
+GAP_COLUMNS = ["gap", "what", "steps", "difference", "n", "verdict", *WELCH_COLUMNS]
+
+
+def gap_table(cells: dict[tuple[str, str, int], SeedStats]) -> pd.DataFrame:
+    """Every gap at every horizon where both of its cells are: the difference, its Welch test over the seeds,
+    whether it is beyond seed noise (decided: p < 0.05) with the paper's sign, and where not, the seeds a cell that
+    would decide it (if the gap and spread seen were the truth)."""
+    rows = [
+        {
+            "gap": name,
+            "what": what,
+            "steps": h,
+            "difference": g.diff,
+            "n": min(g.n_a, g.n_b),
+            "verdict": _verdict(g),
+            **welch_columns(g),
+        }
+        for name, what, h, g in gaps(cells)
+    ]
+    return pd.DataFrame(rows, columns=GAP_COLUMNS)
+
+
+def _verdict(g: stats.Gap) -> str:
+    if g.p is None:
+        return "fewer than 2 seeds" if min(g.n_a, g.n_b) < 2 else "no test (a value not finite)"
+    if not g.decided:
         return "within seed noise"
-    return "paper's sign" if d < 0 else "against the paper"
+    return "paper's sign" if g.diff < 0 else "against the paper"
 
 
 def trend(steps: list[int], diffs: list[float]) -> tuple[float, float | None] | None:
@@ -237,52 +266,71 @@ def trend(steps: list[int], diffs: list[float]) -> tuple[float, float | None] | 
     return float(slope), crossing
 
 
-def gap_claims(gaps: pd.DataFrame) -> list[Claim]:
-    """Per gap: the first horizon from which it has the paper's sign beyond 2 SE at every longer horizon run."""
-    claims = []
-    for name, what, _, _ in GAPS:
-        g = gaps[gaps.gap == name].sort_values("steps")
-        if g.empty:
-            continue
-        good = list(g.verdict == "paper's sign")
-        first = next((i for i in range(len(good)) if all(good[i:])), None)
-        per = "; ".join(
-            f"{s} steps: {d:+.4f}" + ("" if se is None or pd.isna(se) else f" ± {se:.4f}")
-            for s, d, se in zip(g.steps, g.difference, g.se, strict=True)
-        )
-        fit = trend(list(g.steps), list(g.difference))
-        if fit is not None:
-            per += f"; trend {fit[0]:+.4f} per doubling of the steps"
-            if fit[1] is not None:
-                per += f" (a straight line would cross zero near {fit[1]:,.0f} steps: an extrapolation)"
-        holds = first is not None
-        where = f"from {int(g.steps.iloc[first])} steps on" if holds else "at none of the horizons run"
-        claims.append(
-            Claim(f"[ours] {what}: negative (the paper's sign) beyond seed noise {where}", holds, per)
-        )
-    return claims
+#: a gap claim's statement: where it holds (or that it does not) is its detail's first words
+GAP_CLAIM = (
+    "[ours] {what}: negative (the paper's sign) beyond seed noise at every horizon from some horizon run on"
+)
 
 
-def heldout_claims(gaps: pd.DataFrame, seeds) -> list[Claim]:
-    """Per gap and horizon with held-out runs: the paper's sign beyond seed noise on the seeds no choice saw."""
+def gap_claims(cells: dict[tuple[str, str, int], SeedStats]) -> list[Claim]:
+    """Per gap: the first horizon from which it has the paper's sign beyond seed noise (Welch's p < 0.05) at every
+    longer horizon run, each horizon's test, the trend, and the flag where the longest horizon is undecided."""
+    by_gap: dict[str, list] = {}
+    for name, what, h, g in gaps(cells):
+        by_gap.setdefault(name, []).append((what, h, g))
+    return [_gap_claim(by_gap[name]) for name, *_ in GAPS if name in by_gap]
+
+
+def _gap_claim(per_horizon: list) -> Claim:
+    what, steps = per_horizon[0][0], [h for _, h, _ in per_horizon]
+    good = [g.decided and g.diff < 0 for _, _, g in per_horizon]
+    first = next((i for i in range(len(good)) if all(good[i:])), None)
+    where = f"from {steps[first]} steps on" if first is not None else "at none of the horizons run"
+    detail = [where, *(f"{h} steps: {_gap_text(g)}" for _, h, g in per_horizon)]
+    fit = trend(steps, [g.diff for _, _, g in per_horizon])
+    if fit is not None:
+        cross = (
+            ""
+            if fit[1] is None
+            else f" (a straight line would cross zero near {fit[1]:,.0f} steps: an extrapolation)"
+        )
+        detail.append(f"trend {fit[0]:+.4f} per doubling of the steps{cross}")
+    last = per_horizon[-1][2]
+    if last.flag():
+        detail.append(f"at {steps[-1]} steps {last.flag()}")
+    return Claim(GAP_CLAIM.format(what=what), first is not None, "; ".join(detail))
+
+
+def _gap_text(g: stats.Gap) -> str:
+    """``-0.0096 ± 0.0020, t = -4.79 (Welch, df 1.0), p = 0.13 over 2 / 2 seeds``: the gap, its standard error
+    and its test."""
+    return f"{g.diff:+.4f}" + ("" if g.se is None else f" ± {g.se:.4f}") + f", {g.test()}"
+
+
+def heldout_claims(cells: dict[tuple[str, str, int], SeedStats], seeds) -> list[Claim]:
+    """Per gap and horizon with held-out runs: the paper's sign beyond seed noise (Welch's p < 0.05) on the seeds
+    no choice saw."""
     seeds_text = ", ".join(map(str, sorted(seeds)))
-    claims = []
-    for _, g in gaps.iterrows():
-        se = None if pd.isna(g.se) else float(g.se)
-        claims.append(
-            Claim(
-                f"[held-out seeds] {g.what}, {int(g.steps)} steps: negative (the paper's sign) beyond seed noise",
-                g.verdict == "paper's sign",
-                f"{g.difference:+.4f}" + ("" if se is None else f" ± {se:.4f}") + f" over seeds {seeds_text} "
-                f"({int(g.n)} a cell), each cell at the setting seeds outside them chose",
-            )
+    return [
+        Claim(
+            f"[held-out seeds] {what}, {h} steps: negative (the paper's sign) beyond seed noise",
+            g.decided and g.diff < 0,
+            f"{_gap_text(g)} (seeds {seeds_text}), each cell at the setting seeds outside them chose"
+            + (f"; {g.flag()}" if g.flag() else ""),
         )
-    return claims
+        for _, what, h, g in gaps(cells)
+    ]
+
+
+def claims_from_frames(frame: pd.DataFrame, heldout: pd.DataFrame | None, seeds) -> list[Claim]:
+    """The gap claims on the table's cells (its CSV) and the held-out ones on the held-out section's cells."""
+    held = heldout_claims(cells_from_frame(heldout), seeds) if heldout is not None and len(heldout) else []
+    return gap_claims(cells_from_frame(frame)) + held
 
 
 def cell_table(cells: dict) -> pd.DataFrame:
     """One row per (row, column, steps) cell, by horizon, row and the paper's column order: its test loss (mean,
-    std, n over seeds) and the chosen setting."""
+    sample std, n over seeds) and the chosen setting."""
     order = sorted(cells.items(), key=lambda kv: (kv[0][2], kv[0][0], COLUMNS.index(kv[0][1])))
     return pd.DataFrame(
         [
@@ -290,24 +338,37 @@ def cell_table(cells: dict) -> pd.DataFrame:
                 "steps": h,
                 "row": row,
                 "column": col,
-                "test_loss": c.mean,
-                "std": c.std,
+                REPORTED: c.mean,
+                STD: c.std,
                 "n": c.n,
                 "chosen": named(c.chosen),
             }
             for (row, col, h), c in order
-        ]
+        ],
+        columns=["steps", "row", "column", REPORTED, STD, "n", "chosen"],
     )
 
 
-def _heldout_markdown(heldout: dict, gaps: pd.DataFrame) -> str:
-    """The held-out cells and their gaps, or a line saying none has run."""
-    if not heldout:
+def heldout_table(found: Study) -> pd.DataFrame | None:
+    """The held-out cells (a :func:`cell_table`) as the held-out section prints them; None without any. Their
+    claims and gaps read these printed numbers: the CSV does not hold these cells, so a re-statement of the table
+    reads them from the md, and both read the same numbers."""
+    return as_printed(cell_table(found.heldout)) if found.heldout else None
+
+
+def as_printed(cells: pd.DataFrame) -> pd.DataFrame:
+    """``cells`` with the numbers :func:`markdown_table` prints (4 decimals, or 4 significant digits)."""
+    return read_markdown_table(markdown_table(cells, 4))
+
+
+def heldout_section(heldout: pd.DataFrame | None) -> str:
+    """The held-out cells (a :func:`cell_table`) and their gaps, or a line saying none has run."""
+    if heldout is None or not len(heldout):
         return "(no held-out run at a chosen setting yet)"
-    cells = cell_table(heldout)
-    out = markdown_table(cells, 4)
-    if len(gaps):
-        out += "\n\n" + markdown_table(gaps, 4)
+    held_gaps = gap_table(cells_from_frame(heldout))
+    out = markdown_table(heldout, 4)
+    if len(held_gaps):
+        out += "\n\n" + markdown_table(held_gaps, 4)
     return out
 
 
@@ -437,86 +498,106 @@ def study(ctx: ReportContext, setting: dict) -> Study:
 
 def build(ctx: ReportContext | None = None) -> list[Path]:
     ctx = ctx or ReportContext()
-    profile = ctx.profile
-    command = f"make reproduce-table TABLE={TABLE_ID} PROFILE={profile}"
-    setting = profile_setting(profile)
+    command = f"make reproduce-table TABLE={TABLE_ID} PROFILE={ctx.profile}"
+    setting = profile_setting(ctx.profile)
     found = study(ctx, setting)
-    runs, base, records, cells, own = found.runs, found.base, found.records, found.cells, found.own
-    reads_base, missing = found.reads_base, found.missing
-    if not records:
-        raise FileNotFoundError(f"no complete runs in {ctx.where(runs.spec.name)}; run `{command}`")
+    if not found.records:
+        raise FileNotFoundError(f"no complete runs in {ctx.where(found.runs.spec.name)}; run `{command}`")
+    frame = cell_table(found.cells)
+    heldout = heldout_table(found)
+    seeds = found.runs.spec.selection.heldout_seeds
+    positions = grid_positions(found.own)
+    claims = claims_from_frames(frame, heldout, seeds) + grid_claims(positions)
+    diag = diagnostics_table(found.records, found.cells, setting)
+    horizons = sorted({k[2] for k in found.cells})
+    return Table(
+        TABLE_ID,
+        "Ganesh et al. Fig. 3 against the number of steps: test loss and the claims' gaps",
+        command,
+        frame,
+        setting=_setting_text(ctx.profile, setting, horizons, found.runs.spec, found.reads_base),
+        claims=claims,
+        notes=notes_for(claims, found, positions, diag, ctx.profile),
+        figure=_figure(found.cells, gap_table(cells_from_frame(frame)), ctx.out),
+        digits=4,
+        extra_sections=_sections(found, frame, heldout, diag, setting),
+        missing=found.missing,
+    ).write(ctx.out)
 
-    df = cell_table(cells)
-    gaps = gap_table(cells)
-    positions = grid_positions(own)
-    seeds = runs.spec.selection.heldout_seeds
-    held_gaps = gap_table(found.heldout)
-    claims = gap_claims(gaps) + heldout_claims(held_gaps, seeds) + grid_claims(positions)
-    diag = diagnostics_table(records, cells, setting)
+
+#: the heading of the gap section (and, before the shared rule, its first words)
+GAPS_HEADING = (
+    "The gaps (first - second; the paper finds each negative; beyond seed noise = decided by Welch's t, p < 0.05; "
+    "seeds to decide: seeds a cell at which the gap and spread seen would be decided)"
+)
+OLD_GAPS_HEADING = (
+    "The gaps (first - second; the paper finds each negative; 'beyond seed noise' = |d| > 2 SE;"
+)
+HELDOUT_HEADING = (
+    "Held-out seeds ({seeds}): each cell at the setting the other seeds chose, scored on test abstracts; no choice "
+    "saw these runs"
+)
+
+
+def _sections(found: Study, frame: pd.DataFrame, heldout, diag: pd.DataFrame, setting: dict) -> list:
+    """The held-out seeds' cells and gaps, the gaps, every horizon's tuning, the diagnostics."""
+    runs, seeds = found.runs, found.runs.spec.selection.heldout_seeds
     metric = runs.spec.selection.metric
-    tuning = tuning_table(tuning_runs(runs.complete, runs.spec.selection), own, setting, metric)
-    held_section = (
-        [
-            (
-                f"Held-out seeds ({', '.join(map(str, seeds))}): each cell at the setting the other seeds chose, "
-                "scored on test abstracts; no choice saw these runs",
-                _heldout_markdown(found.heldout, held_gaps),
-            )
-        ]
+    tuning = tuning_table(tuning_runs(runs.complete, runs.spec.selection), found.own, setting, metric)
+    held = (
+        [(HELDOUT_HEADING.format(seeds=", ".join(map(str, seeds))), heldout_section(heldout))]
         if seeds
         else []
     )
-    fig = _figure(cells, gaps, ctx.out)
-    horizons = sorted({k[2] for k in cells})
-    return write_table(
-        TABLE_ID,
-        df,
-        out=ctx.out,
-        title="Ganesh et al. Fig. 3 against the number of steps: test loss and the claims' gaps",
-        command=command,
-        setting=_setting_text(profile, setting, horizons, runs.spec, reads_base),
-        claims=claims,
-        notes=_notes(
-            profile,
-            records,
-            cells,
-            runs.incomplete + (base.incomplete if reads_base else []),
-            [f"{where} = {detail}" for where, inside, detail, _ in positions if not inside],
-            metric,
-            reads_base,
-        )
-        + [n for n in (step_size_note(diag, cells),) if n]
-        + (
-            [
-                "Held-out runs at a setting their cell no longer chooses (re-run them at the choice): "
-                + "; ".join(found.stale_heldout)
-            ]
-            if found.stale_heldout
-            else []
+    return held + [
+        (GAPS_HEADING, gaps_section(frame)),
+        (
+            f"The tuning at each horizon (every grid point: mean {metric} over seeds, the rule's score, and "
+            "mean test_loss" + (f"; {BASE}'s cells keep its own tuning)" if found.reads_base else ")"),
+            markdown_table(tuning, 4) if len(tuning) else "(no cell has more than one grid point)",
         ),
-        figure=fig,
-        digits=4,
-        extra_sections=held_section
-        + [
-            (
-                "The gaps (first - second; the paper finds each negative; 'beyond seed noise' = |d| > 2 SE; "
-                "seeds_for_2se: seeds per cell at which |d| would be 2 SE, from the spread between these seeds, a "
-                "rough count)",
-                markdown_table(gaps, 4) if len(gaps) else "(no horizon has both cells of a gap yet)",
-            ),
-            (
-                f"The tuning at each horizon (every grid point: mean {metric} over seeds, the rule's score, and "
-                "mean test_loss" + (f"; {BASE}'s cells keep its own tuning)" if reads_base else ")"),
-                markdown_table(tuning, 4) if len(tuning) else "(no cell has more than one grid point)",
-            ),
-            (
-                "Diagnostics per horizon (last logged step, mean over the chosen runs; clean statistics: "
-                "diagnostic, not private outputs)",
-                markdown_table(diag, 4) if len(diag) else "(no diagnostics logged)",
-            ),
-        ],
-        missing=missing,
+        (
+            "Diagnostics per horizon (last logged step, mean over the chosen runs; clean statistics: "
+            "diagnostic, not private outputs)",
+            markdown_table(diag, 4) if len(diag) else "(no diagnostics logged)",
+        ),
+    ]
+
+
+def gaps_section(frame: pd.DataFrame) -> str:
+    """The gap table of the table's cells (its CSV), or a line saying no horizon has both cells of a gap."""
+    table = gap_table(cells_from_frame(frame))
+    return markdown_table(table, 4) if len(table) else "(no horizon has both cells of a gap yet)"
+
+
+def notes_for(claims: list[Claim], found: Study, positions, diag: pd.DataFrame, profile: str) -> list[str]:
+    """The rule (on the gap claims), the tuning, the grid edges, the epsilon, the runs left out, the rows, the
+    step-size reading and the held-out runs at a stale setting."""
+    runs, base = found.runs, found.base
+    notes = rule_notes(seed_claims(claims), WHAT) + _notes(
+        profile,
+        found.records,
+        found.cells,
+        runs.incomplete + (base.incomplete if found.reads_base else []),
+        [f"{where} = {detail}" for where, inside, detail, _ in positions if not inside],
+        runs.spec.selection.metric,
+        found.reads_base,
     )
+    notes += [n for n in (step_size_note(diag, found.cells),) if n]
+    if found.stale_heldout:
+        notes.append(
+            "Held-out runs at a setting their cell no longer chooses (re-run them at the choice): "
+            + "; ".join(found.stale_heldout)
+        )
+    return notes
+
+
+WHAT = "the two cells of every gap"
+
+
+def seed_claims(claims: list[Claim]) -> list[Claim]:
+    """The claims the seeds decide or not (the gaps; the grid claims are about the tuning grid)."""
+    return [c for c in claims if not c.text.startswith("[grid]")]
 
 
 def _setting_text(profile: str, s: dict, horizons: list[int], spec, reads_base: bool) -> str:
@@ -594,26 +675,114 @@ def _figure(cells: dict, gaps: pd.DataFrame, out: Path):
         axes[0].errorbar(
             [h for h, _ in pts],
             [c.mean for _, c in pts],
-            yerr=[c.std for _, c in pts],
+            yerr=[c.std or 0.0 for _, c in pts],  # one seed: no spread
             marker="o",
             capsize=3,
             label=f"{row} @ {col}",
         )
-    axes[0].set(xscale="log", xlabel="steps", ylabel="test loss (mean ± std over seeds)", title="test loss")
+    axes[0].set(
+        xscale="log", xlabel="steps", ylabel="test loss (mean ± sample std over seeds)", title="test loss"
+    )
     axes[0].legend(fontsize=7)
     for name, what, _, _ in GAPS:
         g = gaps[gaps.gap == name].sort_values("steps")
         if g.empty:
             continue
-        se = [0.0 if s is None or pd.isna(s) else 2 * s for s in g.se]
-        axes[1].errorbar(g.steps, g.difference, yerr=se, marker="o", capsize=3, label=what)
+        axes[1].errorbar(g.steps, g.difference, yerr=_welch_interval(g), marker="o", capsize=3, label=what)
     axes[1].axhline(0.0, color="k", lw=0.8)
     axes[1].set(
         xscale="log",
         xlabel="steps",
-        ylabel="gap (± 2 SE over seeds)",
+        ylabel="gap (± Welch's 95% interval over seeds)",
         title="the claims' gaps (the paper: below 0)",
     )
     axes[1].legend(fontsize=7)
     fig.tight_layout()
     return save_figure(fig, TABLE_ID, out)
+
+
+def _welch_interval(g: pd.DataFrame) -> list[float]:
+    """Half-width of each gap's 95% interval by Welch's t (it excludes 0 exactly when the seeds decide the gap);
+    0 where there is no test."""
+    return [
+        0.0 if pd.isna(se) else float(se * scipy_stats.t.ppf(1 - stats.LEVEL / 2, df))
+        for se, df in zip(g.se, g.df, strict=True)
+    ]
+
+
+# --- re-stating the committed table (dp_adam_bench/report/restate_md.py) ----------------------------------
+#: a gap claim's text before the shared rule: the horizon it found (by |d| > 2 SE) was part of the statement
+OLD_GAP_CLAIM = re.compile(
+    r"\[ours\] (?P<what>.*): negative \(the paper's sign\) beyond seed noise "
+    r"(from \d+ steps on|at none of the horizons run)"
+)
+HELDOUT_RESTATED = (
+    "The held-out cells are re-stated from the digits this md printed (the CSV does not hold them): their sample "
+    "std from the population std printed there, so their gaps' last digits may differ from the runs' own."
+)
+
+
+def heldout_of_md(md: Markdown) -> tuple[pd.DataFrame | None, tuple[int, ...], bool]:
+    """The held-out section's cells as the md prints them (a :func:`cell_table`, the spread the sample std), its
+    seeds, and whether they were printed under the old rule (a population std)."""
+    found = section(md, HELDOUT_HEADING.split("(")[0])
+    if found is None:
+        return None, (), False
+    heading, body = found
+    seeds = tuple(int(x) for x in heading[heading.index("(") + 1 : heading.index(")")].split(", "))
+    if not body.startswith("|"):
+        return None, seeds, False
+    printed = read_markdown_table(body)
+    old = "std" in printed.columns
+    cells = restated_frame(printed, {"std": (STD, "population")})
+    return as_printed(cells), seeds, old
+
+
+def gaps_in(results: Path) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
+    """The gap tables of this study's table in ``results`` (its CSV's cells, its md's held-out cells), as
+    ganesh_fig3 reads them when it is re-stated; None where the table or its held-out cells are not there."""
+    csv, md = results / f"{TABLE_ID}.csv", results / f"{TABLE_ID}.md"
+    if not (csv.is_file() and md.is_file()):
+        return None, None
+    frame = restated_frame(pd.read_csv(csv), {"std": (STD, "population")})
+    heldout = heldout_of_md(parse_markdown(md.read_text()))[0]
+    return gap_table(cells_from_frame(frame)), None if heldout is None else gap_table(
+        cells_from_frame(heldout)
+    )
+
+
+def restated_claims(frame: pd.DataFrame, md: Markdown, results: Path) -> list[Claim]:
+    del results
+    heldout, seeds, _ = heldout_of_md(md)
+    return claims_from_frames(frame, heldout, seeds)
+
+
+def restated_notes(old: list[str], claims: list[Claim], md: Markdown) -> list[str]:
+    notes = restated_rule_notes(old, seed_claims(claims), (), WHAT)
+    return notes + ([HELDOUT_RESTATED] if heldout_of_md(md)[2] and HELDOUT_RESTATED not in notes else [])
+
+
+def restated_sections(frame: pd.DataFrame, md: Markdown, results: Path) -> list[tuple[str, str]]:
+    """The md's sections with the held-out cells and gaps and the gap table recomputed, the others kept."""
+    del results
+    heldout = heldout_of_md(md)[0]
+    return replaced(
+        md.sections,
+        {
+            HELDOUT_HEADING.split("(")[0]: lambda heading, _: (heading, heldout_section(heldout)),
+            OLD_GAPS_HEADING: lambda *_: (GAPS_HEADING, gaps_section(frame)),
+            GAPS_HEADING: lambda *_: (GAPS_HEADING, gaps_section(frame)),
+        },
+    )
+
+
+def _retext(text: str) -> str:
+    """A gap claim's old text in its new wording (:data:`GAP_CLAIM`); other texts as they are."""
+    old = OLD_GAP_CLAIM.fullmatch(text)
+    return GAP_CLAIM.format(what=old["what"]) if old else text
+
+
+RESTATEMENT = MdRestatement(
+    TABLE_ID, {"std": (STD, "population")}, restated_claims, restated_notes, restated_sections, _retext
+)
+register_reading_md(RESTATEMENT)

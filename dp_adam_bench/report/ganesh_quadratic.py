@@ -28,15 +28,17 @@ import numpy as np
 import pandas as pd
 
 from dp_adam_bench.report.aggregate import get
-from dp_adam_bench.report.common import Claim, incomplete_note, load_paper, write_table
+from dp_adam_bench.report.common import Claim, incomplete_note, load_paper
 from dp_adam_bench.report.context import ReportContext
-from dp_adam_bench.report.expected import preset_runs
+from dp_adam_bench.report.skeleton import Table, complete_runs
+from dp_adam_bench.report.stats import STD_SUFFIX, sample_std
 from dp_adam_bench.sweep import Selection
 from dp_adam_bench.tracking.run_store import RunRecord
 
 EXPERIMENT = "ganesh_quadratic"
 COMMAND = "dp-adam-bench sweep ganesh_quadratic && dp-adam-bench report ganesh_quadratic"
 METRIC = "excess_loss"  # the loss the table prints; the selection metric is the preset's
+STD = f"{METRIC}{STD_SUFFIX}"
 TOL = 0.15  # relative tolerance of every "matches the prediction" check
 FAR = 1.5  # "different": off by more than this factor
 # row -> (optimizer, noise kind, twin data distribution?, label)
@@ -125,55 +127,125 @@ def select(records: list[RunRecord], selection: Selection) -> dict[str, Chosen]:
     return chosen
 
 
+@dataclass(frozen=True)
+class Physics:
+    """The quadratic's setting, shared by every run of the table: curvatures, batch, and the private runs' noise
+    multiplier and clip; and the §4 quantities they give."""
+
+    c_x: float
+    c_y: float
+    batch: float
+    sigma: float
+    clip: float
+
+    @classmethod
+    def of(cls, complete: list[RunRecord], priv: Chosen | None) -> Physics:
+        cfg = complete[0].config
+        noise = (
+            (float(get(priv.record.config, k)) for k in ("privacy.sigma", "privacy.clip"))
+            if priv
+            else (0.0, 0.0)
+        )
+        return cls(
+            float(get(cfg, "task.c_x")),
+            float(get(cfg, "task.c_y")),
+            float(get(cfg, "train.batch_size")),
+            *noise,
+        )
+
+    @property
+    def s(self) -> float:
+        """The noise std on the averaged gradient, sigma C / B."""
+        return self.sigma * self.clip / self.batch
+
+    @property
+    def nu_star(self) -> tuple[float, float]:
+        """E[g^2] of the averaged clean gradient at the optimum."""
+        return (self.c_x**2 / self.batch, self.c_y**2 / self.batch)
+
+    @property
+    def ratio_np(self) -> float:
+        """lr_y / lr_x of non-private Adam: c_x / c_y."""
+        return self.c_x / self.c_y
+
+    @property
+    def ratio_pp(self) -> float:
+        """lr_y / lr_x of post-processing: sqrt((c_x^2/B + s^2) / (c_y^2/B + s^2))."""
+        return math.sqrt((self.nu_star[0] + self.s**2) / (self.nu_star[1] + self.s**2))
+
+    @property
+    def stp_factor(self) -> float:
+        """§4.3.1's steady state of scale-then-privatize: nu = nu* / (1 - (sigma C / B)^2)."""
+        return 1 / (1 - self.s**2) if self.s < 1 else math.inf
+
+    def theory(self, row: str) -> float:
+        """The §4 prediction of lr_y / lr_x for ``row``."""
+        return self.ratio_pp if row in ("postprocessing", "twin_nonprivate_adam") else self.ratio_np
+
+
 def build(ctx: ReportContext | None = None) -> list[Path]:
     ctx = ctx or ReportContext()
-    paper = load_paper("ganesh").get("quadratic", {})
-    quotes = paper.get("quotes", {})
-    runs = preset_runs(ctx, EXPERIMENT)
-    complete, incomplete = runs.complete, runs.incomplete
-    if not complete:
-        raise FileNotFoundError(
-            f"no complete runs in {ctx.where(runs.spec.name)}; run `dp-adam-bench sweep {EXPERIMENT}` first"
-        )
-    chosen = select(complete, runs.spec.selection)
-    any_cfg = complete[0].config
-    c_x, c_y = float(get(any_cfg, "task.c_x")), float(get(any_cfg, "task.c_y"))
-    B = float(get(any_cfg, "train.batch_size"))
-    priv = next((c for c in chosen.values() if get(c.record.config, "noise.kind") != "none"), None)
-    sigma = float(get(priv.record.config, "privacy.sigma")) if priv else 0.0
-    clip = float(get(priv.record.config, "privacy.clip")) if priv else 0.0
-    s = sigma * clip / B  # noise std on the averaged gradient
-    nu_star = (c_x**2 / B, c_y**2 / B)  # E[g^2] of the averaged clean gradient at the optimum
-    ratio_np = c_x / c_y
-    ratio_pp = math.sqrt((nu_star[0] + s**2) / (nu_star[1] + s**2))
-    stp_factor = 1 / (1 - s**2) if s < 1 else math.inf  # §4.3.1 steady state nu = nu* / (1 - (sigma C / B)^2)
-    theory = {
-        "nonprivate_adam": ratio_np,
-        "postprocessing": ratio_pp,
-        "noiseless_precond": ratio_np,
-        "bc": ratio_np,
-        "ime": ratio_np,
-        "stp": ratio_np,
-        "twin_nonprivate_adam": ratio_pp,
+    quotes = load_paper("ganesh").get("quadratic", {}).get("quotes", {})
+    found = complete_runs(ctx, EXPERIMENT, COMMAND)
+    chosen = select(found.complete, found.spec.selection)
+    physics = Physics.of(found.complete, _private(chosen))
+    stats = {row: _row_stats(c) for row, c in chosen.items()}
+    frame = _frame(chosen, stats, physics)
+    return Table(
+        EXPERIMENT,
+        "Ganesh et al. §4.1-4.3 — per-coordinate learning rates on the 2-D quadratic",
+        COMMAND,
+        frame,
+        setting=(
+            "lr_y / lr_x of each variant's final effective learning rates (eta / denominator) vs non-private "
+            f"Adam's direction (1/c_x, 1/c_y), i.e. vs c_x / c_y = {physics.ratio_np:g}; the paper prints no "
+            "numbers for §4, the theory column is its prediction"
+        ),
+        claims=_claims(stats, physics, quotes),
+        notes=_notes(found, chosen, physics, frame),
+        figure=_figure(chosen, frame, physics.ratio_np, physics.ratio_pp, ctx.out),
+        extra_sections=[("Tuning sweep (mean final excess loss)", _sweep_section(chosen))],
+        missing=found.missing,
+    ).write(ctx.out)
+
+
+def _private(chosen: dict[str, Chosen]) -> Chosen | None:
+    """A chosen private run (they share sigma and clip), None without one."""
+    return next((c for c in chosen.values() if get(c.record.config, "noise.kind") != "none"), None)
+
+
+def _row_stats(c: Chosen) -> dict:
+    """What the claims read of a row's chosen run, over its trials: the median lr_y / lr_x, the mean nu and its
+    standard error (from the sample std), the median learning rates and eta."""
+    nu_x, nu_y = c.trials("nu_x"), c.trials("nu_y")
+    n = len(c.trials(METRIC))
+    return {
+        "ratio": float(np.median(c.trials("lr_ratio"))),
+        "nu": (float(np.mean(nu_x)), float(np.mean(nu_y))),
+        "nu_se": (_standard_error(nu_x, n), _standard_error(nu_y, n)),
+        "lr": (float(np.median(c.trials("lr_x"))), float(np.median(c.trials("lr_y")))),
+        "eta": float(c.setting["optimizer.lr"]),
     }
 
-    rows, stats = [], {}
+
+def _standard_error(values: np.ndarray, n: int) -> float:
+    """The standard error of the mean of ``values`` from their sample std; 0 for one trial (no spread)."""
+    sd = sample_std(values)
+    return 0.0 if sd is None else sd / math.sqrt(n)
+
+
+def _frame(chosen: dict[str, Chosen], stats: dict, physics: Physics) -> pd.DataFrame:
+    """One row per variant: its tuned setting, final learning rates and their ratio against the §4 prediction,
+    second moments, the share of trials at the floor, and the excess loss (mean, sample std over trials)."""
+    rows = []
     for row, (_, noise, _, label) in ROWS.items():
-        c = chosen.get(row)
+        c, st = chosen.get(row), stats.get(row)
         if c is None:
-            rows.append({"row": row, "variant": label, "noise": noise, "theory_lr_ratio": theory[row]})
+            rows.append(
+                {"row": row, "variant": label, "noise": noise, "theory_lr_ratio": physics.theory(row)}
+            )
             continue
-        lr_x, lr_y, ratio = c.trials("lr_x"), c.trials("lr_y"), c.trials("lr_ratio")
-        nu_x, nu_y, loss = c.trials("nu_x"), c.trials("nu_y"), c.trials(METRIC)
-        n = len(loss)
-        st = {
-            "ratio": float(np.median(ratio)),
-            "nu": (float(np.mean(nu_x)), float(np.mean(nu_y))),
-            "nu_se": (float(np.std(nu_x) / math.sqrt(n)), float(np.std(nu_y) / math.sqrt(n))),
-            "lr": (float(np.median(lr_x)), float(np.median(lr_y))),
-            "eta": float(c.setting["optimizer.lr"]),
-        }
-        stats[row] = st
+        ratio, loss = c.trials("lr_ratio"), c.trials(METRIC)
         q25, q75 = np.percentile(ratio, [25, 75])
         rows.append(
             {
@@ -187,57 +259,79 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
                 "lr_ratio": st["ratio"],
                 "lr_ratio_q25": float(q25),
                 "lr_ratio_q75": float(q75),
-                "theory_lr_ratio": theory[row],
-                "ratio_over_cx_cy": st["ratio"] / ratio_np,
+                "theory_lr_ratio": physics.theory(row),
+                "ratio_over_cx_cy": st["ratio"] / physics.ratio_np,
                 "nu_x": st["nu"][0],
                 "nu_y": st["nu"][1],
                 "at_floor_y": float(np.mean(c.trials("at_floor_y"))),
                 "excess_loss": float(np.mean(loss)),
-                "excess_loss_std": float(np.std(loss)),
-                "n": n,
+                STD: sample_std(loss),
+                "n": len(loss),
             }
         )
-    df = pd.DataFrame(rows)
+    return pd.DataFrame(rows)
 
-    claims = _claims(stats, c_x, c_y, s, nu_star, ratio_np, ratio_pp, stp_factor, quotes)
-    twin = chosen.get("twin_nonprivate_adam")
+
+def _notes(found, chosen: dict[str, Chosen], physics: Physics, frame: pd.DataFrame) -> list[str]:
+    """The setting, what each column is, the wording of §4.1, the losses observed, the run store's consistency,
+    the privacy of the private runs and the runs left out."""
+    any_cfg, p = found.complete[0].config, physics
     notes = [
-        f"Setting: c_x = {c_x:g}, c_y = {c_y:g} (c_x / c_y = {ratio_np:g}), batch B = {B:g}, clip C = {clip:g}, "
-        f"noise multiplier sigma = {sigma:g}, so the noise on the averaged gradient has std s = sigma C / B = {s:g}; "
-        f"{get(any_cfg, 'task.n_examples')} steps (one pass), beta2 = {get(any_cfg, 'optimizer.beta2')}, start "
-        f"({get(any_cfg, 'task.x0')}, {get(any_cfg, 'task.y0')}). The paper prints none of these (§4 is theory); "
-        "they are ours (configs/experiment/ganesh_quadratic.yaml).",
-        "Loss: (c_x/2)(x - a)^2 + (c_y/2)(y - b)^2 as printed in the paper (the HTML rendering 'cx2(xa)2' is "
-        "\\frac{c_x}{2}, not c_x^2); metric: excess expected loss (c_x/2) x^2 + (c_y/2) y^2, mean and std over "
-        "trials at the end.",
-        "lr_x, lr_y, lr_y/lr_x: medians over trials of eta / denominator at the last step (robust to trials where "
-        "a floor makes one coordinate's learning rate eta / eps_s); q25 / q75 the quartiles of the ratio. nu_x, "
-        "nu_y: means over trials of the second-moment estimate under the root before any floor (v^ - Phi for bc, "
-        "possibly negative v^ for ime). at_floor_y: share of trials where the floor decides lr_y.",
-        f"theory_lr_ratio: c_x / c_y = {ratio_np:.3g} for non-private Adam, the noiseless preconditioner, bc / ime "
+        f"Setting: c_x = {p.c_x:g}, c_y = {p.c_y:g} (c_x / c_y = {p.ratio_np:g}), batch B = {p.batch:g}, clip C = "
+        f"{p.clip:g}, noise multiplier sigma = {p.sigma:g}, so the noise on the averaged gradient has std s = sigma "
+        f"C / B = {p.s:g}; {get(any_cfg, 'task.n_examples')} steps (one pass), beta2 = "
+        f"{get(any_cfg, 'optimizer.beta2')}, start ({get(any_cfg, 'task.x0')}, {get(any_cfg, 'task.y0')}). The "
+        "paper prints none of these (§4 is theory); they are ours (configs/experiment/ganesh_quadratic.yaml).",
+        *COLUMN_NOTES,
+        f"theory_lr_ratio: c_x / c_y = {p.ratio_np:.3g} for non-private Adam, the noiseless preconditioner, bc / ime "
         f"(in expectation) and stp (up to a common factor); sqrt((c_x^2/B + s^2) / (c_y^2/B + s^2)) = "
-        f"{ratio_pp:.3g} for post-processing and for non-private Adam on the twin data.",
-        "Per row the (eta, eps_s) with the lowest mean final excess loss is kept (eps_s tuned for bc and ime as the "
-        "paper does); selection and reporting use the same trials. Trials are independent in data and noise.",
-        "The noiseless preconditioner reads the clean clipped gradient: a non-private baseline, as in the paper.",
-        "bc and ime with sigma = 0 are non-private Adam (Phi = 0, clean moments): on the twin data they would "
-        "coincide with the twin row, which is why only Adam is run there.",
-        "ime's noise on g^2 uses the derived sensitivity (2B - 1) C^2 / B^2 = C^2 at B = 1: its nu_y estimate is "
-        "noise-dominated here (the §4.4 regime), which is what at_floor_y shows.",
+        f"{p.ratio_pp:.3g} for post-processing and for non-private Adam on the twin data.",
+        *SELECTION_NOTES,
+        _observed_note(frame),
     ]
-    notes.append(
-        "Wording: §4.1 writes that the noise 'imposes a floor of 1/sigma on the per-coordinate learning rates' "
-        "and that DP-Adam then cannot distinguish coordinates whose correct learning rate is 'smaller than "
-        "1/sigma'; the formula above it, lr ~ 1/sqrt(c^2 + sigma^2) <= 1/sigma, makes 1/sigma a cap (a floor on "
-        "the denominator), which is how the claim is checked here."
-    )
-    ranked = df.dropna(subset=["excess_loss"]).sort_values("excess_loss")
-    notes.append(
+    notes += _consistency_notes(found.complete, chosen, p) + _privacy_note(found.complete, chosen)
+    return notes + incomplete_note(found.incomplete)
+
+
+#: what the table's columns are
+COLUMN_NOTES = [
+    "Loss: (c_x/2)(x - a)^2 + (c_y/2)(y - b)^2 as printed in the paper (the HTML rendering 'cx2(xa)2' is "
+    "\\frac{c_x}{2}, not c_x^2); metric: excess expected loss (c_x/2) x^2 + (c_y/2) y^2, mean and sample std over "
+    "trials at the end.",
+    "lr_x, lr_y, lr_y/lr_x: medians over trials of eta / denominator at the last step (robust to trials where "
+    "a floor makes one coordinate's learning rate eta / eps_s); q25 / q75 the quartiles of the ratio. nu_x, "
+    "nu_y: means over trials of the second-moment estimate under the root before any floor (v^ - Phi for bc, "
+    "possibly negative v^ for ime). at_floor_y: share of trials where the floor decides lr_y.",
+]
+#: how a row is chosen, what its baselines are, and how §4.1's wording is read
+SELECTION_NOTES = [
+    "Per row the (eta, eps_s) with the lowest mean final excess loss is kept (eps_s tuned for bc and ime as the "
+    "paper does); selection and reporting use the same trials. Trials are independent in data and noise.",
+    "The noiseless preconditioner reads the clean clipped gradient: a non-private baseline, as in the paper.",
+    "bc and ime with sigma = 0 are non-private Adam (Phi = 0, clean moments): on the twin data they would "
+    "coincide with the twin row, which is why only Adam is run there.",
+    "ime's noise on g^2 uses the derived sensitivity (2B - 1) C^2 / B^2 = C^2 at B = 1: its nu_y estimate is "
+    "noise-dominated here (the §4.4 regime), which is what at_floor_y shows.",
+    "Wording: §4.1 writes that the noise 'imposes a floor of 1/sigma on the per-coordinate learning rates' "
+    "and that DP-Adam then cannot distinguish coordinates whose correct learning rate is 'smaller than "
+    "1/sigma'; the formula above it, lr ~ 1/sqrt(c^2 + sigma^2) <= 1/sigma, makes 1/sigma a cap (a floor on "
+    "the denominator), which is how the claim is checked here.",
+]
+
+
+def _observed_note(frame: pd.DataFrame) -> str:
+    ranked = frame.dropna(subset=["excess_loss"]).sort_values("excess_loss")
+    return (
         "Observed final excess loss at the tuned eta (not a paper claim; §4.2 only says the noiseless learning "
         "rates are 'not necessarily the right' ones for private gradients): "
         + " < ".join(f"{r.row} {r.excess_loss:.3g}" for r in ranked.itertuples())
         + "."
     )
+
+
+def _consistency_notes(complete: list[RunRecord], chosen: dict[str, Chosen], physics: Physics) -> list[str]:
+    """Warnings where the run store mixes settings, or the twin data do not match the private runs' noise."""
+    notes = []
     private_runs = [r for r in complete if get(r.config, "noise.kind") != "none"]
     varying = [
         k
@@ -249,24 +343,32 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
             "WARNING: the run store mixes runs that differ in " + ", ".join(varying) + "; rows may not be "
             "comparable (clear runs/ganesh_quadratic and sweep again)."
         )
-    if twin is not None:
+    twin = chosen.get("twin_nonprivate_adam")
+    if twin is not None and _private(chosen) is not None:
         s_twin = float(get(twin.record.config, "task.equivalent_noise_std"))
-        if priv is not None and not math.isclose(s_twin, s, rel_tol=1e-6):
+        if not math.isclose(s_twin, physics.s, rel_tol=1e-6):
             notes.append(
-                f"WARNING: the twin data use equivalent_noise_std = {s_twin:g} but sigma C / B = {s:g}: "
+                f"WARNING: the twin data use equivalent_noise_std = {s_twin:g} but sigma C / B = {physics.s:g}: "
                 "the twin row does not match the private runs' gradient distribution."
             )
-    eps = next((r.summary.get("epsilon") for r in complete if r.summary.get("epsilon")), None)
-    if eps:
-        notes.append(
-            "Privacy of the private runs (one pass, each example once, no amplification, delta = "
-            f"{get(priv.record.config, 'privacy.delta'):g}): "
-            + ", ".join(f"{k} eps = {v:.1f}" for k, v in eps.items())
-            + " — large on purpose: the experiment is about geometry."
-        )
-    notes += incomplete_note(incomplete)
+    return notes
 
-    sweep_lines = ["| row | setting | mean final excess loss |", "|---|---|---|"]
+
+def _privacy_note(complete: list[RunRecord], chosen: dict[str, Chosen]) -> list[str]:
+    eps = next((r.summary.get("epsilon") for r in complete if r.summary.get("epsilon")), None)
+    if not eps:
+        return []
+    return [
+        "Privacy of the private runs (one pass, each example once, no amplification, delta = "
+        f"{get(_private(chosen).record.config, 'privacy.delta'):g}): "
+        + ", ".join(f"{k} eps = {v:.1f}" for k, v in eps.items())
+        + " — large on purpose: the experiment is about geometry."
+    ]
+
+
+def _sweep_section(chosen: dict[str, Chosen]) -> str:
+    """Every setting each row ran, its mean final excess loss, and the one chosen."""
+    lines = ["| row | setting | mean final excess loss |", "|---|---|---|"]
     for row in ROWS:
         c = chosen.get(row)
         if c is None:
@@ -274,99 +376,105 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
         for setting, m in c.candidates:
             mark = " (chosen)" if setting == c.setting else ""
             text = ", ".join(f"{k.split('.')[-1]}={v:g}" for k, v in setting.items() if v is not None)
-            sweep_lines.append(f"| {row} | {text}{mark} | {m:.4g} |")
-
-    fig = _figure(chosen, df, ratio_np, ratio_pp, ctx.out)
-    return write_table(
-        EXPERIMENT,
-        df,
-        out=ctx.out,
-        title="Ganesh et al. §4.1-4.3 — per-coordinate learning rates on the 2-D quadratic",
-        command=COMMAND,
-        setting=(
-            "lr_y / lr_x of each variant's final effective learning rates (eta / denominator) vs non-private "
-            f"Adam's direction (1/c_x, 1/c_y), i.e. vs c_x / c_y = {ratio_np:g}; the paper prints no numbers "
-            "for §4, the theory column is its prediction"
-        ),
-        claims=claims,
-        notes=notes,
-        figure=fig,
-        extra_sections=[("Tuning sweep (mean final excess loss)", "\n".join(sweep_lines))],
-        missing=runs.missing,
-    )
+            lines.append(f"| {row} | {text}{mark} | {m:.4g} |")
+    return "\n".join(lines)
 
 
 def _rel(a: float, b: float) -> float:
     return abs(a / b - 1)
 
 
-def _claims(stats, c_x, c_y, s, nu_star, ratio_np, ratio_pp, stp_factor, quotes) -> list[Claim]:
-    claims: list[Claim] = []
+def _within_tol(text: str, errs: list[float], detail: str) -> Claim:
+    """A claim that every relative error in ``errs`` is within :data:`TOL`, its detail ending with the largest."""
+    return Claim(text, max(errs) <= TOL, f"{detail}; largest relative error {max(errs):.1%}")
+
+
+def _claims(stats: dict, physics: Physics, quotes: dict) -> list[Claim]:
+    """§4's statements as inequalities with stated tolerances, each on the rows it needs (left out without them)."""
 
     def q(key: str) -> str:
         return f' — paper: "{quotes[key]}"' if key in quotes else ""
 
+    return [
+        *_nonprivate_claims(stats, physics, q),
+        *_postprocessing_claims(stats, physics, q),
+        *_noiseless_claims(stats, physics, q),
+        *_unbiased_claims(stats, physics, q),
+        *_twin_claims(stats, q),
+        *_stp_claims(stats, physics, q),
+    ]
+
+
+def _nonprivate_claims(stats: dict, p: Physics, q) -> list[Claim]:
     np_ = stats.get("nonprivate_adam")
-    if np_:
-        errs = [_rel(np_["nu"][i], nu_star[i]) for i in (0, 1)] + [_rel(np_["ratio"], ratio_np)]
-        claims.append(
-            Claim(
-                f"§4.1 non-private Adam: nu within {TOL:.0%} of (c_x^2, c_y^2)/B and lr_y/lr_x within {TOL:.0%} "
-                f"of c_x/c_y" + q("s4_1_nonprivate"),
-                max(errs) <= TOL,
-                f"nu = ({np_['nu'][0]:.4g}, {np_['nu'][1]:.4g}) vs ({nu_star[0]:.4g}, {nu_star[1]:.4g}); "
-                f"lr_y/lr_x = {np_['ratio']:.3g} vs {ratio_np:.3g}; largest relative error {max(errs):.1%}",
-            )
+    if not np_:
+        return []
+    return [
+        _within_tol(
+            f"§4.1 non-private Adam: nu within {TOL:.0%} of (c_x^2, c_y^2)/B and lr_y/lr_x within {TOL:.0%} "
+            f"of c_x/c_y" + q("s4_1_nonprivate"),
+            [_rel(np_["nu"][i], p.nu_star[i]) for i in (0, 1)] + [_rel(np_["ratio"], p.ratio_np)],
+            f"nu = ({np_['nu'][0]:.4g}, {np_['nu'][1]:.4g}) vs ({p.nu_star[0]:.4g}, {p.nu_star[1]:.4g}); "
+            f"lr_y/lr_x = {np_['ratio']:.3g} vs {p.ratio_np:.3g}",
         )
+    ]
+
+
+def _postprocessing_claims(stats: dict, p: Physics, q) -> list[Claim]:
     pp = stats.get("postprocessing")
-    if pp:
-        pred = (nu_star[0] + s**2, nu_star[1] + s**2)
-        errs = [_rel(pp["nu"][i], pred[i]) for i in (0, 1)] + [_rel(pp["ratio"], ratio_pp)]
-        claims.append(
-            Claim(
-                f"§4.1 post-processing: E[g~^2] = (c_x^2/B + s^2, c_y^2/B + s^2), so nu and lr_y/lr_x within "
-                f"{TOL:.0%} of that prediction" + q("s4_1_postprocessing"),
-                max(errs) <= TOL,
-                f"nu = ({pp['nu'][0]:.4g}, {pp['nu'][1]:.4g}) vs ({pred[0]:.4g}, {pred[1]:.4g}); lr_y/lr_x = "
-                f"{pp['ratio']:.3g} vs {ratio_pp:.3g}; largest relative error {max(errs):.1%}",
-            )
-        )
-        cap = pp["eta"] / s if s > 0 else math.inf
-        worst = max(pp["lr"]) / cap
-        claims.append(
-            Claim(
-                "§4.1 post-processing: the noise caps every per-coordinate learning rate at ~eta/s (the paper's "
-                "'floor of 1/sigma'): max_i lr_i <= eta/s, and lr_y/lr_x is compressed below c_x/c_y by more "
-                f"than {FAR}x",
-                worst <= 1.0 and pp["ratio"] * FAR < ratio_np,
-                f"max_i lr_i = {worst:.3f} eta/s; lr_y/lr_x = {pp['ratio']:.3g} vs c_x/c_y = {ratio_np:.3g} "
-                f"({ratio_np / pp['ratio']:.2f}x compressed)",
-            )
-        )
+    if not pp:
+        return []
+    pred = (p.nu_star[0] + p.s**2, p.nu_star[1] + p.s**2)
+    worst = max(pp["lr"]) / (pp["eta"] / p.s if p.s > 0 else math.inf)
+    return [
+        _within_tol(
+            f"§4.1 post-processing: E[g~^2] = (c_x^2/B + s^2, c_y^2/B + s^2), so nu and lr_y/lr_x within "
+            f"{TOL:.0%} of that prediction" + q("s4_1_postprocessing"),
+            [_rel(pp["nu"][i], pred[i]) for i in (0, 1)] + [_rel(pp["ratio"], p.ratio_pp)],
+            f"nu = ({pp['nu'][0]:.4g}, {pp['nu'][1]:.4g}) vs ({pred[0]:.4g}, {pred[1]:.4g}); lr_y/lr_x = "
+            f"{pp['ratio']:.3g} vs {p.ratio_pp:.3g}",
+        ),
+        Claim(
+            "§4.1 post-processing: the noise caps every per-coordinate learning rate at ~eta/s (the paper's "
+            "'floor of 1/sigma'): max_i lr_i <= eta/s, and lr_y/lr_x is compressed below c_x/c_y by more "
+            f"than {FAR}x",
+            worst <= 1.0 and pp["ratio"] * FAR < p.ratio_np,
+            f"max_i lr_i = {worst:.3f} eta/s; lr_y/lr_x = {pp['ratio']:.3g} vs c_x/c_y = {p.ratio_np:.3g} "
+            f"({p.ratio_np / pp['ratio']:.2f}x compressed)",
+        ),
+    ]
+
+
+def _noiseless_claims(stats: dict, p: Physics, q) -> list[Claim]:
     nl = stats.get("noiseless_precond")
-    if nl:
-        err = _rel(nl["ratio"], ratio_np)
-        claims.append(
-            Claim(
-                f"§4.2 the noiseless preconditioner uses (1/c_x, 1/c_y): lr_y/lr_x within {TOL:.0%} of c_x/c_y"
-                + q("s4_2_noiseless"),
-                err <= TOL,
-                f"lr_y/lr_x = {nl['ratio']:.3g} vs {ratio_np:.3g} ({err:.1%} off)",
-            )
+    if not nl:
+        return []
+    err = _rel(nl["ratio"], p.ratio_np)
+    return [
+        Claim(
+            f"§4.2 the noiseless preconditioner uses (1/c_x, 1/c_y): lr_y/lr_x within {TOL:.0%} of c_x/c_y"
+            + q("s4_2_noiseless"),
+            err <= TOL,
+            f"lr_y/lr_x = {nl['ratio']:.3g} vs {p.ratio_np:.3g} ({err:.1%} off)",
         )
+    ]
+
+
+def _unbiased_claims(stats: dict, p: Physics, q) -> list[Claim]:
+    """bc and ime: the trial mean of nu (before the floor) is nu*, within TOL (x^2 left over from the start, the
+    window of beta2) or 3 standard errors (from the sample std over trials), whichever is larger."""
+    claims = []
     for key, label in (("bc", "bias correction"), ("ime", "independent moment estimation")):
         st = stats.get(key)
         if not st:
             continue
-        # unbiased: the trial mean of nu (before the floor) is nu*; allow TOL (x^2 left over from the start, the
-        # window of beta2) or 3 standard errors, whichever is larger
         ok, parts = True, []
         for i, coord in enumerate("xy"):
-            dev = abs(st["nu"][i] - nu_star[i])
-            allowed = max(TOL * nu_star[i], 3 * st["nu_se"][i])
+            dev = abs(st["nu"][i] - p.nu_star[i])
+            allowed = max(TOL * p.nu_star[i], 3 * st["nu_se"][i])
             ok &= dev <= allowed
             parts.append(
-                f"nu_{coord} = {st['nu'][i]:.4g} ± {st['nu_se'][i]:.2g} (s.e.) vs {nu_star[i]:.4g}, "
+                f"nu_{coord} = {st['nu'][i]:.4g} ± {st['nu_se'][i]:.2g} (s.e.) vs {p.nu_star[i]:.4g}, "
                 f"allowed deviation {allowed:.2g}"
             )
         claims.append(
@@ -377,53 +485,63 @@ def _claims(stats, c_x, c_y, s, nu_star, ratio_np, ratio_pp, stp_factor, quotes)
                 "; ".join(parts),
             )
         )
-    twin = stats.get("twin_nonprivate_adam")
-    if twin and pp:
-        errs = [_rel(pp["nu"][i], twin["nu"][i]) for i in (0, 1)]
+    return claims
+
+
+def _twin_claims(stats: dict, q) -> list[Claim]:
+    """§4.2's twin data: post-processing's nu is the twin's, while bc and ime arrive at another preconditioner."""
+    twin, pp = stats.get("twin_nonprivate_adam"), stats.get("postprocessing")
+    if not (twin and pp):
+        return []
+    errs = [_rel(pp["nu"][i], twin["nu"][i]) for i in (0, 1)]
+    claims = [
+        Claim(
+            "§4.2 the private gradients have the gradient distribution of a twin data set without noise: "
+            f"post-processing's nu within {TOL:.0%} of non-private Adam's nu on the twin data"
+            + q("s4_2_takeaway"),
+            max(errs) <= TOL,
+            f"post-processing nu = ({pp['nu'][0]:.4g}, {pp['nu'][1]:.4g}), twin ({twin['nu'][0]:.4g}, "
+            f"{twin['nu'][1]:.4g}); largest relative difference {max(errs):.1%}",
+        )
+    ]
+    for key, label in (("bc", "bias correction"), ("ime", "independent moment estimation")):
+        st = stats.get(key)
+        if not st:
+            continue
+        fac = max(st["ratio"] / twin["ratio"], twin["ratio"] / st["ratio"])
         claims.append(
             Claim(
-                "§4.2 the private gradients have the gradient distribution of a twin data set without noise: "
-                f"post-processing's nu within {TOL:.0%} of non-private Adam's nu on the twin data"
-                + q("s4_2_takeaway"),
-                max(errs) <= TOL,
-                f"post-processing nu = ({pp['nu'][0]:.4g}, {pp['nu'][1]:.4g}), twin ({twin['nu'][0]:.4g}, "
-                f"{twin['nu'][1]:.4g}); largest relative difference {max(errs):.1%}",
+                f"§4.2 {label} arrives at a different preconditioner than on the twin problem with the same "
+                f"gradient distribution: lr_y/lr_x differs by more than {FAR}x",
+                fac > FAR,
+                f"{label} {st['ratio']:.3g} on the private problem vs {twin['ratio']:.3g} on the twin "
+                f"(where bc / ime reduce to Adam); factor {fac:.2f}",
             )
         )
-        for key, label in (("bc", "bias correction"), ("ime", "independent moment estimation")):
-            st = stats.get(key)
-            if not st:
-                continue
-            fac = max(st["ratio"] / twin["ratio"], twin["ratio"] / st["ratio"])
-            claims.append(
-                Claim(
-                    f"§4.2 {label} arrives at a different preconditioner than on the twin problem with the same "
-                    f"gradient distribution: lr_y/lr_x differs by more than {FAR}x",
-                    fac > FAR,
-                    f"{label} {st['ratio']:.3g} on the private problem vs {twin['ratio']:.3g} on the twin "
-                    f"(where bc / ime reduce to Adam); factor {fac:.2f}",
-                )
-            )
-    stp = stats.get("stp")
-    if stp:
-        err_ratio = _rel(stp["ratio"], ratio_np)
-        factors = [stp["nu"][i] / nu_star[i] for i in (0, 1)]
-        errs = [err_ratio] + [_rel(f, stp_factor) for f in factors]
-        claims.append(
-            Claim(
-                f"§4.3.1 scale-then-privatize retrieves a preconditioner proportional to the noiseless one: "
-                f"lr_y/lr_x within {TOL:.0%} of c_x/c_y and nu / nu* within {TOL:.0%} of the steady state "
-                f"1/(1 - (sigma C/B)^2) in both coordinates" + q("s4_3_1_takeaway"),
-                max(errs) <= TOL,
-                f"lr_y/lr_x = {stp['ratio']:.3g} vs {ratio_np:.3g}; nu/nu* = ({factors[0]:.4g}, {factors[1]:.4g}) "
-                f"vs 1/(1 - {s:g}^2) = {stp_factor:.4g}; largest relative error {max(errs):.1%}",
-            )
+    return claims
+
+
+def _stp_claims(stats: dict, p: Physics, q) -> list[Claim]:
+    """§4.3: scale-then-privatize's preconditioner and the geometry of its noisy gradients."""
+    stp, pp = stats.get("stp"), stats.get("postprocessing")
+    if not stp:
+        return []
+    factors = [stp["nu"][i] / p.nu_star[i] for i in (0, 1)]
+    claims = [
+        _within_tol(
+            f"§4.3.1 scale-then-privatize retrieves a preconditioner proportional to the noiseless one: "
+            f"lr_y/lr_x within {TOL:.0%} of c_x/c_y and nu / nu* within {TOL:.0%} of the steady state "
+            f"1/(1 - (sigma C/B)^2) in both coordinates" + q("s4_3_1_takeaway"),
+            [_rel(stp["ratio"], p.ratio_np)] + [_rel(f, p.stp_factor) for f in factors],
+            f"lr_y/lr_x = {stp['ratio']:.3g} vs {p.ratio_np:.3g}; nu/nu* = ({factors[0]:.4g}, {factors[1]:.4g}) "
+            f"vs 1/(1 - {p.s:g}^2) = {p.stp_factor:.4g}",
         )
-    if stp and pp:
+    ]
+    if pp:
         # inflation of the noisy gradient's second moment over the clean one, per coordinate: equal in x and y means
         # the noisy gradients have the noiseless geometry (nu of stp and of post-processing are EMAs of g~^2)
         infl = {
-            k: (stats[k]["nu"][0] / nu_star[0], stats[k]["nu"][1] / nu_star[1])
+            k: (stats[k]["nu"][0] / p.nu_star[0], stats[k]["nu"][1] / p.nu_star[1])
             for k in ("stp", "postprocessing")
         }
         mis = {k: max(v[0] / v[1], v[1] / v[0]) for k, v in infl.items()}

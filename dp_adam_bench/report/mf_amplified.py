@@ -16,20 +16,35 @@ accounting. A cell is (row = optimizer, column = mechanism); the column is told 
 Beside the test losses, the noise of each mechanism at that epsilon, computed exactly (no training): sigma, the
 RMSE of the prefix sums of the privatised averaged gradients, sigma / B * sqrt(mean_t ||(A C^{-1})_t||^2) (the
 :mod:`~dp_adam_bench.report.ganesh_mechanisms` view) and the equivalent DP-SGD sigma (same RMSE). The report says
-which mechanism wins per variant, and whether the win is larger than the seeds' spread.
+which mechanism wins per variant, and whether the seeds decide that win (Welch's t,
+:mod:`dp_adam_bench.report.stats`).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 
 from dp_adam_bench.report.aggregate import Cell, get, select_cells
-from dp_adam_bench.report.common import Claim, incomplete_note, markdown_table, write_table
+from dp_adam_bench.report.common import Claim, incomplete_note, markdown_table
 from dp_adam_bench.report.context import ReportContext
-from dp_adam_bench.report.expected import preset_runs
+from dp_adam_bench.report.restate import Restatement, register
+from dp_adam_bench.report.restate_md import replaced
+from dp_adam_bench.report.skeleton import (
+    Ordering,
+    SeedStats,
+    Table,
+    complete_runs,
+    gap,
+    ordering_claim,
+    restated_rule_notes,
+    rule_notes,
+)
+from dp_adam_bench.report.stats import STD_SUFFIX
+from dp_adam_bench.report.welch_columns import welch_columns
 from dp_adam_bench.sweep import Selection, load_preset
 
 TABLE_ID = "mf_amplified"
@@ -143,94 +158,107 @@ def mechanisms_at_epsilon(setting: dict, accountant: str | None = None) -> dict[
 
 
 # --- the report ---------------------------------------------------------------------------------------------
-def _winner_claims(ours: dict, std: dict) -> tuple[list[Claim], list[dict]]:
-    claims, winners = [], []
-    for row in ROWS:
-        have = [c for c in COLUMNS if (row, c) in ours]
-        if len(have) < 2:
-            continue
-        ranked = sorted(have, key=lambda c: ours[(row, c)])
-        best, runner = ranked[0], ranked[1]
-        gap = ours[(row, runner)] - ours[(row, best)]
-        spread = max(std.get((row, best), 0.0) or 0.0, std.get((row, runner), 0.0) or 0.0)
-        clear = gap > spread
-        winners.append(
-            {
-                "row": ROW_LABELS[row],
-                "winner": COLUMN_LABELS[best],
-                "runner_up": COLUMN_LABELS[runner],
-                "gap": gap,
-                "larger_std": spread,
-                "beyond_spread": "yes" if clear else "no (within the seeds' spread)",
-            }
-        )
-        if "bandmf_amplified" in have and "dpsgd_poisson" in have:
-            a, d = ours[(row, "bandmf_amplified")], ours[(row, "dpsgd_poisson")]
-            claims.append(
-                Claim(
-                    f"(ours) {ROW_LABELS[row]}: amplified DP-BandMF beats DP-SGD with Poisson sampling at the "
-                    "same epsilon",
-                    a < d,
-                    f"{a:.4f} vs {d:.4f}; best mechanism: {COLUMN_LABELS[best]}"
-                    + ("" if clear else " (within the seeds' spread)"),
-                )
-            )
-    return claims, winners
+STD = f"test_loss{STD_SUFFIX}"
+WHAT = "the mechanisms"
+#: the columns the cells' orderings read: loss, its sample std over seeds, seeds
+CELL = {"mean": "test_loss", "std": STD}
 
 
 def build(ctx: ReportContext | None = None) -> list[Path]:
     ctx = ctx or ReportContext()
-    profile = ctx.profile
-    command = f"make reproduce-table TABLE={TABLE_ID} PROFILE={profile}"
-    runs = preset_runs(ctx, TABLE_ID)
-    complete, incomplete = runs.complete, runs.incomplete
-    if not complete:
-        raise FileNotFoundError(f"no complete runs in {ctx.where(runs.spec.name)}; run `{command}`")
-    setting = profile_setting(profile)
-    cells = cells_for(complete, runs.spec.selection)
-    eps_of = _run_epsilons(complete)
-
-    long_rows, ours, std = [], {}, {}
-    for row in ROWS:
-        for col in COLUMNS:
-            cell = cells.get((row, col))
-            if cell is None:
-                continue
-            ours[(row, col)], std[(row, col)] = cell.mean, cell.std
-            long_rows.append(
-                {
-                    "row": row,
-                    "column": col,
-                    "test_loss": cell.mean,
-                    "std": cell.std,
-                    "n": cell.n,
-                    "epsilon": eps_of.get((row, col)),
-                    "sigma": _run_sigma(complete, row, col),
-                    "chosen": ", ".join(
-                        f"{k.split('.')[-1]}={v:g}" for k, v in cell.chosen.items() if v is not None
-                    ),
-                }
-            )
-    df = pd.DataFrame(
-        long_rows, columns=["row", "column", "test_loss", "std", "n", "epsilon", "sigma", "chosen"]
-    )
-    df["n"] = df["n"].astype("Int64")
-
-    wide = []
-    for row in ROWS:
-        line = {"row": ROW_LABELS[row]}
-        for col in COLUMNS:
-            m, s = ours.get((row, col)), std.get((row, col))
-            line[COLUMN_LABELS[col]] = "" if m is None else f"{m:.3f} ± {s:.3f}"
-        wide.append(line)
-
+    command = f"make reproduce-table TABLE={TABLE_ID} PROFILE={ctx.profile}"
+    found = complete_runs(ctx, TABLE_ID, command)
+    setting = profile_setting(ctx.profile)
+    frame = _frame(cells_for(found.complete, found.spec.selection), found.complete)
     mech = mechanisms_at_epsilon(setting)
-    mech_df = pd.DataFrame(
-        [{"mechanism": COLUMN_LABELS[c], **{k: v for k, v in mech[c].items()}} for c in COLUMNS]
-    )
-    claims, winners = _winner_claims(ours, std)
+    claims = claims_from_frame(frame) + exact_claims(mech)
+    return Table(
+        TABLE_ID,
+        "mf_amplified — DP-SGD vs DP-BandMF (with and without amplification) vs BLT at one epsilon: "
+        "BERT-tiny MLM test loss",
+        command,
+        frame,
+        setting=_setting_text(ctx.profile, setting, len(found.spec.seeds or [0])),
+        claims=claims,
+        notes=notes_for(claims, found, ctx.profile),
+        digits=4,
+        extra_sections=[
+            *sections_from_frame(frame),
+            (
+                f"The mechanisms at epsilon = {setting['privacy']['target_epsilon']:g} (exact; the "
+                "ganesh_mechanisms view)",
+                _mechanism_table(mech),
+            ),
+        ],
+        missing=found.missing,
+    ).write(ctx.out)
+
+
+def _frame(cells: dict, complete) -> pd.DataFrame:
+    """One row per (row, column) cell: the test loss's mean, sample std and seeds, the epsilon and sigma the runs
+    report, and the chosen setting."""
+    eps_of = _run_epsilons(complete)
+    rows = [
+        {
+            "row": row,
+            "column": col,
+            "test_loss": cell.mean,
+            STD: cell.std,
+            "n": cell.n,
+            "epsilon": eps_of.get((row, col)),
+            "sigma": _run_sigma(complete, row, col),
+            "chosen": ", ".join(f"{k.split('.')[-1]}={v:g}" for k, v in cell.chosen.items() if v is not None),
+        }
+        for row in ROWS
+        for col in COLUMNS
+        if (cell := cells.get((row, col))) is not None
+    ]
+    df = pd.DataFrame(rows, columns=["row", "column", "test_loss", STD, "n", "epsilon", "sigma", "chosen"])
+    df["n"] = df["n"].astype("Int64")
+    return df
+
+
+def _cells(frame: pd.DataFrame) -> dict[tuple[str, str], SeedStats]:
+    """{(row, column): the cell's test loss over seeds}, from the table's own rows."""
+    return {(r["row"], r["column"]): SeedStats.from_row(r, **CELL) for r in frame.to_dict("records")}
+
+
+def claims_from_frame(frame: pd.DataFrame) -> list[Claim]:
+    """Per variant: amplified DP-BandMF ahead of DP-SGD with Poisson sampling (a lower test loss), by Welch's t over
+    the seeds, with the mechanism that wins the row; from the table's own cells (its CSV holds all they read)."""
+    cells, claims = _cells(frame), []
+    for row in ROWS:
+        if (row, "bandmf_amplified") not in cells or (row, "dpsgd_poisson") not in cells:
+            continue
+        text = f"(ours) {ROW_LABELS[row]}: amplified DP-BandMF beats DP-SGD with Poisson sampling at the same epsilon"
+        ordering = Ordering("bandmf_amplified", "dpsgd_poisson", text, lower_is_better=True)
+        claim = ordering_claim(
+            ordering, cells[(row, "bandmf_amplified")], cells[(row, "dpsgd_poisson")], digits=4
+        )
+        win = _winner(cells, row)
+        lead = (
+            ""
+            if win is None or win["gap"].decided
+            else f" (its lead not decided by the seeds: {win['gap'].test()})"
+        )
+        best = f"; best mechanism: {COLUMN_LABELS[win['best']]}{lead}" if win else ""
+        claims.append(replace(claim, detail=claim.detail + best))
+    return claims
+
+
+def _winner(cells: dict, row: str) -> dict | None:
+    """The row's mechanism with the lowest loss, its runner-up and Welch's test of their gap; None with < 2."""
+    have = sorted((c for c in COLUMNS if (row, c) in cells), key=lambda c: cells[(row, c)].mean)
+    if len(have) < 2:
+        return None
+    best, runner = have[0], have[1]
+    return {"best": best, "runner": runner, "gap": gap(cells[(row, runner)], cells[(row, best)])}
+
+
+def exact_claims(mech: dict) -> list[Claim]:
+    """What the mechanisms' exact noise at the target epsilon says (no runs, no seeds)."""
     amp, fixed = mech["bandmf_amplified"], mech["bandmf_cyclic"]
-    claims.append(
+    return [
         Claim(
             "(exact) amplified DP-BandMF has lower prefix-sum RMSE than DP-SGD with Poisson sampling at this "
             "epsilon",
@@ -238,9 +266,7 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
             f"equivalent DP-SGD sigma {amp['equivalent_dpsgd_sigma']:.4f} vs DP-SGD's "
             f"{mech['dpsgd_poisson']['sigma']:.4f}",
             from_runs=False,
-        )
-    )
-    claims.append(
+        ),
         Claim(
             "(exact) amplification lowers BandMF's sigma at this epsilon (cyclic Poisson vs cyclic batches)",
             amp["sigma"] < fixed["sigma"],
@@ -248,66 +274,107 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
             f"({fixed['participations']}); the Poisson version accounts for every subset of its rounds, so "
             "with few rounds and a large q it can need as much noise",
             from_runs=False,
-        )
+        ),
+    ]
+
+
+#: the sections the table's cells make: the loss per (variant, mechanism), and which mechanism wins a variant
+WIDE = "Test loss (mean ± sample std over seeds)"
+WINNERS = (
+    "Which mechanism wins per variant (its lead over the runner-up by Welch's t; seeds to decide: a cell, if "
+    "the gap and spread seen were the truth)"
+)
+
+
+def sections_from_frame(frame: pd.DataFrame) -> list[tuple[str, str]]:
+    """The table as rows x mechanisms, and per variant the winning mechanism with Welch's test of its lead over the
+    runner-up and, where the seeds do not decide it, the seeds a cell that would."""
+    cells, wide, winners = _cells(frame), [], []
+    for row in ROWS:
+        line = {"row": ROW_LABELS[row]}
+        for col in COLUMNS:
+            c = cells.get((row, col))
+            line[COLUMN_LABELS[col]] = (
+                "" if c is None else f"{c.mean:.3f}" + ("" if c.std is None else f" ± {c.std:.3f}")
+            )
+        wide.append(line)
+        win = _winner(cells, row)
+        if win is not None:
+            winners.append(
+                {
+                    "row": ROW_LABELS[row],
+                    "winner": COLUMN_LABELS[win["best"]],
+                    "runner_up": COLUMN_LABELS[win["runner"]],
+                    "gap": win["gap"].diff,
+                    **welch_columns(win["gap"]),
+                }
+            )
+    table = markdown_table(pd.DataFrame(winners)) if winners else "none yet"
+    return [(WIDE, markdown_table(pd.DataFrame(wide))), (WINNERS, table)]
+
+
+def restated_sections(frame: pd.DataFrame, sections: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """A re-stated table's sections: those of its cells recomputed (:func:`sections_from_frame`), the exact
+    mechanism table kept."""
+    ours = dict(sections_from_frame(frame))
+    return replaced(
+        sections,
+        {"Test loss (": lambda *_: (WIDE, ours[WIDE]), WINNERS[:20]: lambda *_: (WINNERS, ours[WINNERS])},
     )
+
+
+def _mechanism_table(mech: dict) -> str:
+    return markdown_table(
+        pd.DataFrame([{"mechanism": COLUMN_LABELS[c], **dict(mech[c].items())} for c in COLUMNS]), 5
+    )
+
+
+def _setting_text(profile: str, setting: dict, seeds: int) -> str:
     p = setting["privacy"]
-    setting_text = (
+    return (
         f"profile {profile}: arxiv_mlm, {setting['max_length']} tokens, N = {setting['train_subset']} training "
         f"abstracts, B = {setting['batch_size']} (expected for the Poisson columns), {setting['epochs']} epochs "
         f"= {setting['steps']} steps, BandMF b = {setting['bands']} (cycle length of the amplified column), BLT "
         f"{setting['buffers']} buffers, clip {p['clip']}, every sigma calibrated to epsilon = "
         f"{p['target_epsilon']:g} at delta = {p['delta']:g} ({p['accountant']} for the Poisson columns), "
-        f"{len(runs.spec.seeds or [0])} seeds per setting."
+        f"{seeds} seeds per setting."
     )
-    notes = []
-    if profile == "cpu":
-        notes += [
-            "CPU profile: BERT-tiny RANDOMLY INITIALISED (no pretrained weights offline), 48 steps (half of "
-            "ganesh_fig3's CPU profile, to fit 32 runs in about 25 minutes on 2 cores) and 2 seeds: the losses "
-            "measure how each mechanism's noise slows the first phase of training, near the unigram loss.",
-            "CPU profile: a true epsilon = 8 over only N = 768 examples needs sigma ~ 1 at B = 32, i.e. noise "
-            "sigma / B ~ 0.03 per averaged gradient, about 60 times the paper's (1 / 2048) and ganesh_fig3's CPU "
-            "level: the test loss can end above the initial ~10.3 (a smoke run of bias correction with amplified "
-            "BandMF ended at 11.46). Compare the mechanisms within a row, not the losses with ganesh_fig3's.",
-            "CPU profile: NOT tuned; ganesh_fig3's CPU learning rates (Adam family 1e-3, eps_s 1e-4; SGD 0.3 with "
-            "momentum 0.9).",
-        ]
-    notes += [
-        "BLT is optimised for one participation (noise=blt's default) and accounted without amplification: "
-        "amplified accounting of non-banded strategies (MMCC, Choquette-Choo et al. 2024, arXiv:2310.15526) is "
-        "not implemented.",
-        "Mechanism table: exact, no training. rmse = sigma / B * sqrt(mean_t ||(A C^{-1})_t||^2) in units of "
-        "the clip norm (per averaged gradient, single participation); equivalent_dpsgd_sigma = the DP-SGD sigma "
-        "with that RMSE.",
-    ]
-    notes += incomplete_note(incomplete)
-    notes += sorted(
-        {f"From the run folders: {n}" for r in complete for n in r.summary.get("privacy_notes", [])}
+
+
+def notes_for(claims: list[Claim], found, profile: str) -> list[str]:
+    """The rule (on the runs' claims), the profile's caveats, what the mechanism table is, the runs left out and
+    what the run folders say."""
+    notes = rule_notes(_ours(claims), WHAT) + (CPU_NOTES if profile == "cpu" else []) + MECHANISM_NOTES
+    notes += incomplete_note(found.incomplete)
+    return notes + sorted(
+        {f"From the run folders: {n}" for r in found.complete for n in r.summary.get("privacy_notes", [])}
     )
-    return write_table(
-        TABLE_ID,
-        df,
-        out=ctx.out,
-        title="mf_amplified — DP-SGD vs DP-BandMF (with and without amplification) vs BLT at one epsilon: "
-        "BERT-tiny MLM test loss",
-        command=command,
-        setting=setting_text,
-        claims=claims,
-        notes=notes,
-        digits=4,
-        extra_sections=[
-            ("Test loss (mean ± std over seeds)", markdown_table(pd.DataFrame(wide))),
-            (
-                "Which mechanism wins per variant",
-                markdown_table(pd.DataFrame(winners)) if winners else "none yet",
-            ),
-            (
-                f"The mechanisms at epsilon = {p['target_epsilon']:g} (exact; the ganesh_mechanisms view)",
-                markdown_table(mech_df, 5),
-            ),
-        ],
-        missing=runs.missing,
-    )
+
+
+def _ours(claims: list[Claim]) -> list[Claim]:
+    """The claims on the runs' cells (the exact ones have no seeds)."""
+    return [c for c in claims if c.text.startswith("(ours)")]
+
+
+CPU_NOTES = [
+    "CPU profile: BERT-tiny RANDOMLY INITIALISED (no pretrained weights offline), 48 steps (half of "
+    "ganesh_fig3's CPU profile, to fit 32 runs in about 25 minutes on 2 cores) and 2 seeds: the losses "
+    "measure how each mechanism's noise slows the first phase of training, near the unigram loss.",
+    "CPU profile: a true epsilon = 8 over only N = 768 examples needs sigma ~ 1 at B = 32, i.e. noise "
+    "sigma / B ~ 0.03 per averaged gradient, about 60 times the paper's (1 / 2048) and ganesh_fig3's CPU "
+    "level: the test loss can end above the initial ~10.3 (a smoke run of bias correction with amplified "
+    "BandMF ended at 11.46). Compare the mechanisms within a row, not the losses with ganesh_fig3's.",
+    "CPU profile: NOT tuned; ganesh_fig3's CPU learning rates (Adam family 1e-3, eps_s 1e-4; SGD 0.3 with "
+    "momentum 0.9).",
+]
+MECHANISM_NOTES = [
+    "BLT is optimised for one participation (noise=blt's default) and accounted without amplification: "
+    "amplified accounting of non-banded strategies (MMCC, Choquette-Choo et al. 2024, arXiv:2310.15526) is "
+    "not implemented.",
+    "Mechanism table: exact, no training. rmse = sigma / B * sqrt(mean_t ||(A C^{-1})_t||^2) in units of "
+    "the clip norm (per averaged gradient, single participation); equivalent_dpsgd_sigma = the DP-SGD sigma "
+    "with that RMSE.",
+]
 
 
 def _run_epsilons(records) -> dict[tuple[str, str], float]:
@@ -327,3 +394,14 @@ def _run_sigma(records, row: str, col: str) -> float | None:
         if row_of(r.config) == row and column_of(r.config) == col and r.summary.get("sigma") is not None:
             return float(r.summary["sigma"])
     return None
+
+
+def restated_notes(old: list[str], claims: list[Claim]) -> list[str]:
+    return restated_rule_notes(old, _ours(claims), (), WHAT)
+
+
+register(
+    Restatement(
+        TABLE_ID, {"std": (STD, "population")}, claims_from_frame, restated_notes, 4, (), restated_sections
+    )
+)

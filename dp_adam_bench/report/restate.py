@@ -70,8 +70,9 @@ def restated_frame(frame: pd.DataFrame, spreads: Mapping[str, tuple[str, str]]) 
         if old not in df.columns:
             continue  # re-stated already
         if kind == "population":
-            df[old] = [
-                stats.sample_from_population_std(s, int(n)) for s, n in zip(df[old], df["n"], strict=True)
+            df[old] = [  # a row without seeds (a paper-only row: no n) has no spread
+                None if pd.isna(n) else stats.sample_from_population_std(s, int(n))
+                for s, n in zip(df[old], df["n"], strict=True)
             ]
         elif kind != "sample":
             raise ValueError(f"spread kind {kind!r} of column {old!r} is not 'population' or 'sample'")
@@ -136,12 +137,24 @@ def merged_claims(old_lines: list[str], new: list[Claim]) -> list[Claim]:
 
 
 def restate(table: str, results: Path) -> list[Path]:
-    """Re-state ``<results>/<table>.{csv,md}`` in place (see the module docstring); the paths written."""
+    """Re-state ``<results>/<table>.{csv,md}`` in place (see the module docstring); the paths written. A table
+    whose restatement also reads its md and the tables beside it is re-stated by
+    :func:`~dp_adam_bench.report.restate_md.restate_md`."""
+    from dp_adam_bench.report import restate_md
+
+    if table not in REGISTRY and table not in restate_md.REGISTRY:
+        load_builder(table)
+    if table in restate_md.REGISTRY:
+        return restate_md.restate_md(table, results)
     if table not in REGISTRY:
-        _load_builders(table)
-    if table not in REGISTRY:
-        raise ValueError(f"table {table!r} has no restatement; valid: {', '.join(sorted(REGISTRY))}")
-    r = REGISTRY[table]
+        valid = sorted({*REGISTRY, *restate_md.REGISTRY})
+        raise ValueError(f"table {table!r} has no restatement; valid: {', '.join(valid)}")
+    return apply(REGISTRY[table], results)
+
+
+def apply(r: Restatement, results: Path) -> list[Path]:
+    """Re-state ``<results>/<r.table>.{csv,md}`` in place by ``r``; the paths written."""
+    table = r.table
     csv_path, md_path = results / f"{table}.csv", results / f"{table}.md"
     for path in (csv_path, md_path):
         if not path.is_file():
@@ -169,7 +182,7 @@ def restate(table: str, results: Path) -> list[Path]:
     )[:2]
 
 
-def _load_builders(table: str) -> None:
+def load_builder(table: str) -> None:
     """Import the module that builds ``table``: it registers its restatement."""
     from dp_adam_bench.report.registry import REPORTS
 

@@ -54,9 +54,9 @@ class SeedStats:
         return cls(float(row[mean]), sd, int(row["n"]))
 
 
-def gap(a: SeedStats, b: SeedStats) -> stats.Gap:
-    """Welch's test of a.mean - b.mean (:func:`stats.welch`)."""
-    return stats.welch(a.mean, a.std, a.n, b.mean, b.std, b.n)
+def gap(a: SeedStats, b: SeedStats, over: str = "seeds") -> stats.Gap:
+    """Welch's test of a.mean - b.mean (:func:`stats.welch`); ``over``: what the cells average over."""
+    return stats.welch(a.mean, a.std, a.n, b.mean, b.std, b.n, unit=over)
 
 
 @dataclass(frozen=True)
@@ -74,12 +74,15 @@ class Ordering:
 
 
 def ordering_claim(
-    o: Ordering, better: SeedStats, worse: SeedStats, *, unit: str = "", digits: int = 2
+    o: Ordering, better: SeedStats, worse: SeedStats, *, unit: str = "", digits: int = 2, over: str = "seeds"
 ) -> Claim:
     """The claim ``o`` checked on two cells: it holds when the means are in the paper's order; its detail gives the
-    means, the margin and Welch's test, and :data:`stats.WITHIN_SEED_NOISE` when the seeds cannot decide it."""
-    g = gap(better, worse)
-    margin = -g.diff if o.lower_is_better else g.diff
+    means, the margin and Welch's test (t > 0 in the paper's order; ``over``: what a cell averages over), and
+    :data:`stats.WITHIN_SEED_NOISE` when the seeds cannot decide it."""
+    g = (
+        gap(worse, better, over) if o.lower_is_better else gap(better, worse, over)
+    )  # t > 0: the paper's order
+    margin = g.diff
     holds = margin > 0 if o.strict else margin >= 0
     u = f" {unit}" if unit else ""
     parts = [

@@ -85,6 +85,7 @@ class Gap:
     df: float | None = None
     p: float | None = None
     seeds: int | None = None  # seeds a cell that would decide this gap (None: decided, or cannot say)
+    unit: str = "seeds"  # what a cell averages over ("trials" where one run's trials are the repetitions)
 
     @property
     def decided(self) -> bool:
@@ -94,54 +95,62 @@ class Gap:
     def test(self) -> str:
         """The test in words: ``t = 2.31 (Welch, df 1.8), p = 0.16 over 2 / 2 seeds``."""
         if self.p is None:
-            return f"no test: {self.n_a} / {self.n_b} seeds" + (
+            return f"no test: {self.n_a} / {self.n_b} {self.unit}" + (
                 "" if math.isfinite(self.diff) else ", a value not finite"
             )
         t = f"{self.t:+.2f}" if math.isfinite(self.t) else ("+inf" if self.t > 0 else "-inf")
-        return f"t = {t} (Welch, df {self.df:.1f}), p = {_fmt_p(self.p)} over {self.n_a} / {self.n_b} seeds"
+        return f"t = {t} (Welch, df {self.df:.1f}), p = {format_p(self.p)} over {self.n_a} / {self.n_b} {self.unit}"
 
     def flag(self) -> str:
         """``""`` when decided; else the :data:`WITHIN_SEED_NOISE` flag with how many seeds would decide it."""
         if self.decided:
             return ""
         if self.p is None:
-            why = "fewer than 2 seeds a cell" if min(self.n_a, self.n_b) < 2 else "a value not finite"
+            why = f"fewer than 2 {self.unit} a cell" if min(self.n_a, self.n_b) < 2 else "a value not finite"
             return f"{WITHIN_SEED_NOISE} (no test: {why})"
         need = (
-            f"~{self.seeds} seeds a cell would decide it if the gap and spread seen were the truth"
+            f"~{self.seeds} {self.unit} a cell would decide it if the gap and spread seen were the truth"
             if self.seeds
             else (
                 "no gap to decide"
                 if self.diff == 0
-                else f"more than {MAX_SEEDS:,} seeds a cell would be needed at the spread seen"
+                else f"more than {MAX_SEEDS:,} {self.unit} a cell would be needed at the spread seen"
             )
         )
-        return f"{WITHIN_SEED_NOISE} (p = {_fmt_p(self.p)} >= {LEVEL:g} by Welch's t; {need})"
+        return f"{WITHIN_SEED_NOISE} (p = {format_p(self.p)} >= {LEVEL:g} by Welch's t; {need})"
 
 
-def _fmt_p(p: float) -> str:
+def format_p(p: float) -> str:
     return f"{p:.2g}" if p >= 1e-3 else f"{p:.1e}"
 
 
-def welch(mean_a: float, std_a: float | None, n_a: int, mean_b: float, std_b: float | None, n_b: int) -> Gap:
-    """Welch's t-test of mean_a - mean_b from each cell's mean, *sample* std and seed count."""
+def welch(
+    mean_a: float,
+    std_a: float | None,
+    n_a: int,
+    mean_b: float,
+    std_b: float | None,
+    n_b: int,
+    unit: str = "seeds",
+) -> Gap:
+    """Welch's t-test of mean_a - mean_b from each cell's mean, *sample* std and count of ``unit``."""
     diff = float(mean_a) - float(mean_b)
     finite = all(x is not None and math.isfinite(x) for x in (mean_a, mean_b, std_a, std_b))
     if n_a < 2 or n_b < 2 or not finite:
-        return Gap(diff, n_a, n_b)
+        return Gap(diff, n_a, n_b, unit=unit)
     va, vb = float(std_a) ** 2, float(std_b) ** 2
     se, t, df, p = _p_value(diff, va, n_a, vb, n_b)
     seeds = None if p < LEVEL else seeds_to_decide(diff, std_a, std_b, start=max(n_a, n_b))
-    return Gap(diff, n_a, n_b, se=se, t=t, df=df, p=p, seeds=seeds)
+    return Gap(diff, n_a, n_b, se=se, t=t, df=df, p=p, seeds=seeds, unit=unit)
 
 
-def compare(values_a: Sequence[float], values_b: Sequence[float]) -> Gap:
-    """Welch's t-test of mean(a) - mean(b) over the seeds' values."""
+def compare(values_a: Sequence[float], values_b: Sequence[float], unit: str = "seeds") -> Gap:
+    """Welch's t-test of mean(a) - mean(b) over the seeds' (or ``unit``'s) values."""
     a, b = [float(v) for v in values_a], [float(v) for v in values_b]
     if not a or not b:
         raise ValueError(f"compare needs values on both sides, got {len(a)} and {len(b)}")
     mean = lambda v: math.fsum(v) / len(v)  # noqa: E731
-    return welch(mean(a), sample_std(a), len(a), mean(b), sample_std(b), len(b))
+    return welch(mean(a), sample_std(a), len(a), mean(b), sample_std(b), len(b), unit)
 
 
 def seeds_to_decide(diff: float, std_a: float, std_b: float, *, start: int) -> int | None:
