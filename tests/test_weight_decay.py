@@ -364,6 +364,8 @@ def test_model_path_meter_replays_adamw_with_its_bias_left_alone(monkeypatch):
     over = [*privacy_audit.overrides("adamw", "independent", "poisson", 150), "optimizer.weight_decay=0.5"]
     r = meter.meter_model(compose_config(over), "bk", n=150)
     assert r.check("post_processing").passed, r.describe()
-    original = meter._replay_lists
-    monkeypatch.setattr(meter, "_replay_lists", lambda *a: original(*a[:5], None))
+    from dp_adam_bench.audit.meter import runners
+
+    original = runners.replay_lists  # patched where meter_model calls it
+    monkeypatch.setattr(runners, "replay_lists", lambda *a: original(*a[:5], None))
     assert not meter.meter_model(compose_config(over), "bk", n=150).check("post_processing").passed
