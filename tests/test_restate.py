@@ -378,16 +378,8 @@ GANESH_TABLES = {
 
 
 def _restate_any(table: str, folder: Path) -> None:
-    """``restate`` or, for a table whose restatement reads its md and the tables beside it, restate_md."""
-    from dp_adam_bench.report import restate_md
-
-    if table in _MD_READING:
-        restate_md.restate_md(table, folder)
-    else:
-        restate(table, folder)
-
-
-_MD_READING = ("ganesh_fig3", "ganesh_fig3_horizon")
+    """``restate``: a table whose restatement reads its md and the tables beside it goes to restate_md itself."""
+    restate(table, folder)
 
 
 @pytest.fixture

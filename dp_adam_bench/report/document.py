@@ -81,6 +81,11 @@ def build_document(results: Path | None = None) -> Path:
         "Assembled from `results/<id>.md` by `dp-adam-bench report --document`; each section below says the command "
         "that regenerates it. Numbers come from runs of this repository; paper numbers are printed beside them.",
         "",
+        "Every claim about seeds follows one rule (`dp_adam_bench/report/stats.py`): it holds when the means are in "
+        "the paper's order, and the seeds decide it when Welch's t-test gives p < 0.05; one they do not decide says "
+        "WITHIN SEED NOISE and how many seeds a cell would decide it. Tables written under the earlier rule (> 2 "
+        "standard errors) were re-stated from their own CSVs, their runs not re-run; each says so in its notes.",
+        "",
         "## Summary of paper claims",
         "",
         "| table | profile | claim | verdict | detail |",

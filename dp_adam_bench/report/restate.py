@@ -54,11 +54,15 @@ class Restatement:
     #: builder computes from the table's cells (a table of gaps), it returns the section as the builder writes it.
     sections: Callable[[pd.DataFrame, list[tuple[str, str]]], list[tuple[str, str]]] | None = None
 
+    def restate(self, results: Path) -> list[Path]:
+        return apply(self, results)
 
-REGISTRY: dict[str, Restatement] = {}
+
+#: table id -> its restatement (anything with ``.table`` and ``.restate(results)``)
+REGISTRY: dict = {}
 
 
-def register(r: Restatement) -> Restatement:
+def register(r):
     REGISTRY[r.table] = r
     return r
 
@@ -138,18 +142,15 @@ def merged_claims(old_lines: list[str], new: list[Claim]) -> list[Claim]:
 
 def restate(table: str, results: Path) -> list[Path]:
     """Re-state ``<results>/<table>.{csv,md}`` in place (see the module docstring); the paths written. A table
-    whose restatement also reads its md and the tables beside it is re-stated by
-    :func:`~dp_adam_bench.report.restate_md.restate_md`."""
-    from dp_adam_bench.report import restate_md
-
-    if table not in REGISTRY and table not in restate_md.REGISTRY:
-        load_builder(table)
-    if table in restate_md.REGISTRY:
-        return restate_md.restate_md(table, results)
+    whose restatement also reads its md and the tables beside it registers a
+    :class:`~dp_adam_bench.report.restate_md.MdRestatement`, which re-states it its own way."""
     if table not in REGISTRY:
-        valid = sorted({*REGISTRY, *restate_md.REGISTRY})
-        raise ValueError(f"table {table!r} has no restatement; valid: {', '.join(valid)}")
-    return apply(REGISTRY[table], results)
+        load_builder(table)
+    if table not in REGISTRY:
+        for other in _report_tables():  # every builder registers its restatements when imported
+            load_builder(other)
+        raise ValueError(f"table {table!r} has no restatement; valid: {', '.join(sorted(REGISTRY))}")
+    return REGISTRY[table].restate(results)
 
 
 def apply(r: Restatement, results: Path) -> list[Path]:
@@ -180,6 +181,12 @@ def apply(r: Restatement, results: Path) -> list[Path]:
         digits=r.digits,
         extra_sections=r.sections(frame, md.sections) if r.sections else md.sections,
     )[:2]
+
+
+def _report_tables() -> tuple[str, ...]:
+    from dp_adam_bench.report.registry import REPORTS
+
+    return REPORTS.names()
 
 
 def load_builder(table: str) -> None:

@@ -36,25 +36,20 @@ class MdRestatement:
     digits: int = 4
     text: tuple[str, ...] = ()  # columns read back as text (restate.Restatement.text)
 
-
-REGISTRY: dict[str, MdRestatement] = {}
+    def restate(self, results: Path) -> list[Path]:
+        return restate_md(self, results)
 
 
 def register(r: MdRestatement) -> MdRestatement:
-    REGISTRY[r.table] = r
-    return r
+    """``r`` in :data:`restate.REGISTRY`: ``restate.restate(r.table, ...)`` re-states it by :func:`restate_md`."""
+    return restate.register(r)
 
 
-def restate_md(table: str, results: Path) -> list[Path]:
-    """Re-state ``<results>/<table>.{csv,md}`` in place by :func:`restate.restate`, its hooks bound to the md and
-    the folder, its claim lines first given the builder's wording."""
-    if table not in REGISTRY:
-        restate.load_builder(table)
-    if table not in REGISTRY:
-        raise ValueError(
-            f"table {table!r} has no md-reading restatement; valid: {', '.join(sorted(REGISTRY))}"
-        )
-    r, path = REGISTRY[table], results / f"{table}.md"
+def restate_md(r: MdRestatement, results: Path) -> list[Path]:
+    """Re-state ``<results>/<r.table>.{csv,md}`` in place by :func:`restate.apply`, ``r``'s hooks bound to the md
+    and the folder, its claim lines first given the builder's wording."""
+    table = r.table
+    path = results / f"{table}.md"
     md = restate.parse_markdown(path.read_text())
     path.write_text(retexted(path.read_text(), md.claims, r.retext))
     bound = restate.Restatement(
