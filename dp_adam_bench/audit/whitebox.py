@@ -244,6 +244,19 @@ class AuditTest:
     fdp_mu_lower: float = 0.0  # the same, by Mahloujifar et al.'s f-DP audit (dp_adam_bench.audit.fdp_bound)
 
 
+@dataclass(frozen=True)
+class Observed:
+    """What a white-box auditor saw of a run: the trajectories ``theta`` (steps + 1, m), which canaries were
+    included, and what :func:`judge` reads beside them (see :func:`scores` and :func:`eligible_steps`)."""
+
+    theta: np.ndarray
+    included: np.ndarray
+    eligible: np.ndarray | None
+    strategy: np.ndarray | None
+    released: np.ndarray | None
+    scaled: np.ndarray | None
+
+
 @dataclass
 class AuditResult:
     """One audited run: what it claims, what the canaries show, and the verdict."""
@@ -277,6 +290,27 @@ class AuditResult:
     #: the run's own checks that refused or stopped it (summary["stopped_by"]: a resumed run's restored-generator
     #: check, issue 44), the run then measured with that check bypassed
     stopped_by: list = field(default_factory=list)
+
+    @classmethod
+    def judged(
+        cls, run, summary: dict, seen: Observed, confidence: float, seed: int, **fields
+    ) -> AuditResult:
+        """:meth:`of_run` with the pre-registered tests (:func:`judge`) on what the auditor ``seen``."""
+        tests, most = judge(
+            seen.theta,
+            seen.included,
+            float(run.plan.delta),
+            confidence,
+            seed,
+            seen.eligible,
+            seen.strategy,
+            seen.released,
+            seen.scaled,
+        )
+        included = int(seen.included.sum())
+        return cls.of_run(
+            run, summary, included=included, confidence=confidence, tests=tests, max_possible=most, **fields
+        )
 
     @classmethod
     def of_run(cls, run, summary: dict, **fields) -> AuditResult:
@@ -671,21 +705,18 @@ def audit_config(
     strategy = plan.strategy.matrix() if plan.strategy is not None else None
     released = torch.stack(backend.released).numpy()
     scaled = torch.stack(backend.scaled).numpy()
-    tests, most = judge(
-        theta, included, float(plan.delta), confidence, seed, eligible, strategy, released, scaled
-    )
     metered = meter(cfg, n=n, control=control, control_name=control_name) if meter is not None else None
-    return AuditResult.of_run(
+    observed = Observed(theta, included, eligible, strategy, released, scaled)
+    return AuditResult.judged(
         run,
         summary,
+        observed,
+        confidence,
+        seed,
         meter=metered,
         canaries=canaries,
-        included=int(included.sum()),
         dataset_size=n,
-        confidence=confidence,
-        tests=tests,
         control=control_name,
-        max_possible=most,
     )
 
 

@@ -191,7 +191,7 @@ def audit_model(
     weight W[0, 1 + i] outright (no shared weight; the bias b[0] is shared), in with probability 1/2 (excluded: a
     zero loss, so a zero gradient), trajectories and releases read from the recorded steps. ``meter``: attach
     :func:`meter_model` of the same config (its own task, with the shared coordinate) to the result."""
-    from dp_adam_bench.audit.whitebox import AuditResult, judge, run_controlled
+    from dp_adam_bench.audit.whitebox import AuditResult, Observed, run_controlled
     from dp_adam_bench.engine import trainer
 
     raw = cfg
@@ -222,20 +222,17 @@ def audit_model(
     scaled = np.stack(
         [(r.noisy[1:f] * (r.scale[1:f] if r.scale is not None else 1.0)).numpy() for r in backend.records]
     )
-    tests, most = judge(
-        theta, included, float(plan.delta), confidence, seed, eligible, strategy_of(plan), released, scaled
-    )
     metered = meter_model(raw, engine, n=n, control=control, control_name=control_name) if meter else None
-    return AuditResult.of_run(
+    observed = Observed(theta, included, eligible, strategy_of(plan), released, scaled)
+    return AuditResult.judged(
         run,
         summary,
+        observed,
+        confidence,
+        seed,
         meter=metered,
         canaries=n,
-        included=int(included.sum()),
         dataset_size=n,
-        confidence=confidence,
-        tests=tests,
         control=control_name,
-        max_possible=most,
         auditor=f"white-box (model task, {engine})",
     )
