@@ -15,22 +15,57 @@ def isolated_dirs(tmp_path, monkeypatch):
     return tmp_path
 
 
-# --- the paper smokes (tests/smoke_jobs.py): started with the session, read by the tests using ``smoke_results`` ---
+# --- the paper smokes (tests/smoke_jobs.py), read by the tests using ``smoke_results`` ------------------------------
+# In one pytest process they start with the session, in a background thread, and their readers run last. Under
+# pytest-xdist (``pytest -n N``, as the GPU check runs the suite) each worker runs the smokes its tests ask for,
+# one table once across all workers (smoke_jobs.SharedSmokes), and their readers run first, the longest first.
 
 SMOKE_FIXTURE = "smoke_results"
 _SMOKES_WANTED = pytest.StashKey[bool]()
 
 
+def _xdist(config) -> bool:
+    """Whether this session's tests run in pytest-xdist workers (in a worker, or in the controller of -n N)."""
+    return bool(os.environ.get("PYTEST_XDIST_WORKER")) or bool(getattr(config.option, "numprocesses", None))
+
+
+def pytest_configure(config):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # one core per worker: torch's intra-op threads would oversubscribe the cores the workers already share
+        import torch
+
+        torch.set_num_threads(1)
+
+
 def pytest_collection_modifyitems(session, config, items):
-    """The tests that read the paper smokes run last, so that the smokes run beside everything else."""
+    """The tests that read the paper smokes run last in one process (the smokes run beside everything else), first
+    under xdist (the longest smoke first, so that the workers' last tests are short ones)."""
     reads = [item for item in items if SMOKE_FIXTURE in getattr(item, "fixturenames", ())]
     if reads:
-        items[:] = [item for item in items if SMOKE_FIXTURE not in getattr(item, "fixturenames", ())] + reads
-    config.stash[_SMOKES_WANTED] = bool(reads)
+        rest = [item for item in items if SMOKE_FIXTURE not in getattr(item, "fixturenames", ())]
+        if _xdist(config):
+            from smoke_jobs import smoke_order
+
+            rank = {t: i for i, t in enumerate(smoke_order())}
+            reads.sort(
+                key=lambda item: rank.get(
+                    getattr(item, "callspec", None) and item.callspec.params.get("experiment"), len(rank)
+                )
+            )
+            items[:] = reads + rest
+        else:
+            items[:] = rest + reads
+    config.stash[_SMOKES_WANTED] = bool(reads) and not _xdist(config)
 
 
 @pytest.fixture(scope="session")
-def smoke_jobs(tmp_path_factory):
+def smoke_jobs(tmp_path_factory, request):
+    if _xdist(request.config):
+        from smoke_jobs import SharedSmokes
+
+        # the folder above this worker's base temp is the one every worker of the session shares
+        yield SharedSmokes(tmp_path_factory.getbasetemp().parent / "paper_smokes")
+        return
     from smoke_jobs import SmokeJobs, smoke_order
 
     jobs = SmokeJobs(smoke_order(), tmp_path_factory.mktemp("smoke"), tmp_path_factory.mktemp("hf")).start()
@@ -40,7 +75,7 @@ def smoke_jobs(tmp_path_factory):
 
 @pytest.fixture(scope="session", autouse=True)
 def _paper_smokes_start_with_the_session(request):
-    """When any collected test reads the paper smokes, they start now, in the background."""
+    """In one pytest process, when any collected test reads the paper smokes, they start now, in the background."""
     if request.config.stash.get(_SMOKES_WANTED, False):
         request.getfixturevalue("smoke_jobs")
 

@@ -6,10 +6,12 @@ when the session starts, one child process at a time, on the other core; the tes
 ``smoke_results`` fixture) run last (tests/conftest.py), and when they start waiting, the pytest process takes
 tables from the same queue too, so that the smokes still left run two at a time. Each child gets the environment of
 the session's start (tests change ``os.environ`` while the smokes run), its own temporary folders, one thread.
+Under pytest-xdist there is no background thread: :class:`SharedSmokes` runs each table once across the workers.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -152,3 +154,49 @@ class SmokeJobs:
             for proc in self._procs:
                 proc.kill()
         self._thread.join()
+
+
+class SharedSmokes:
+    """The smokes under pytest-xdist (``pytest -n N``; the GPU check runs the suite so): no background thread, each
+    table's smoke run by the first worker that asks for it, under a file lock per table in the folder every worker
+    shares, and its result written there for the others; the fake hub built once, the same way. The smoke tests
+    come first in the order (tests/conftest.py), longest first, so that the workers run them beside each other
+    while the rest of the suite fills the cores after them. ``smokes[table]`` is ``(its folder, the process)``."""
+
+    def __init__(self, base: Path):
+        self.base = Path(base)
+        self.base.mkdir(parents=True, exist_ok=True)
+        self.env = dict(os.environ)
+        self.hub = self.base / "hf"
+
+    def wait(self) -> SharedSmokes:
+        """What the smoke tests read (as :meth:`SmokeJobs.wait`): here each result is made when first read."""
+        return self
+
+    def _locked(self, name: str):
+        from filelock import FileLock
+
+        return FileLock(str(self.base / f"{name}.lock"))
+
+    def _build_hub(self) -> None:
+        with self._locked("hub"):
+            if (self.hub / ".built").exists():
+                return
+            jobs = SmokeJobs([], self.base, self.hub)
+            jobs.env = self.env
+            jobs._build_hub()
+            (self.hub / ".built").write_text("")
+
+    def __getitem__(self, table: str) -> tuple[Path, subprocess.CompletedProcess]:
+        if table not in SMOKE_TABLES:
+            raise KeyError(f"{table!r} has no smoke; valid: {', '.join(SMOKE_TABLES)}")
+        self._build_hub()
+        tmp, done = self.base / table, self.base / f"{table}.json"
+        with self._locked(table):
+            if not done.exists():
+                tmp.mkdir(exist_ok=True)
+                args = ["-m", "dp_adam_bench", "sweep", table, "--profile", "paper", "--smoke"]
+                out = SmokeJobs([], self.base, self.hub)._run(args, cli_env(self.hub, tmp, self.env))
+                done.write_text(json.dumps([out.args, out.returncode, out.stdout, out.stderr]))
+            args, code, stdout, stderr = json.loads(done.read_text())
+        return tmp, subprocess.CompletedProcess(args, code, stdout, stderr)

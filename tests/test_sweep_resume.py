@@ -17,8 +17,11 @@ OVERRIDES = [
     "task.n_test=200",
     "task.trials=2",
     "logger.wandb.mode=disabled",
-    "optimizer.lr=0.1,1.0",
-]  # 7 (optimizer, noise) pairs x 2 learning rates = 14 runs
+    "optimizer.lr=1.0",
+]  # 7 (optimizer, noise) pairs x 1 learning rate = 7 runs
+
+
+RUNS = 7
 
 
 def sweep_cmd():
@@ -34,7 +37,7 @@ def test_killed_joblib_sweep_relaunched_gives_the_same_table(tmp_path, monkeypat
     env = {**os.environ, "WANDB_MODE": "disabled"}
     a, b = tmp_path / "a", tmp_path / "b"
     subprocess.run(sweep_cmd(), env={**env, "DP_ADAM_BENCH_RUNS": str(a)}, check=True, capture_output=True)
-    assert len(complete_runs(a)) == 14
+    assert len(complete_runs(a)) == RUNS
 
     proc = subprocess.Popen(
         sweep_cmd(),
@@ -44,23 +47,23 @@ def test_killed_joblib_sweep_relaunched_gives_the_same_table(tmp_path, monkeypat
         stderr=subprocess.DEVNULL,
     )
     deadline = time.time() + 180
-    while len(complete_runs(b)) < 5 and time.time() < deadline and proc.poll() is None:
+    while len(complete_runs(b)) < 3 and time.time() < deadline and proc.poll() is None:
         time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGKILL)  # the whole sweep: launcher, joblib workers, everything
     proc.wait()
     killed_at = len(complete_runs(b))
-    assert 5 <= killed_at < 14, f"the kill came at {killed_at} complete runs"
+    assert 3 <= killed_at < RUNS, f"the kill came at {killed_at} complete runs"
 
     again = subprocess.run(
         sweep_cmd(), env={**env, "DP_ADAM_BENCH_RUNS": str(b)}, check=True, capture_output=True, text=True
     )
-    assert len(complete_runs(b)) == 14
-    # the relaunch (with config overrides) counts the runs the killed launch completed, and ends at 14/14
+    assert len(complete_runs(b)) == RUNS
+    # the relaunch (with config overrides) counts the runs the killed launch completed, and ends at 7/7
     counts = [
         tuple(map(int, m)) for m in re.findall(r"sweep ganesh_fig2: (\d+)/(\d+) runs complete", again.stderr)
     ]
-    assert counts and {total for _, total in counts} == {14}, again.stderr[-2000:]
-    assert counts[0][0] >= killed_at and counts[-1][0] == 14, counts
+    assert counts and {total for _, total in counts} == {RUNS}, again.stderr[-2000:]
+    assert counts[0][0] >= killed_at and counts[-1][0] == RUNS, counts
 
     tables = []
     for root, out in ((a, tmp_path / "res_a"), (b, tmp_path / "res_b")):
