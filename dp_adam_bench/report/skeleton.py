@@ -8,7 +8,7 @@ A builder on this skeleton reads, top to bottom::
     cells = {key: SeedStats.of(values), ...}                # one cell per row of the table, over seeds
     frame = pd.DataFrame(rows)                              # paper beside ours, ours_sample_std, n
     claims = ordering_claims(ORDERINGS, cells, ...)         # each with its Welch test and, if undecided, the flag
-    notes = [...] + noise_note(claims, ...) + run_folder_notes(found)
+    notes = rule_notes(claims) + [...] + run_folder_notes(found)  # the rule first, then the table's
     return Table(table_id, title, command, frame, ...).write(ctx.out)
 
 Claims read the cells' (mean, sample std, n), the numbers the CSV holds, never the runs themselves: anyone can
