@@ -502,3 +502,17 @@ def test_the_committed_ganesh_tables_are_restated_already(table, tmp_path):
     after = (tmp_path / f"{table}.md").read_text()
     assert after == (before if RESTATED.format(table=table) in before else _with_restated_note(before, table))
     assert (tmp_path / f"{table}.csv").read_text() == (results / f"{table}.csv").read_text()
+
+
+def test_the_command_names_a_missing_table_or_file_in_one_line(tmp_path, capsys):
+    from dp_adam_bench.report.restate import main
+
+    assert main(["tang_fig1_cifar10", "--results", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(
+        f"error: {tmp_path / 'tang_fig1_cifar10.csv'} is not there"
+    )
+    assert "make reproduce-table TABLE=tang_fig1_cifar10" in err
+    assert main(["no_such_table", "--results", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "table 'no_such_table' has no restatement; valid: " in err

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import re
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,17 +154,24 @@ def restate(table: str, results: Path) -> list[Path]:
     return REGISTRY[table].restate(results)
 
 
-def apply(r: Restatement, results: Path) -> list[Path]:
-    """Re-state ``<results>/<r.table>.{csv,md}`` in place by ``r``; the paths written."""
-    table = r.table
-    csv_path, md_path = results / f"{table}.csv", results / f"{table}.md"
-    for path in (csv_path, md_path):
+def committed(results: Path, table: str) -> tuple[Path, Path]:
+    """``<results>/<table>.csv`` and ``.md``; FileNotFoundError naming the command that builds them."""
+    paths = results / f"{table}.csv", results / f"{table}.md"
+    for path in paths:
         if not path.is_file():
             raise FileNotFoundError(
                 f"{path} is not there: build the table first (`make reproduce-table TABLE={table}`)"
             )
+    return paths
+
+
+def apply(r: Restatement, results: Path, md_text: str | None = None) -> list[Path]:
+    """Re-state ``<results>/<r.table>.{csv,md}`` in place by ``r``; the paths written. ``md_text``: the md as the
+    caller has already read (and reworded) it; nothing is written before the whole table is re-stated."""
+    csv_path, md_path = committed(results, r.table)
+    table = r.table
     frame = restated_frame(pd.read_csv(csv_path, dtype={c: str for c in r.text}), r.spreads)
-    md = parse_markdown(md_path.read_text())
+    md = parse_markdown(md_path.read_text() if md_text is None else md_text)
     claims = merged_claims(md.claims, r.claims(frame))
     line = RESTATED.format(table=table)
     notes = [n for n in r.notes(md.notes, claims) if n != line] + [line]
@@ -207,7 +215,12 @@ def main(argv: list[str] | None = None) -> int:
     # run as a script this file is __main__, whose REGISTRY is not the one the builders register in
     package = importlib.import_module("dp_adam_bench.report.restate")
     for t in args.tables:
-        for path in package.restate(t, args.results):
+        try:
+            written = package.restate(t, args.results)
+        except (ValueError, FileNotFoundError) as err:  # one line naming the table or file, not a traceback
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        for path in written:
             print(f"wrote {path}")
     return 0
 

@@ -48,12 +48,11 @@ def register(r: MdRestatement) -> MdRestatement:
 def restate_md(r: MdRestatement, results: Path) -> list[Path]:
     """Re-state ``<results>/<r.table>.{csv,md}`` in place by :func:`restate.apply`, ``r``'s hooks bound to the md
     and the folder, its claim lines first given the builder's wording."""
-    table = r.table
-    path = results / f"{table}.md"
-    md = restate.parse_markdown(path.read_text())
-    path.write_text(retexted(path.read_text(), md.claims, r.retext))
+    _, path = restate.committed(results, r.table)
+    text = path.read_text()
+    md = restate.parse_markdown(text)
     bound = restate.Restatement(
-        table,
+        r.table,
         r.spreads,
         claims=lambda frame: r.claims(frame, md, results),
         notes=lambda old, claims: r.notes(old, claims, md),
@@ -61,7 +60,7 @@ def restate_md(r: MdRestatement, results: Path) -> list[Path]:
         text=r.text,
         sections=lambda frame, _: r.sections(frame, md, results),
     )
-    return restate.apply(bound, results)
+    return restate.apply(bound, results, md_text=retexted(text, md.claims, r.retext))
 
 
 def retexted(text: str, claim_lines: list[str], retext: Callable[[str], str]) -> str:
