@@ -127,7 +127,7 @@ def noise_note(claims: Sequence[Claim], what: str = "the optimizers") -> list[st
     or, where some are tested, not decided by Welch's t."""
     if not claims or not all(within_noise(c) for c in claims):
         return []
-    if all("(no test: fewer than 2 seeds" in c.detail for c in claims):
+    if all(f"{stats.WITHIN_SEED_NOISE} (no test: fewer than 2 " in c.detail for c in claims):
         return [
             "No ordering above can be tested: with one seed a cell there is no spread to test a gap against, so this "
             "profile neither reproduces nor contradicts the paper's orderings."

@@ -101,13 +101,23 @@ class Gap:
         t = f"{self.t:+.2f}" if math.isfinite(self.t) else ("+inf" if self.t > 0 else "-inf")
         return f"t = {t} (Welch, df {self.df:.1f}), p = {format_p(self.p)} over {self.n_a} / {self.n_b} {self.unit}"
 
+    @property
+    def one_seed(self) -> bool:
+        """A cell has fewer than 2 seeds (or trials): there is no spread to test a gap against."""
+        return min(self.n_a, self.n_b) < 2
+
+    def untested(self) -> str | None:
+        """Why there is no test (one seed a cell, or a value not finite); None when there is one."""
+        if self.p is not None:
+            return None
+        return f"fewer than 2 {self.unit} a cell" if self.one_seed else "a value not finite"
+
     def flag(self) -> str:
         """``""`` when decided; else the :data:`WITHIN_SEED_NOISE` flag with how many seeds would decide it."""
         if self.decided:
             return ""
         if self.p is None:
-            why = f"fewer than 2 {self.unit} a cell" if min(self.n_a, self.n_b) < 2 else "a value not finite"
-            return f"{WITHIN_SEED_NOISE} (no test: {why})"
+            return f"{WITHIN_SEED_NOISE} (no test: {self.untested()})"
         need = (
             f"~{self.seeds} {self.unit} a cell would decide it if the gap and spread seen were the truth"
             if self.seeds

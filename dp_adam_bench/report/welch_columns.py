@@ -15,8 +15,7 @@ def welch_columns(g: stats.Gap) -> dict[str, object]:
     """``g``'s standard error, Welch's t, df and p (None without a test), whether it is decided, and the seeds a
     cell that would decide it (blank when decided, "> 10,000" where even that many would not)."""
     if g.p is None:
-        why = "fewer than 2 seeds a cell" if min(g.n_a, g.n_b) < 2 else "a value not finite"
-        return dict.fromkeys(COLUMNS[:4]) | {COLUMNS[4]: f"no test: {why}", COLUMNS[5]: ""}
+        return dict.fromkeys(COLUMNS[:4]) | {COLUMNS[4]: f"no test: {g.untested()}", COLUMNS[5]: ""}
     return {
         "se": g.se,
         "t": g.t,
