@@ -35,6 +35,8 @@ from helpers import CE, first_abstracts, tiny_data, tiny_model
 
 DUMP = os.environ.get("DP_ADAM_BENCH_IDENTITY_DUMP")
 #: what the original code (commit 382cf8b) gave, as measured by the tests below
+#: the first step's parameters are compared to this relative tolerance (printed at 6 significant digits)
+STEP_RTOL = 1e-4
 GOLDEN = json.loads((Path(__file__).parent / "data" / "identity_entry_points.json").read_text("utf-8"))
 TOKENIZER = shared_data_dir() / "gpt2_tokenizer"
 ABSTRACTS = shared_data_dir() / "arxiv_abstracts" / "arxiv_abstracts.jsonl.gz"
@@ -121,7 +123,15 @@ def golden():
             measured[name] = value
             return
         assert name in GOLDEN, f"no golden value for {name!r}"
-        assert value == GOLDEN[name], f"{name}: the refactor changed what this entry point gives"
+        want = GOLDEN[name]
+        if isinstance(value, dict) and "step" in value and isinstance(want, dict) and "step" in want:
+            value, want = dict(value), dict(want)  # GOLDEN stays as read
+            (*head, got_params), (*want_head, want_params) = value.pop("step"), want.pop("step")
+            assert head == want_head, f"{name}: the first step's batch or clipped fraction changed"
+            assert got_params == pytest.approx(want_params, rel=STEP_RTOL, abs=1e-6), (
+                f"{name}: the first step moved"
+            )
+        assert value == want, f"{name}: the refactor changed what this entry point gives"
 
     yield check
     if DUMP:
@@ -260,7 +270,9 @@ def private_fingerprint(private) -> dict:
         "step": [
             result.batch_size,
             g6(result.frac_clipped),
-            digest([f"{v:.6g}" for v in params.tolist()]),
+            # the values, not a digest of their digits: a CPU with other vector units may move the last bits, and a
+            # rounded digit with them; the check compares them within STEP_RTOL
+            [float(f"{v:.6g}") for v in params.tolist()],
         ]
     }
 
