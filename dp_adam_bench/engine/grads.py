@@ -261,6 +261,7 @@ class FunctorchEngine(GradEngine):
 
     def per_example_grads(self, batch):
         from torch.func import functional_call, grad, vmap
+        from torch.nn.attention import SDPBackend, sdpa_kernel
 
         model, task_loss = self.model, self.loss_per_example
 
@@ -271,7 +272,10 @@ class FunctorchEngine(GradEngine):
 
         params = {n: p.detach() for n, p in zip(self.names, self.params, strict=True)}
         try:
-            grads = vmap(grad(one), in_dims=(None, 0), randomness="different")(params, batch)
+            # the math kernel of scaled_dot_product_attention: CUDA's fused kernels have no vmap rule for a mask
+            # batched over examples (nn.MultiheadAttention with a mask: "attn_bias: wrong shape")
+            with sdpa_kernel(SDPBackend.MATH):
+                grads = vmap(grad(one), in_dims=(None, 0), randomness="different")(params, batch)
         except RuntimeError as err:
             if "vmap" not in str(err) and "functorch" not in str(err).lower():
                 raise
