@@ -71,4 +71,7 @@ def test_a_missing_data_folder_fails_fast_naming_the_folder_and_the_prepare_comm
     out, seconds = _python(code, DP_ADAM_BENCH_DATA=str(tmp_path / "nodata"))
     assert str(tmp_path / "nodata" / "cifar10" / "cifar10_jpeg_q75.tar.gz") in out
     assert "dp-adam-bench data prepare cifar10_cnn" in out and "DP_ADAM_BENCH_ONLINE=1" in out
-    assert seconds < 15, f"took {seconds:.1f} s: the hub was retried"  # was ~25 s of retries without network
+    # against the same imports on this machine now: a busy machine (16 xdist workers on a GPU box) took 24 s
+    _, imports = _python("import dp_adam_bench.tasks.cifar10_cnn")
+    extra = seconds - imports
+    assert extra < 10, f"took {extra:.1f} s more than its imports: the hub was retried"  # ~25 s of retries
