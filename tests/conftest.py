@@ -106,3 +106,41 @@ def fake_wandb(monkeypatch):
 
     monkeypatch.setattr(wandb, "init", init)
     return made
+
+
+# --- a diagnosis, off unless DP_ADAM_BENCH_TRACE_CAPTURE names a file: under pytest-xdist a worker's capture file
+# was found closed after a test of tests/test_sweep_slurm.py ("ValueError: I/O operation on closed file" on every
+# later test of that worker). This records each closing of a capture file, with its stack, and each test after
+# which one of the global capture's files is closed.
+if os.environ.get("DP_ADAM_BENCH_TRACE_CAPTURE"):
+    import traceback
+
+    from _pytest import capture as _capture
+
+    _TRACE = os.environ["DP_ADAM_BENCH_TRACE_CAPTURE"]
+    _encoded_close = _capture.EncodedFile.close
+
+    def _traced_close(self):
+        if not self.closed:
+            with open(_TRACE, "a") as fh:
+                fh.write(f"--- pid {os.getpid()} closes {self!r}\n{''.join(traceback.format_stack())}\n")
+        return _encoded_close(self)
+
+    _capture.EncodedFile.close = _traced_close
+
+    def _capture_state(item):
+        glob = item.config.pluginmanager.getplugin("capturemanager")._global_capturing
+        if glob is None:
+            return None
+        return [getattr(getattr(c, "tmpfile", None), "closed", None) for c in (glob.in_, glob.out, glob.err)]
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item, nextitem):
+        before = _capture_state(item)
+        yield
+        after = _capture_state(item)
+        if after != before:
+            with open(_TRACE, "a") as fh:
+                fh.write(
+                    f"=== pid {os.getpid()} after {item.nodeid}: capture files closed {before} -> {after}\n"
+                )

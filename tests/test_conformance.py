@@ -149,7 +149,9 @@ def _run_cell(case: Case, engine: str, setting: str) -> str:
         batch = make_batch(case, dtype)
         norms, clip, summed = oracle(case, setting)
         try:
-            out = eng.clipped_sum(batch, clip)
+            # the engines' algebra in one precision; TF32 convolutions (CUDA's default) are the GPU check's tf32 part
+            with ieee_fp32():
+                out = eng.clipped_sum(batch, clip)
         except ValueError as err:  # a refusal that depends on the inputs (e.g. ghost: a Linear on 4-D inputs)
             assert_names_the_layer(err, case, engine)
             return "refused"

@@ -451,6 +451,7 @@ def _compact(result: list) -> list:
 
 def test_cli_main_prints_the_same(golden, monkeypatch, isolated_dirs):
     monkeypatch.setenv("COLUMNS", "100")  # argparse wraps its help to the terminal
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # a sweep's --jobs plan as on a CPU (the goldens' machine)
     monkeypatch.setattr(sys, "argv", ["dp-adam-bench"])
     for name, argv in COMMANDS.items():
         golden(f"cli/{name}", _compact(run_main(argv)))

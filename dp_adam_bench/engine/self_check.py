@@ -164,7 +164,12 @@ def _refuse_check(engine, record: dict, tolerance: float, where: str) -> None:
     failed = [
         (err, tol, part)
         for err, tol, part in (
-            (record["max_rel_error"], tolerance, ""),
+            (
+                record["max_rel_error"],
+                tolerance,
+                f" (norms {record['norm_rel_error']:.3g}, clipped sum {record['sum_rel_error']:.3g}, "
+                f"over {record['examples']} examples)",
+            ),
             (
                 record["param_rel_error"],
                 max(tolerance, PARAMETER_TOLERANCE),
