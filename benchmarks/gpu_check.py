@@ -10,8 +10,8 @@ part that fails or hangs, or the whole command being killed, loses nothing measu
 (``PARTS``):
 
 * ``env``: device, driver, torch / CUDA / cuDNN / NCCL / Opacus versions, the fp32 math settings, cores, xdist;
-* ``suite``: the whole test suite on this device, ``pytest -n <cores>`` (pytest-xdist), pass / fail counts from
-  its JUnit XML (``suite.xml``) and the failing tests' names;
+* ``suite``: ``make test``'s tier of the test suite on this device (``pytest -n <cores> -m "not slow"``,
+  pytest-xdist), pass / fail counts from its JUnit XML (``suite.xml``) and the failing tests' names;
 * ``bench_gpu``: ``bench_gpu.py``, every row and mode in fp32 and bf16, rows appended as measured (CUDA:
   ``benchmarks/results_gpu.csv``; a CPU run never writes that file);
 * ``tf32_conv``: TF32 on (cuDNN convolutions and CUDA matmuls, as a user may set it), CNN5 through bk, ghost and
@@ -30,7 +30,9 @@ part that fails or hangs, or the whole command being killed, loses nothing measu
   gloo on a CPU), then a training run launched by ``torchrun --nproc_per_node=1`` on the GPU;
 * ``ddp_gloo``: data-parallel training on the CPU with gloo, 2 ranks (the fallback when ranks outnumber GPUs);
 * ``sweep_jobs``: ``dp-adam-bench sweep --jobs 2`` placing two joblib workers on the one GPU (their slot files
-  and every run's summary are checked).
+  and every run's summary are checked);
+* ``suite_slow``: ``make test-slow``'s tier (``-m slow``: every paper table's smoke, killed and resumed runs),
+  last, so that the default budget usually leaves it for a call of its own (``--parts suite_slow``).
 
 ``--budget`` (seconds, default 450) bounds the whole: a part starts only with at least ``MIN_PART_S`` left and
 runs at most min(its limit, what is left); the parts not started are reported as skipped for time, to run next

@@ -37,6 +37,7 @@ def pytest_configure(config):
         torch.set_num_threads(1)
 
 
+@pytest.hookimpl(trylast=True)  # after -m has deselected: `make test` (-m "not slow") starts no smoke
 def pytest_collection_modifyitems(session, config, items):
     """The tests that read the paper smokes run last in one process (the smokes run beside everything else), first
     under xdist (the longest smoke first, so that the workers' last tests are short ones)."""

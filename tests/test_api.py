@@ -219,6 +219,7 @@ def test_every_example_is_tested():
 
 
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
+@pytest.mark.slow
 def test_example_runs(name):
     from dp_adam_bench.tasks.text import minilm_folder
 

@@ -163,6 +163,7 @@ def test_honest_audit_is_consistent():
         "cycle_ignored",
     ],
 )
+@pytest.mark.slow
 def test_every_control_is_caught(control):
     from dp_adam_bench.audit.controls import CONTROLS
 
@@ -203,6 +204,7 @@ def test_audit_command_refuses_a_non_private_config(capsys):
     assert "adds no noise: there is no claimed epsilon to audit" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_report_writes_its_table(tmp_path, monkeypatch):
     from dp_adam_bench.report import privacy_audit
     from dp_adam_bench.report.context import ReportContext
@@ -425,6 +427,7 @@ def test_issue_44_controls_are_caught_by_the_runs_own_checks(control, by):
     assert r.verdict == "caught" and by in r.caught_by, r.describe()
 
 
+@pytest.mark.slow
 def test_issue_44_engine_controls_are_caught_by_the_engine_checks():
     """bias_norm_dropped (a bias left out of bk's norms) by the start-up self-check's equalized norms;
     wrong_when_trained (norms 0.9 of the true ones once the weights moved) by the engine watch, mid-run; an honest

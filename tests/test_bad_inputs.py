@@ -213,6 +213,7 @@ def test_an_override_hydra_cannot_compose_is_one_line_and_exit_2(
     assert sorted(p.name for p in isolated_dirs.iterdir()) == [], sorted(isolated_dirs.rglob("*"))
 
 
+@pytest.mark.slow
 def test_a_failed_run_leaves_no_hydra_folder(isolated_dirs):
     """Through the command line (Hydra's own main; a subprocess, as a user runs it): a refused run leaves no empty
     runs/_hydra/<time>/ folder, nor anything else."""
@@ -278,6 +279,7 @@ def test_divergence_note_rules():
     assert divergence_note({"test_accuracy": 1e9}, {"test_accuracy": 1.0}, ok) is None  # not a loss
 
 
+@pytest.mark.slow
 def test_privacy_fields_of_a_non_private_run_are_said_to_be_ignored(isolated_dirs):
     out = _cli(isolated_dirs, [*TOY, "noise=none", "privacy.sigma=5", "logger.wandb.mode=disabled"])
     assert out.returncode == 0, out.stderr
@@ -328,6 +330,7 @@ def test_a_swept_sweep_override_is_checked_at_each_value():
     assert "train.stpes=1" in override_error("ganesh_fig3", "cpu", ["train.stpes=1,2"])
 
 
+@pytest.mark.slow
 def test_a_sweep_override_that_composes_alone_but_not_with_an_entry_is_one_line(isolated_dirs, capsys):
     from dp_adam_bench.cli import main
 

@@ -286,6 +286,7 @@ def test_language_models_have_the_issue_shapes():
 
 
 @pytest.mark.parametrize("model", ["bert_tiny_mlm", "gpt2_small"])
+@pytest.mark.slow
 def test_language_models_run_every_mode_quick(model, one_thread):
     """run_one in this process (no interpreter start-up per mode) on the tiny --quick shapes."""
     rows = []
@@ -571,6 +572,7 @@ def test_run_all_runs_the_gpu_benchmark_only_when_named(tmp_path, monkeypatch):
     assert scripts == ["bench_gpu.py"]
 
 
+@pytest.mark.slow
 def test_bench_gpu_runs_every_mode_on_cpu_and_never_writes_results_gpu_csv(tmp_path, one_thread):
     """The GPU benchmark's code paths on a CPU (tiny shapes): every mode of a micro-batched row, ratios to its own
     non-private step; without CUDA it refuses to write benchmarks/results_gpu.csv."""
@@ -616,6 +618,7 @@ def test_bench_gpu_refuses_a_bad_device_in_one_line(device, tmp_path, capsys):
     assert f"--device {device!r}: valid: cuda, cuda:N (a visible GPU) or cpu" in err
 
 
+@pytest.mark.slow
 def test_bench_checks_quick_measures_the_watch(tmp_path):
     """bench_checks.py end to end on tiny shapes: one row per model with the step, the check and the run's share
     (issue 44's cost of the engine watch); the README's target row reads it."""

@@ -361,6 +361,7 @@ def test_registry_and_config(tmp_path, arrays):
 
 
 @pytest.mark.skipif(not REAL_ARCHIVE.is_file(), reason=f"{REAL_ARCHIVE} not present")
+@pytest.mark.slow
 def test_real_jpeg_archive_decodes_to_cifar10():
     # Decoding all 60k JPEGs takes ~10 s here; the cache write is covered by the fixtures above.
     x_tr, y_tr, x_te, y_te = c10.decode_jpeg_tar(REAL_ARCHIVE)
@@ -397,6 +398,7 @@ def augmented_run(data_dir, name: str, *extra: str) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 def test_an_augmented_run_killed_and_resumed_ends_with_the_uninterrupted_run_weights(isolated_dirs, arrays):
     """The augmentation generator is in the checkpoint (``Cifar10CNN.rng_state``): without it the resumed run
     flipped and cropped other images than the uninterrupted one and ended with other weights."""

@@ -99,6 +99,7 @@ def _presets():
 
 @pytest.mark.parametrize("profile", ["cpu", "paper"])
 @pytest.mark.parametrize("preset", _presets())
+@pytest.mark.slow
 def test_every_experiment_preset_composes_and_every_sweep_point_validates(preset, profile):
     from dp_adam_bench.sweep import override_value as _value
     from dp_adam_bench.sweep import sweep_spec
@@ -160,6 +161,7 @@ def test_a_single_value_inside_a_swept_group_is_written_as_a_choice_sweep():
     assert "privacy.sigma=0.015625" in ime_bc  # not inside the swept group: plain
 
 
+@pytest.mark.slow
 def test_an_entry_can_set_its_own_seeds():
     from dp_adam_bench.sweep import expected_runs, runs_folder_name, sweep_commands
 
@@ -174,6 +176,7 @@ def test_an_entry_can_set_its_own_seeds():
     )  # non-private rows and the DP rows (2 seeds), noiseless (1 seed)
 
 
+@pytest.mark.slow
 def test_ganesh_presets_that_tune_on_a_grid_select_on_val_abstracts_scored_in_every_run():
     """Where a Fig. 3 preset selects among several settings (the paper profile's grid, the horizon study), every
     run scores val abstracts (task.val_subset) and the rule reads val_loss, so the tables' test losses are not

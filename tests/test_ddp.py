@@ -144,6 +144,7 @@ def one_and_two(tmp_path_factory):
     }
 
 
+@pytest.mark.slow
 def test_two_ranks_train_the_model_one_process_trains(one_and_two):
     one, (rank0, rank1) = one_and_two["one"], one_and_two["ranks"]
     two = rank0["summary"]
@@ -168,6 +169,7 @@ def test_two_ranks_train_the_model_one_process_trains(one_and_two):
     assert summary["status"] == "complete" and summary["world_size"] == 2
 
 
+@pytest.mark.slow
 def test_noise_is_drawn_once_per_logical_step(one_and_two):
     rank0, rank1 = one_and_two["ranks"]
     assert one_and_two["one_draws"] == STEPS
@@ -216,6 +218,7 @@ print(json.dumps({"sum": t.tolist(), "before": before, "after": distributed.gloo
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc to list threads")
+@pytest.mark.slow
 def test_leaving_the_group_joins_gloo_threads_before_interpreter_shutdown():
     """Regression: a rank exiting right after a collective aborted ("rank 1 exited with -6", "terminate called
     without an active exception") when gloo's worker threads outlived destroy_process_group, because a module

@@ -387,6 +387,7 @@ def test_evaluate_decodes_only_at_the_final_evaluation(task, data_dir):
 # --------------------------------------------------------------------------------------------- end to end
 
 
+@pytest.mark.slow
 def test_dp_steps_through_train(data_dir, isolated_dirs):
     from dp_adam_bench.train import train
 

@@ -160,6 +160,7 @@ def test_a_cpu_run_writes_neither_the_committed_report_nor_results_gpu_csv(tmp_p
     assert cuda[cuda.index("--out") + 1] == str(RESULTS_GPU)
 
 
+@pytest.mark.slow
 def test_a_quick_cpu_run_of_a_real_part(tmp_path):
     """A part's real command through the runner: the sweep's --jobs 2 as a dry run (quick). (Every part at quick
     sizes, about two minutes here: ``make gpu-check-cpu``.)"""
@@ -233,6 +234,7 @@ def _fake_run_config(calls, fail_mode=None, csv_path=None):
     return run
 
 
+@pytest.mark.slow
 def test_bench_gpu_appends_rows_as_measured_and_records_any_error_on_its_row(tmp_path, monkeypatch):
     out = tmp_path / "gpu.csv"
     calls = []
@@ -256,6 +258,7 @@ def test_bench_gpu_appends_rows_as_measured_and_records_any_error_on_its_row(tmp
 
 
 @pytest.mark.parametrize("kind", ["ieee", "tf32"])
+@pytest.mark.slow
 def test_bench_gpu_sets_one_fp32_math_for_every_mode_and_records_it(tmp_path, monkeypatch, kind):
     from dp_adam_bench.engine import fp32_exact
 

@@ -32,12 +32,14 @@ SWITCHES = (
 )
 
 
+@pytest.mark.slow
 def test_offline_by_default_whether_the_hub_clients_are_imported_before_or_after():
     before, _ = _python(SWITCHES.replace("; print", "; import dp_adam_bench; print"))
     after, _ = _python("import dp_adam_bench; " + SWITCHES)
     assert before == after == "True True"
 
 
+@pytest.mark.slow
 def test_opt_in_and_an_explicit_user_setting_are_respected():
     assert _python("import dp_adam_bench; " + SWITCHES, DP_ADAM_BENCH_ONLINE="1")[0] == "False False"
     assert _python("import dp_adam_bench; " + SWITCHES, HF_HUB_OFFLINE="0")[0] == "False False"
@@ -63,6 +65,7 @@ def test_go_online_refuses_the_users_offline_setting(monkeypatch):
         hub.go_online("data prepare")
 
 
+@pytest.mark.slow
 def test_a_missing_data_folder_fails_fast_naming_the_folder_and_the_prepare_command(tmp_path):
     code = (
         "from dp_adam_bench.tasks.cifar10_cnn import load_cifar10_described\n"

@@ -208,6 +208,7 @@ def validate_messages(cfg: dict) -> dict:
     return out
 
 
+@pytest.mark.slow
 def test_validate_gives_the_same_answers(golden):
     from hydra import compose, initialize_config_dir
 

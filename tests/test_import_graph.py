@@ -125,6 +125,7 @@ def test_no_private_name_is_imported_from_another_module_of_the_package():
         "tracking.wandb_source",
     ],
 )
+@pytest.mark.slow
 def test_module_imports_first_in_a_fresh_interpreter(module):
     name = f"{PACKAGE}.{module}"
     importlib.import_module(name)

@@ -112,6 +112,7 @@ def g3_store(isolated_dirs):
     return isolated_dirs
 
 
+@pytest.mark.slow
 def test_ganesh_fig3_cells_selection_and_claims(g3_store):
     ganesh_fig3.build(ReportContext())
     df = pd.read_csv(g3_store / "results" / "ganesh_fig3.csv")
@@ -278,6 +279,7 @@ def test_tuning_report_checks_each_knob_through_the_chosen_setting(isolated_dirs
     assert f"{label}.lr is inside its grid" not in md
 
 
+@pytest.mark.slow
 def test_ganesh_fig3_explains_stp_from_its_diagnostics(g3_store):
     """The STP note reads its runs' diagnostics per column; the 'scale is ~1 / eps_s1' reading is printed only
     when sqrt(v^) exceeds eps_s1 in under 5 % of coordinates in every column that logged them."""
@@ -301,6 +303,7 @@ def test_ganesh_fig3_explains_stp_from_its_diagnostics(g3_store):
     assert "sqrt(v^) > eps_s1 in 40.00% of coordinates" in md and "stays nearly flat" not in md
 
 
+@pytest.mark.slow
 def test_ganesh_fig3_sets_its_rows_beside_the_horizon_studys_wider_grid_at_its_horizon(g3_store):
     """The horizon study's runs at ganesh_fig3's own horizon (512 abstracts) choose eta on val from a wider grid:
     the Fig. 3 report names, per shared cell, the eta it ran and the one chosen there, with both test losses;
@@ -878,6 +881,7 @@ def _horizon_runs(root, base_subset: int, base_offset: float) -> list[float]:
     return grids
 
 
+@pytest.mark.slow
 def test_ganesh_horizon_follows_the_gaps_across_horizons(isolated_dirs):
     """The cpu profile runs every horizon itself (32 steps included, on its own eta grid): ganesh_fig3's 32-step
     runs are not read; each cell's eta is chosen on val_loss and its test_loss reported; the gaps carry standard
@@ -961,6 +965,7 @@ def test_ganesh_horizon_follows_the_gaps_across_horizons(isolated_dirs):
     assert "| stp | dpsgd_sigma1 | 96 | 1 |" in md.replace("1.0000", "1")  # the diagnostics section
 
 
+@pytest.mark.slow
 def test_ganesh_horizon_scores_the_chosen_setting_on_held_out_seeds(isolated_dirs):
     """Runs of sweep.selection.heldout_seeds take no part in any choice: the table and the tuning section keep
     2 seeds a cell, the held-out section scores each cell at the setting seeds 0 and 1 chose, its gaps become
@@ -1008,6 +1013,7 @@ def test_ganesh_horizon_scores_the_chosen_setting_on_held_out_seeds(isolated_dir
     assert f"ran lr={stale[0]['optimizer.lr']:g}" in md and f"chosen lr={first:g}" in md
 
 
+@pytest.mark.slow
 def test_ganesh_horizon_reads_the_base_tables_runs_at_a_horizon_it_does_not_run(isolated_dirs, monkeypatch):
     """As the paper profile reads ganesh_fig3's ~2,000-step runs: a base horizon the preset does not run (here
     16 steps, by a patched setting) is merged in, selected by the base table's own rule on test_loss."""

@@ -225,6 +225,7 @@ def _detects(y, x, stated, delta, sigma, crit, crit1):
     return {c.name: not c.passed for c in checks}, {c.name: c.power for c in checks}
 
 
+@pytest.mark.slow
 def test_stated_power_against_a_ten_percent_error_holds_in_simulation():
     rng = np.random.default_rng(2025)
     tests = 6  # the checks of a one-release row
@@ -303,6 +304,7 @@ def _corr_at_power(check) -> float:
     return float(re.search(r"a correlation >= ([0-9.]+)", check.detail).group(1))
 
 
+@pytest.mark.slow
 def test_joint_noise_check_false_alarm_rate_and_stated_power_hold_in_simulation():
     """White rows (two releases of different stds) fail at most at the check's level (Bonferroni over the pairs
     and the steps: a little below it); one pair of rows correlated at the stated size is caught >= 99 % of the
@@ -492,6 +494,7 @@ def test_model_task_gradients_are_the_engines_per_example_gradients():
         ("hooks", ("ime", "bandmf", "single_pass")),
     ],
 )
+@pytest.mark.slow
 def test_model_path_meter_passes_through_the_real_engines(engine, row):
     r = _meter_model(engine, *row)
     assert r.passed, r.describe()
@@ -523,6 +526,7 @@ def test_bias_gradients_escaping_clipping_fail_the_model_path_meter():
     assert "bias" in r.check("noise_std", "g").detail
 
 
+@pytest.mark.slow
 def test_white_box_audit_through_a_model_task_and_a_real_engine():
     from dp_adam_bench.audit.whitebox import compose_config
     from dp_adam_bench.report import privacy_audit

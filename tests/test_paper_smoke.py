@@ -13,6 +13,8 @@ from smoke_jobs import HUB_TABLES, SMOKE_TABLES, cli_env
 from dp_adam_bench.report import registry
 
 REPO = Path(__file__).resolve().parents[1]
+# every table's plan and smoke: the end-to-end tier (make test-slow)
+pytestmark = pytest.mark.slow
 
 
 def _cli(args, hub: Path, tmp: Path) -> subprocess.CompletedProcess:

@@ -209,6 +209,7 @@ TOY = ["optimizer=adagrad_pp", "noise=none", *TINY_1D]  # a non-private 1-D toy 
 
 
 @pytest.mark.parametrize("launcher", ["basic", "joblib"])
+@pytest.mark.slow
 def test_a_locked_run_in_a_multirun_is_skipped_and_its_siblings_run(tmp_path, launcher):
     """Two seeds in one multirun while another process trains seed 0: seed 0 is skipped with one line, seed 1
     runs, and the command succeeds (it aborted its siblings with the lock error). The joblib workers are those of

@@ -148,6 +148,7 @@ def test_the_from_scratch_control_does_not_build_the_pretrained_model(cache):
     assert not (tmp / "cache" / "pretrained").exists()
 
 
+@pytest.mark.slow
 def test_e2e_task_fine_tunes_the_pretrained_model_or_its_architecture_from_scratch(cache):
     from omegaconf import OmegaConf
 

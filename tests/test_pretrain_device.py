@@ -132,6 +132,7 @@ def test_a_build_runs_on_its_device_and_records_it(tiny, device):
 
 
 @needs_data
+@pytest.mark.slow
 def test_the_cli_build_writes_progress_lines_off_a_terminal(tmp_path):
     """``dp-adam-bench pretrain`` off a terminal: a line per logged step on stderr, as a training run's (the CLI
     configures no logging: the lines must still show)."""

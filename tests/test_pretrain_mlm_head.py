@@ -65,6 +65,7 @@ def test_fits_the_head_only_and_lowers_the_heldout_loss(tiny):
     assert "cls.predictions.transform.dense.weight" in saved
 
 
+@pytest.mark.slow
 def test_a_killed_build_resumes_to_the_same_head(tiny, tmp_path, monkeypatch):
     spec = pretrain.load_spec("minilm_mlm_head", {**tiny, "checkpoint_every": 2})
     straight = load_file(str(pretrain.ensure(spec) / "model.safetensors"))

@@ -117,6 +117,7 @@ def test_sweep_progress_counts_runs_across_commands(monkeypatch, capsys):
     assert "ETA" not in lines[0] and "ETA" in lines[1]
 
 
+@pytest.mark.slow
 def test_a_complete_sweep_reports_its_runs_and_launches_nothing(isolated_dirs, monkeypatch, capfd):
     """The real sweep command of ganesh_quadratic's preset with every run already complete: one line, n/n, and no
     multirun launched just to print a "skipped" line per run."""

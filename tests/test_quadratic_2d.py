@@ -205,6 +205,7 @@ def test_preset_composes_and_its_twin_matches_the_noise():
     assert len(sweep_commands("ganesh_quadratic")) == len(preset["sweep"]["entries"])
 
 
+@pytest.mark.slow
 def test_report_on_a_tiny_sweep_writes_table_figure_and_claims(isolated_dirs):
     tiny = ["task.n_examples=300", "task.trials=6", "train.log_every=50", "logger.wandb.mode=disabled"]
     runs = [

@@ -215,6 +215,7 @@ def test_every_table_names_a_build_function_and_bad_names_fail_clearly():
         ReportContext(profile="gpu")
 
 
+@pytest.mark.slow
 def test_runs_outside_the_current_preset_are_set_aside_not_deleted(isolated_dirs, monkeypatch):
     from dp_adam_bench import sweep
     from dp_adam_bench.sweep import expected_runs, set_aside_stale_runs

@@ -401,6 +401,7 @@ def _ganesh_built(table: str, isolated_dirs: Path) -> dict[str, dict[str, str]]:
 
 
 @pytest.mark.parametrize("table", list(GANESH_TABLES))
+@pytest.mark.slow
 def test_restating_an_old_ganesh_table_gives_what_the_builder_writes(
     table, isolated_dirs, all_expected, fixed_mechanisms
 ):
@@ -427,6 +428,7 @@ def test_restating_an_old_ganesh_table_gives_what_the_builder_writes(
 
 
 @pytest.mark.parametrize("table", list(GANESH_TABLES))
+@pytest.mark.slow
 def test_restating_a_ganesh_table_twice_changes_nothing(table, isolated_dirs, all_expected, fixed_mechanisms):
     new = _ganesh_built(table, isolated_dirs)
     folder = isolated_dirs / "results"

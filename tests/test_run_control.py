@@ -56,6 +56,7 @@ def test_force_reruns_from_scratch_whether_the_run_is_complete_or_checkpointed(s
     assert again["final_params_sha1"] == forced["final_params_sha1"]  # the same run, computed again
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_a_run_with_one_line_and_exit_130(tmp_path):
     """A real SIGINT to `python -m dp_adam_bench.train` while it trains: no traceback, one line saying how to go
     on, the shell's exit code for SIGINT."""

@@ -569,6 +569,7 @@ def test_snli_without_the_minilm_extra_works_with_a_model_or_on_the_paper_profil
 # snli_bert's encoder is frozen, so ghost takes it; arxiv_mlm trains BERT's word embeddings (padding_idx = 0),
 # which the Opacus engines refuse: bk
 @pytest.mark.parametrize("task_name, engine", [("snli_bert", "ghost"), ("arxiv_mlm", "bk")])
+@pytest.mark.slow
 def test_two_dp_steps_through_train(fixtures, isolated_dirs, task_name, engine):
     from dp_adam_bench.train import train
 

@@ -389,6 +389,7 @@ def all_presets():
     return sorted(p.stem for p in (dash.CONFIG_DIR / "experiment").glob("*.yaml"))
 
 
+@pytest.mark.slow
 def test_dashboard_yaml_is_valid_and_keeps_diagnostics_apart():
     spec = dash.load_spec()
     plans = dash.dashboard_plan(spec, dash.experiment_info(all_presets(), "paper"))
@@ -436,6 +437,7 @@ def test_a_bad_dashboard_yaml_fails_naming_the_entry(tmp_path, edit, match):
         dash.load_spec(bad)
 
 
+@pytest.mark.slow
 def test_dashboard_dry_run_prints_the_plan_without_network(monkeypatch, capsys):
     def no_network(*_, **__):
         raise AssertionError("the dry run must not reach W&B")

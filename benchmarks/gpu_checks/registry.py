@@ -27,8 +27,8 @@ PARTS = [
     Part("env", "device, versions, fp32 math", 60, in_process("env"), verify_json("env.json")),
     Part(
         "suite",
-        "the test suite on this device (pytest -n)",
-        300,  # 1,642 tests did not finish in 180 s on an H200 machine's 16 cores (benchmarks/gpu_check, 49d62e1)
+        "make test's tier of the suite on this device (pytest -n -m 'not slow')",
+        200,
         suite.suite_commands,
         suite.verify_junit("suite.xml"),
     ),
@@ -94,5 +94,12 @@ PARTS = [
         120,
         sweep.sweep_commands,
         sweep.verify_sweep,
+    ),
+    Part(
+        "suite_slow",
+        "make test-slow's tier on this device (pytest -n -m slow: the paper smokes, killed and resumed runs)",
+        240,
+        suite.suite_slow_commands,
+        suite.verify_junit("suite_slow.xml"),
     ),
 ]

@@ -65,9 +65,18 @@ def verify_junit(xml: str, module: str | None = None) -> Callable[[Ctx, str], st
 
 
 def suite_commands(ctx: Ctx) -> list[list[str]]:
+    """``make test``'s tier (the tests not marked slow) on this device."""
     if ctx.quick:  # one small test file: the same pytest invocation and JUnit counting
         return [pytest_command(ctx, "suite.xml", "tests/test_lr_schedule.py")]
-    return [pytest_command(ctx, "suite.xml", "tests")]
+    return [pytest_command(ctx, "suite.xml", "-m", "not slow", "tests")]
+
+
+def suite_slow_commands(ctx: Ctx) -> list[list[str]]:
+    """``make test-slow``'s tier (the end-to-end tests: every paper table's smoke among them) on this device; the
+    last part, so a call short of time skips it (``--parts suite_slow``: in a call of its own)."""
+    if ctx.quick:
+        return [pytest_command(ctx, "suite_slow.xml", "-m", "slow", "tests/test_hub_offline.py")]
+    return [pytest_command(ctx, "suite_slow.xml", "-m", "slow", "tests")]
 
 
 def conformance_commands(ctx: Ctx) -> list[list[str]]:
