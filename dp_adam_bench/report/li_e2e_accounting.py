@@ -79,7 +79,7 @@ def printed_match(value: float, paper: float) -> bool:
     return round(value, decimals) == round(paper, decimals)
 
 
-def _ours(column: str, sigma: float, q: float, steps: int, delta: float) -> float:
+def epsilon_under(column: str, sigma: float, q: float, steps: int, delta: float) -> float:
     """Our epsilon for a column. The paper prints PRV's central estimate, so ``prv`` is compared as the estimate;
     ``prv_upper`` is the upper bound (estimate + eps_error) that the harness reports and budgets with."""
     if column == "prv":
@@ -98,7 +98,7 @@ def _rows(n: int, delta: float, accounting: dict) -> pd.DataFrame:
         for key, published in accounting.items():
             sigma = calibrate_sigma(float(published["rdp"]), d, q, steps, "rdp", tol=CALIBRATION_TOL)
             for acc in (*REPORTED, "prv_upper"):
-                ours = _ours(acc, sigma, q, steps, d)
+                ours = epsilon_under(acc, sigma, q, steps, d)
                 ref = published.get(acc) if compare else None
                 rows.append(
                     {
@@ -165,7 +165,8 @@ def _notes(n: int, delta: float, accounting: dict) -> list[str]:
     for key, published in accounting.items():
         s = private_transformers_sigma(float(published["rdp"]), q0, steps0, delta)
         eps = ", ".join(
-            f"{LABELS[acc]} {_ours(acc, s, q0, steps0, delta):.3f}" for acc in ("rdp", "gdp_clt", "prv")
+            f"{LABELS[acc]} {epsilon_under(acc, s, q0, steps0, delta):.3f}"
+            for acc in ("rdp", "gdp_clt", "prv")
         )
         bisect.append(f"{key}: sigma {s:.4f}, {eps}")
     return [
