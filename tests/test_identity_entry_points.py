@@ -59,10 +59,31 @@ _PORTABLE: list[tuple[str, str]] = []
 
 
 def portable(s: str) -> str:
-    """``s`` with this machine's folders named: the interpreter, the data folder, the checkout, the tmp folder."""
+    """``s`` with this machine's folders named (the interpreter, the data folder, the checkout, the tmp folder) and
+    without the names registered after the goldens (:func:`before_new_names`)."""
     for path, name in _PORTABLE:
         s = s.replace(path, name)
-    return s
+    return before_new_names(s)
+
+
+# registered after the goldens (382cf8b), which the refactor they guard did not touch: a report table and a task
+NEW_NAMES = ("li_glue_accounting", "glue_sst2")
+
+
+def before_new_names(text: str) -> str:
+    """``text`` without the lines that describe a :data:`NEW_NAMES` entry (``name: ...`` and its indented
+    continuation lines) and without its place in a list (comma- or space-separated, quoted or not)."""
+    kept, skipping = [], False
+    for ln in text.splitlines(keepends=True):
+        skipping = any(ln.startswith(f"{n}:") for n in NEW_NAMES) or (skipping and ln[:1].isspace())
+        if not skipping:
+            kept.append(ln)
+    out = "".join(kept)
+    for n in NEW_NAMES:
+        for sep in (", ", " "):
+            for q in ("", "'", '"'):
+                out = out.replace(f"{sep}{q}{n}{q}", "")
+    return out
 
 
 @pytest.fixture(autouse=True)

@@ -12,4 +12,6 @@ from dp_adam_bench.report.li_glue_accounting import gdp_steps_for
 def test_gdp_steps_for_is_the_first_step_count_that_reaches_the_target(target):
     sigma, q, delta = 0.8221, 1000 / 67349, 1 / (2 * 67349)
     steps = gdp_steps_for(target, sigma, q, delta, start=203)
-    assert epsilon(sigma, q, steps, delta, "gdp_clt") >= target > epsilon(sigma, q, steps - 1, delta, "gdp_clt")
+    assert (
+        epsilon(sigma, q, steps, delta, "gdp_clt") >= target > epsilon(sigma, q, steps - 1, delta, "gdp_clt")
+    )

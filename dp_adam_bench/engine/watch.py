@@ -18,7 +18,7 @@ contributed 1.026 C to the noised sum, with every start-up check passed. :class:
   later one that sees its gradient non-zero; the summary lists those never verified.
 
 A failed check raises :class:`EngineCheckFailed` (a :class:`~dp_adam_bench.errors.PrivacyMismatch`): the step that
-called it makes no release, the trainer writes ``engine_check_failed.json`` in the run folder and the run is not
+called it makes no release, the trainer writes ``stopped_by_check.json`` in the run folder and the run is not
 complete, so no report reads it. Everything here is a diagnostic on private examples: its errors go to the local
 summary, never to W&B or the shared metrics.
 
