@@ -53,7 +53,6 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from dp_adam_bench import progress
 from dp_adam_bench.paths import shared_data_dir
 from dp_adam_bench.tasks import fields, text
 from dp_adam_bench.tasks.base import ModelTask, data_folders, subset_indices, task_profile
@@ -481,16 +480,12 @@ class GlueTask(ModelTask):
         text.refuse_vmap(batch, self.name)
         return F.cross_entropy(self.logits(forward, batch), batch["labels"], reduction="none")
 
-    @torch.no_grad()
     def evaluate(self, model: nn.Module) -> dict[str, float]:
-        device = text.model_device(model)
-        loss_sum, correct = 0.0, 0
-        order = np.argsort(self.test_ids.lengths(), kind="stable")
-        for start in progress.iterate(range(0, self.test_size, self.eval_batch_size), desc="evaluate"):
-            idx = order[start : start + self.eval_batch_size]
-            batch = {k: v.to(device) for k, v in self._batch("test", idx, "longest").items()}
-            y = self.y_test[idx].to(device)
-            logits = self.logits(model, batch).float()
-            loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
-            correct += int((logits.argmax(1) == y).sum())
-        return {"test_accuracy": 100.0 * correct / self.test_size, "test_loss": loss_sum / self.test_size}
+        return text.score_classes(
+            model,
+            self.test_ids.lengths(),
+            self.y_test,
+            lambda idx: self._batch("test", idx, "longest"),
+            self.logits,
+            self.eval_batch_size,
+        )

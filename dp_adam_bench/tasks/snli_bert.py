@@ -431,22 +431,12 @@ class SnliBert(ModelTask):
         text.refuse_vmap(batch, self.name)
         return F.cross_entropy(self.logits(forward, batch), batch["labels"], reduction="none")
 
-    @torch.no_grad()
     def evaluate(self, model: nn.Module) -> dict[str, float]:
-        device = text.model_device(model)
-        loss_sum, correct = 0.0, 0
-        # batches of similar lengths, each padded to its longest row: the sums do not depend on the order
-        order = np.argsort(self.test_ids.lengths(), kind="stable")
-        for start in progress.iterate(range(0, self.test_size, self.eval_batch_size), desc="evaluate"):
-            idx = order[start : start + self.eval_batch_size]
+        def batch_of(idx):
             if self.cache_frozen_prefix:
-                batch = self._feature_batch(self.test_features, idx)
-            else:
-                batch = self._batch(self.test_ids, self.test_seg, idx, "longest")
-            batch = {k: v.to(device) for k, v in batch.items()}
-            y = self.y_test[idx].to(device)
-            logits = self.logits(model, batch).float()
-            loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
-            correct += int((logits.argmax(1) == y).sum())
-        n = self.test_size
-        return {"test_accuracy": 100.0 * correct / n, "test_loss": loss_sum / n}
+                return self._feature_batch(self.test_features, idx)
+            return self._batch(self.test_ids, self.test_seg, idx, "longest")
+
+        return text.score_classes(
+            model, self.test_ids.lengths(), self.y_test, batch_of, self.logits, self.eval_batch_size
+        )

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from dp_adam_bench import progress
 from dp_adam_bench.tasks.extras import MissingExtraError, install_command, require_package
 
 log = logging.getLogger(__name__)
@@ -304,6 +305,28 @@ def refuse_vmap(batch: dict[str, torch.Tensor], task: str) -> None:
 def model_device(model: nn.Module) -> torch.device:
     p = next(model.parameters(), None)
     return p.device if p is not None else torch.device("cpu")
+
+
+@torch.no_grad()
+def score_classes(
+    model, lengths, labels: torch.Tensor, batch_of, logits_of, batch_size: int
+) -> dict[str, float]:
+    """Accuracy (%) and mean cross-entropy of a classifier over evaluation rows of these token ``lengths``, in
+    batches of similar lengths (each padded to its longest row: the sums do not depend on the order);
+    ``batch_of(idx)``: the batch of those rows, ``logits_of(model, batch)``: its (B, classes) logits."""
+    from torch.nn import functional as F
+
+    device = model_device(model)
+    loss_sum, correct = 0.0, 0
+    order = np.argsort(lengths, kind="stable")
+    for start in progress.iterate(range(0, len(order), batch_size), desc="evaluate"):
+        idx = order[start : start + batch_size]
+        batch = {k: v.to(device) for k, v in batch_of(idx).items()}
+        y = labels[idx].to(device)
+        logits = logits_of(model, batch).float()
+        loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
+        correct += int((logits.argmax(1) == y).sum())
+    return {"test_accuracy": 100.0 * correct / len(order), "test_loss": loss_sum / len(order)}
 
 
 # --------------------------------------------------------------------------------------------- token storage
