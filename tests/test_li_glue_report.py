@@ -1,0 +1,96 @@
+"""The li_glue table (dp_adam_bench/report/li_glue.py) from run folders written here: cells over seeds beside the
+paper's SST-2 numbers, the orderings with Welch's t-test (scipy's is the oracle), the epsilon rows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats as sps
+from test_language_reports import write_run
+
+from dp_adam_bench.report import li_glue
+from dp_adam_bench.report.context import ReportContext
+
+
+def _cfg(objective, noise, target, seed):
+    return {
+        "task": {
+            "name": "glue_sst2",
+            "profile": "cpu",
+            "objective": objective,
+            "max_length": 96,
+            "pretrain": "minilm_mlm_head" if objective == "infilling" else None,
+        },
+        "optimizer": {"name": "adam", "lr": 5e-4},
+        "noise": {"kind": noise},
+        "privacy": {"sigma": None, "clip": 0.1, "delta": 1.2207e-4, "target_epsilon": target},
+        "train": {"batch_size": 256, "clipping": "bk", "lr_schedule": "linear"},
+        "seed": seed,
+    }
+
+
+def _store(root, accuracies: dict):
+    """Runs of each (objective, noise, target), one a seed, with the given accuracies (loss = 1 - acc / 100)."""
+    for (objective, noise, target), per_seed in accuracies.items():
+        eps = (
+            {"rdp": target, "gdp_clt": 0.8 * target, "prv": 0.9 * target, "pld": 0.9 * target}
+            if target
+            else {}
+        )
+        for seed, acc in enumerate(per_seed):
+            write_run(
+                root,
+                "li_glue_cpu",
+                f"{objective}-{noise}-{target}-{seed}",
+                _cfg(objective, noise, target, seed),
+                {
+                    "metrics": {"test_accuracy": acc, "test_loss": 1 - acc / 100},
+                    "epsilon": eps,
+                    "sigma": 0.7 if target else 0.0,
+                    "steps": 24,
+                    "data_note": "GLUE sst2 train (4096 subset) / dev (872); encoder MiniLM-L6-H384 instead of RoBERTa",
+                },
+            )
+
+
+def test_cells_paper_numbers_and_orderings_with_welch(isolated_dirs):
+    acc = {
+        ("classifier", "independent", 3.0): (80.0, 82.0),
+        ("classifier", "independent", 8.0): (83.0, 85.0),
+        ("classifier", "none", None): (88.0, 90.0),
+        ("infilling", "independent", 3.0): (81.0, 81.5),  # ahead of the classifier at eps = 3 by a hair
+        ("infilling", "independent", 8.0): (
+            79.0,
+            80.0,
+        ),  # behind the classifier at eps = 8, and behind its eps = 3
+        ("infilling", "none", None): (89.0, 91.0),
+    }
+    _store(isolated_dirs / "runs", acc)
+    li_glue.build(ReportContext())
+    df = pd.read_csv(isolated_dirs / "results" / "li_glue.csv")
+    a = df[df.quantity == "accuracy"].set_index(["objective", "column"])
+    assert a.loc[("classifier", "eps3"), "paper"] == pytest.approx(86.12)
+    assert a.loc[("infilling", "eps8"), "paper"] == pytest.approx(92.09)
+    assert np.isnan(
+        a.loc[("infilling", "nonprivate"), "paper"]
+    )  # the table prints no non-private GLUE numbers
+    assert a.loc[("classifier", "eps3"), "ours"] == pytest.approx(81.0)
+    assert a.loc[("classifier", "eps3"), "ours_sample_std"] == pytest.approx(np.std([80.0, 82.0], ddof=1))
+    gdp = df[df.quantity.str.contains("CLT")].set_index(["objective", "column"])
+    assert gdp.loc[("infilling", "eps3"), "paper"] == pytest.approx(1.73)
+    assert gdp.loc[("infilling", "eps3"), "ours"] == pytest.approx(2.4)
+    md = (isolated_dirs / "results" / "li_glue.md").read_text()
+    t, p = sps.ttest_ind([81.0, 81.5], [80.0, 82.0], equal_var=False)
+    assert (
+        "eps3: full + infilling beats full (the plain classifier) on SST-2 accuracy: **holds** (81.25 vs "
+        in md
+    )
+    assert f"t = {t:+.2f} (Welch, df 1.1), p = {p:.2f} over 2 / 2 seeds" in md and "WITHIN SEED NOISE" in md
+    assert (
+        "eps8: full + infilling beats full (the plain classifier) on SST-2 accuracy: **does not hold**" in md
+    )
+    assert "full + infilling: eps = 8 > eps = 3 (accuracy): **does not hold**" in md
+    assert "full: non-private > eps = 8 (accuracy): **holds**" in md
+    assert "paper: 91.86 vs 86.12 (RoBERTa-base)" in md
+    assert "MiniLM-L6 (22.7M parameters" in md and "Adam lr 0.0005 decayed linearly" in md
