@@ -54,6 +54,7 @@ def _store(root, accuracies: dict):
             )
 
 
+@pytest.mark.slow
 def test_cells_paper_numbers_and_orderings_with_welch(isolated_dirs):
     acc = {
         ("classifier", "independent", 3.0): (80.0, 82.0),

@@ -136,24 +136,39 @@ def _metric_rows(by_cell: dict, paper: dict, inits: list[str]) -> list[dict]:
     return rows
 
 
+def epsilon_rows(by_cell: dict, group, key: str, paper_of) -> list[dict]:
+    """Rows of one group of cells (``key``: the table's column naming it): per accountant and private column, the
+    mean epsilon of the cell's runs beside ``paper_of(column, accountant)``."""
+    rows = []
+    for acc, label in ACCOUNTANTS.items():
+        for col in ("eps3", "eps8"):
+            eps = [(r.summary.get("epsilon") or {}).get(acc) for r in by_cell.get((group, col), [])]
+            vals = [float(e) for e in eps if e is not None]
+            rows.append(
+                {
+                    "quantity": f"epsilon, {label}",
+                    key: group,
+                    "column": col,
+                    "paper": paper_of(col, acc),
+                    "ours": float(np.mean(vals)) if vals else None,
+                    STD: None,
+                    "n": len(vals),
+                }
+            )
+    return rows
+
+
 def _privacy_rows(by_cell: dict, paper: dict, inits: list[str]) -> list[dict]:
     rows = []
     for init in inits:
-        for acc, label in ACCOUNTANTS.items():
-            for col in ("eps3", "eps8"):
-                eps = [(r.summary.get("epsilon") or {}).get(acc) for r in by_cell.get((init, col), [])]
-                vals = [float(e) for e in eps if e is not None]
-                rows.append(
-                    {
-                        "quantity": f"epsilon, {label}",
-                        "init": init,
-                        "column": col,
-                        "paper": (paper["accounting"][col] or {}).get(acc) if init == "pretrained" else None,
-                        "ours": float(np.mean(vals)) if vals else None,
-                        STD: None,
-                        "n": len(vals),
-                    }
-                )
+        rows += epsilon_rows(
+            by_cell,
+            init,
+            "init",
+            lambda col, acc, init=init: (
+                (paper["accounting"][col] or {}).get(acc) if init == "pretrained" else None
+            ),
+        )
         for col in ("eps3", "eps8"):
             sig = [
                 float(r.summary["sigma"])

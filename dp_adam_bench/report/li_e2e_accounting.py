@@ -89,6 +89,15 @@ def epsilon_under(column: str, sigma: float, q: float, steps: int, delta: float)
     return epsilon(sigma, q, steps, delta, "prv" if column == "prv_upper" else column)
 
 
+def beside_paper(ours: float, ref) -> dict:
+    """``paper``, ``ours`` and ``ours_minus_paper`` columns of one row (None where the paper prints nothing). The
+    difference is taken from ours as the CSV rounds it: the FFT accountants' last digits vary between runs, and
+    ours - paper keeps 10 significant digits of a small number (made of those digits)."""
+    paper = float(ref) if ref is not None else None
+    diff = round_significant(ours, CSV_SIGNIFICANT_DIGITS) - paper if paper is not None else None
+    return {"paper": paper, "ours": ours, "ours_minus_paper": diff}
+
+
 def _rows(n: int, delta: float, accounting: dict) -> pd.DataFrame:
     rows = []
     for setting, batch, epochs, delta_rule, compare in SETTINGS:
@@ -105,13 +114,7 @@ def _rows(n: int, delta: float, accounting: dict) -> pd.DataFrame:
                         "setting": setting,
                         "row": key,
                         "column": acc,
-                        "paper": float(ref) if ref is not None else None,
-                        "ours": ours,
-                        # from ours as the CSV rounds it: the FFT accountants' last digits vary between runs,
-                        # and ours - paper keeps 10 significant digits of a small number (made of those digits)
-                        "ours_minus_paper": round_significant(ours, CSV_SIGNIFICANT_DIGITS) - float(ref)
-                        if ref is not None
-                        else None,
+                        **beside_paper(ours, ref),
                         "sigma": sigma,
                         "delta": d,
                         "batch_size": batch,

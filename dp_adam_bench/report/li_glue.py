@@ -13,13 +13,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from dp_adam_bench.report.aggregate import get
 from dp_adam_bench.report.common import Claim, incomplete_note, load_paper
 from dp_adam_bench.report.context import ReportContext
-from dp_adam_bench.report.li_e2e import ACCOUNTANTS, column_of, lr_schedule_words
+from dp_adam_bench.report.li_e2e import column_of, epsilon_rows, lr_schedule_words
 from dp_adam_bench.report.skeleton import (
     Ordering,
     SeedStats,
@@ -92,25 +91,13 @@ def _metric_rows(by_cell: dict, paper: dict) -> list[dict]:
 
 
 def _privacy_rows(by_cell: dict, paper: dict) -> list[dict]:
-    rows = []
-    for objective in OBJECTIVES:
-        for acc, label in ACCOUNTANTS.items():
-            for col in ("eps3", "eps8"):
-                eps = [(r.summary.get("epsilon") or {}).get(acc) for r in by_cell.get((objective, col), [])]
-                vals = [float(e) for e in eps if e is not None]
-                published = paper["accounting"][col].get(acc)
-                rows.append(
-                    {
-                        "quantity": f"epsilon, {label}",
-                        "objective": objective,
-                        "column": col,
-                        "paper": published.get(TASK) if isinstance(published, dict) else published,
-                        "ours": float(np.mean(vals)) if vals else None,
-                        STD: None,
-                        "n": len(vals),
-                    }
-                )
-    return rows
+    def published(col: str, acc: str):
+        value = paper["accounting"][col].get(acc)
+        return value.get(TASK) if isinstance(value, dict) else value
+
+    return [
+        row for objective in OBJECTIVES for row in epsilon_rows(by_cell, objective, "objective", published)
+    ]
 
 
 def claims_from_frame(frame: pd.DataFrame, paper: dict) -> list[Claim]:

@@ -14,10 +14,8 @@ import pandas as pd
 
 from dp_adam_bench.privacy.accounting import calibrate_sigma, epsilon
 from dp_adam_bench.report.common import (
-    CSV_SIGNIFICANT_DIGITS,
     Claim,
     load_paper,
-    round_significant,
     write_table,
 )
 from dp_adam_bench.report.context import ReportContext
@@ -25,6 +23,7 @@ from dp_adam_bench.report.li_e2e_accounting import (
     CALIBRATION_TOL,
     LABELS,
     MARGIN,
+    beside_paper,
     epsilon_under,
     private_transformers_sigma,
     steps_for,
@@ -62,11 +61,7 @@ def _rows(tasks: dict, accounting: dict) -> pd.DataFrame:
                         "task": name,
                         "row": target,
                         "column": column,
-                        "paper": float(ref) if ref is not None else None,
-                        "ours": ours,
-                        "ours_minus_paper": round_significant(ours, CSV_SIGNIFICANT_DIGITS) - float(ref)
-                        if ref is not None
-                        else None,
+                        **beside_paper(ours, ref),
                         "sigma": sigma,
                         "delta": delta,
                         "N": int(task["N"]),
