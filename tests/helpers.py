@@ -46,6 +46,42 @@ def tiny_poisson(experiment: str, steps: int, *extra: str) -> list[str]:
     ]
 
 
+def two_private_steps(experiment: str, *extra: str, batch: int = 8, physical: int = 5) -> list[str]:
+    """Overrides of two DP-Adam steps (lr 1e-3, independent noise, sigma 1, C 1) on Poisson batches of expected
+    size ``batch`` in micro-batches of ``physical``, W&B off: the language tasks' end-to-end runs."""
+    return [
+        f"experiment_name={experiment}",
+        "optimizer=adam",
+        "optimizer.lr=0.001",
+        "noise=independent",
+        "privacy.sigma=1.0",
+        "privacy.clip=1.0",
+        "train.sampler=poisson",
+        f"train.batch_size={batch}",
+        "train.steps=2",
+        f"train.physical_batch_size={physical}",
+        "logger.wandb.mode=disabled",
+        *extra,
+    ]
+
+
+def wordpiece_tokenizer(folder, vocab):
+    """An uncased BERT WordPiece tokenizer over ``vocab`` (a list of tokens, specials first), saved in ``folder``."""
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    (folder / "tokenizer_config.json").write_text(
+        '{"tokenizer_class": "BertTokenizer", "do_lower_case": true}'
+    )
+    tok = AutoTokenizer.from_pretrained(folder)
+    assert len(tok) == len(vocab)
+    return tok
+
+
 def first_abstracts(path, n: int):
     """Write the first ``n`` abstracts of the offline arXiv file to ``path`` (gzipped JSON lines); returns ``path``."""
     import gzip

@@ -32,7 +32,7 @@ from dp_adam_bench.tasks.e2e_gpt2 import (
     read_e2e_csv,
 )
 
-from helpers import compose_cfg
+from helpers import compose_cfg, two_private_steps
 
 torch.set_num_threads(1)
 
@@ -403,20 +403,7 @@ def test_dp_steps_through_train(data_dir, isolated_dirs):
             "task.generate_subset=3",
             "task.max_new_tokens=5",
             "task.num_beams=2",
-            "experiment_name=e2e",
-            "optimizer=adam",
-            "optimizer.lr=0.001",
-            "noise=independent",
-            "privacy.sigma=1.0",
-            "privacy.clip=1.0",
-            "train.sampler=poisson",
-            "train.batch_size=8",
-            "train.steps=2",
-            "train.clipping=ghost",
-            "train.eval_every=1",
-            "train.log_every=1",
-            "train.physical_batch_size=5",
-            "logger.wandb.mode=disabled",
+            *two_private_steps("e2e", "train.clipping=ghost", "train.eval_every=1", "train.log_every=1"),
         ]
     )
     assert c.task.profile == "cpu" and c.task.generate_subset == 3

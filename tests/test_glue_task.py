@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
+from test_text_tasks import tiny_bert_config
 
 from dp_adam_bench.engine.engines import build_engine
 from dp_adam_bench.engine.grads import clip_factors
@@ -23,7 +24,7 @@ from dp_adam_bench.tasks.glue import (
     render_template,
 )
 
-from helpers import compose_cfg
+from helpers import compose_cfg, two_private_steps, wordpiece_tokenizer
 
 torch.set_num_threads(1)
 
@@ -52,37 +53,16 @@ def _tsv(path, header, rows):
             f.write("\t".join(r) + "\n")
 
 
-def _config():
-    from transformers import BertConfig
-
-    return BertConfig(
-        vocab_size=len(VOCAB),
-        hidden_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=32,
-        max_position_embeddings=64,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-        pad_token_id=0,
-    )
-
-
 @pytest.fixture(scope="module")
 def fixtures(tmp_path_factory):
     """Folders: ``mlm`` (a pretrained tiny BertForMaskedLM + tokenizer), ``encoder`` (its encoder alone), ``data``
     (sst2/ label-first as the offline copy, mnli/ qnli/ qqp/ in GLUE's own layout)."""
-    from transformers import AutoTokenizer, BertForMaskedLM
+    from transformers import BertForMaskedLM
 
     root = tmp_path_factory.mktemp("glue")
-    (root / "tok").mkdir()
-    (root / "tok" / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
-    (root / "tok" / "tokenizer_config.json").write_text(
-        '{"tokenizer_class": "BertTokenizer", "do_lower_case": true}'
-    )
-    tok = AutoTokenizer.from_pretrained(root / "tok")
+    tok = wordpiece_tokenizer(root / "tok", VOCAB)
     torch.manual_seed(0)
-    mlm = BertForMaskedLM(_config())
+    mlm = BertForMaskedLM(tiny_bert_config(vocab_size=len(VOCAB)))
     with torch.no_grad():
         for p in mlm.parameters():
             p.add_(0.05 * torch.randn_like(p))
@@ -242,17 +222,7 @@ def test_two_dp_steps_of_infilling_through_train(fixtures, isolated_dirs):
             f"task.model={fixtures / 'mlm'}",
             f"task.data_dir={fixtures / 'data'}",
             "task.max_length=24",
-            "experiment_name=glue",
-            "optimizer=adam",
-            "optimizer.lr=0.001",
-            "noise=independent",
-            "privacy.sigma=1.0",
-            "privacy.clip=1.0",
-            "train.sampler=poisson",
-            "train.batch_size=4",
-            "train.steps=2",
-            "train.physical_batch_size=3",
-            "logger.wandb.mode=disabled",
+            *two_private_steps("glue", batch=4, physical=3),
         ]
     )
     s = train(cfg)

@@ -25,7 +25,7 @@ from dp_adam_bench.tasks.arxiv_mlm import ArxivMLM, MaskedLMAtPositions, assign_
 from dp_adam_bench.tasks.extras import MissingExtraError
 from dp_adam_bench.tasks.snli_bert import LABELS, SnliBert, default_model, read_snli_file
 
-from helpers import compose_cfg
+from helpers import compose_cfg, two_private_steps, wordpiece_tokenizer
 
 torch.set_num_threads(1)
 
@@ -59,16 +59,10 @@ def tiny_bert_config(**kw):
 def fixtures(tmp_path_factory):
     """Folders: ``encoder`` (pretrained tiny BertModel + tokenizer), ``mlm`` (config + tokenizer, no weights),
     ``snli`` (dev/test TSVs with '-' rows), ``arxiv`` (JSON lines, some without an id)."""
-    from transformers import AutoTokenizer, BertModel
+    from transformers import BertModel
 
     root = tmp_path_factory.mktemp("text")
-    (root / "tok").mkdir()
-    (root / "tok" / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
-    (root / "tok" / "tokenizer_config.json").write_text(
-        '{"tokenizer_class": "BertTokenizer", "do_lower_case": true}'
-    )
-    tok = AutoTokenizer.from_pretrained(root / "tok")
-    assert len(tok) == len(VOCAB)
+    tok = wordpiece_tokenizer(root / "tok", VOCAB)
     torch.manual_seed(0)
     enc = BertModel(tiny_bert_config())
     with torch.no_grad():  # make every weight distinguishable from a fresh init
@@ -582,19 +576,7 @@ def test_two_dp_steps_through_train(fixtures, isolated_dirs, task_name, engine):
         [
             f"task={task_name}",
             *extra,
-            "experiment_name=text",
-            "optimizer=adam",
-            "optimizer.lr=0.001",
-            "noise=independent",
-            "privacy.sigma=1.0",
-            "privacy.clip=1.0",
-            "train.sampler=poisson",
-            "train.batch_size=8",
-            "train.steps=2",
-            f"train.clipping={engine}",
-            "train.log_every=1",
-            "train.physical_batch_size=5",
-            "logger.wandb.mode=disabled",
+            *two_private_steps("text", f"train.clipping={engine}", "train.log_every=1"),
         ]
     )
     assert cfg.task.profile == "cpu"

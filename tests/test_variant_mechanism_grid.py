@@ -49,38 +49,25 @@ def test_variant_runs_under_mechanism(isolated_dirs, variant, noise):
 
 
 def test_model_task_batch_larger_than_dataset_is_refused(isolated_dirs):
+    base = [
+        "task.name=tiny",
+        "experiment_name=grid",
+        "optimizer=adam",
+        "noise=independent",
+        "privacy.sigma=1.0",
+    ]
     with pytest.raises(
         ValueError, match=r"train.batch_size=100 is larger than the training set \(64 examples\)"
     ):
-        train(
-            compose_cfg(
-                [
-                    "task.name=tiny",
-                    "experiment_name=grid",
-                    "optimizer=adam",
-                    "noise=independent",
-                    "privacy.sigma=1.0",
-                    "train.batch_size=100",
-                    "logger.wandb.mode=disabled",
-                ]
-            )
-        )
+        train(compose_cfg([*base, "train.batch_size=100", "logger.wandb.mode=disabled"]))
     with pytest.raises(
         ValueError,
         match=r"train.batch_size=100 \(expected batch size\) is larger than the training set \(64 examples\)",
     ):
-        train(
-            compose_cfg(
-                [
-                    "task.name=tiny",
-                    "experiment_name=grid",
-                    "optimizer=adam",
-                    "noise=independent",
-                    "privacy.sigma=1.0",
-                    "train.sampler=poisson",
-                    "train.steps=2",
-                    "train.batch_size=100",
-                    "logger.wandb.mode=disabled",
-                ]
-            )
-        )
+        poisson = [
+            "train.sampler=poisson",
+            "train.steps=2",
+            "train.batch_size=100",
+            "logger.wandb.mode=disabled",
+        ]
+        train(compose_cfg([*base, *poisson]))

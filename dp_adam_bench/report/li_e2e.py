@@ -78,7 +78,7 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
     paper = load_paper("li")["e2e"]
     command = f"make reproduce-table TABLE={TABLE_ID} PROFILE={ctx.profile}"
     found = complete_runs(ctx, TABLE_ID, command)
-    by_cell = _by_cell(found.complete)
+    by_cell = cells_by(found.complete)
     inits = [i for i in INITS if any(k[0] == i for k in by_cell)]
     frame = _frame(by_cell, paper, inits)
     claims = claims_from_frame(frame, paper)
@@ -95,13 +95,14 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
     ).write(ctx.out)
 
 
-def _by_cell(complete) -> dict[tuple[str, str], list]:
-    """The runs of each (starting point, privacy column); a run of neither column is left out."""
+def cells_by(complete, group_of=init_of) -> dict[tuple[str, str], list]:
+    """The runs of each (``group_of(config)``, privacy column), by default (starting point, column); a run of no
+    column is left out."""
     by_cell: dict[tuple[str, str], list] = {}
     for r in complete:
         col = column_of(r.config)
         if col is not None:
-            by_cell.setdefault((init_of(r.config), col), []).append(r)
+            by_cell.setdefault((group_of(r.config), col), []).append(r)
     return by_cell
 
 

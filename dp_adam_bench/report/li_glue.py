@@ -18,7 +18,7 @@ import pandas as pd
 from dp_adam_bench.report.aggregate import get
 from dp_adam_bench.report.common import Claim, incomplete_note, load_paper
 from dp_adam_bench.report.context import ReportContext
-from dp_adam_bench.report.li_e2e import column_of, epsilon_rows, lr_schedule_words
+from dp_adam_bench.report.li_e2e import cells_by, epsilon_rows, lr_schedule_words
 from dp_adam_bench.report.skeleton import (
     Ordering,
     SeedStats,
@@ -45,11 +45,7 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
     paper = load_paper("li")["glue"]
     command = f"make reproduce-table TABLE={TABLE_ID} PROFILE={ctx.profile}"
     found = complete_runs(ctx, TABLE_ID, command)
-    by_cell: dict[tuple[str, str], list] = {}
-    for r in found.complete:
-        col = column_of(r.config)
-        if col is not None:
-            by_cell.setdefault((str(get(r.config, "task.objective") or "classifier"), col), []).append(r)
+    by_cell = cells_by(found.complete, lambda cfg: str(get(cfg, "task.objective") or "classifier"))
     frame = pd.DataFrame(_metric_rows(by_cell, paper) + _privacy_rows(by_cell, paper))
     frame["ours_minus_paper"] = frame["ours"] - frame["paper"]
     frame["n"] = frame["n"].astype("Int64")

@@ -81,13 +81,7 @@ class MaskedLMAtPositions(nn.Module):
         self.config = mlm.config
 
     def forward(self, input_ids, attention_mask, token_type_ids, position_ids, mlm_positions):
-        hidden = self.bert(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            return_dict=True,
-        ).last_hidden_state
+        hidden = text.encode(self.bert, input_ids, attention_mask, token_type_ids, position_ids)
         at = mlm_positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
         return self.cls(torch.gather(hidden, 1, at))
 

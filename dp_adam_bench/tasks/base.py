@@ -58,6 +58,22 @@ class ModelTask(ABC):
     def evaluate(self, model: nn.Module) -> dict[str, float]: ...
 
 
+class LabelledTask(ModelTask):
+    """A model task whose training and evaluation labels are the tensors ``y_train`` and ``y_test``: its sizes are
+    theirs."""
+
+    y_train: torch.Tensor
+    y_test: torch.Tensor
+
+    @property
+    def dataset_size(self) -> int:
+        return int(self.y_train.shape[0])
+
+    @property
+    def test_size(self) -> int:
+        return int(self.y_test.shape[0])
+
+
 def count_field(k, what: str, n: int) -> int:
     """``task.<what>`` as an integer in [1, n], or a ValueError naming the field (NaN, 2.5, "abc" and true included)."""
     if isinstance(k, bool) or not isinstance(k, (int, float, np.integer)) or not float(k).is_integer():

@@ -46,7 +46,7 @@ from torch.nn import functional as F
 from dp_adam_bench import progress
 from dp_adam_bench.files import write_atomic
 from dp_adam_bench.paths import shared_data_dir
-from dp_adam_bench.tasks.base import ModelTask, count_field, missing_data, subset_indices, try_hub
+from dp_adam_bench.tasks.base import LabelledTask, count_field, missing_data, subset_indices, try_hub
 
 log = logging.getLogger(__name__)
 
@@ -394,7 +394,7 @@ def load_cifar10(
 # --------------------------------------------------------------------------------------------- task
 
 
-class Cifar10CNN(ModelTask):
+class Cifar10CNN(LabelledTask):
     """CIFAR-10 with Tang & Lécuyer's ``CNN5`` (DP-AdamBC, AAAI 2024, Fig. 1): data, model, loss and metrics.
 
     Config fields: ``source``, ``data_dir``, ``cache_dir`` (see :func:`load_cifar10`); ``train_subset`` /
@@ -451,14 +451,6 @@ class Cifar10CNN(ModelTask):
         self._aug_gen = torch.Generator().manual_seed(int(seed))
         self._mean = torch.tensor(MEAN).view(1, 3, 1, 1)
         self._std = torch.tensor(STD).view(1, 3, 1, 1)
-
-    @property
-    def dataset_size(self) -> int:
-        return int(self.y_train.shape[0])
-
-    @property
-    def test_size(self) -> int:
-        return int(self.y_test.shape[0])
 
     def build_model(self) -> nn.Module:
         return CNN5()

@@ -51,11 +51,10 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from dp_adam_bench.paths import shared_data_dir
 from dp_adam_bench.tasks import fields, text
-from dp_adam_bench.tasks.base import ModelTask, data_folders, subset_indices, task_profile
+from dp_adam_bench.tasks.base import LabelledTask, data_folders, subset_indices, task_profile
 
 log = logging.getLogger(__name__)
 
@@ -279,13 +278,9 @@ class LabelWordScores(nn.Module):
 
     def forward(self, input_ids, attention_mask, token_type_ids, position_ids, mask_position):
         head = getattr(self, self.head_name)
-        hidden = getattr(self, self.base_name)(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            return_dict=True,
-        ).last_hidden_state
+        hidden = text.encode(
+            getattr(self, self.base_name), input_ids, attention_mask, token_type_ids, position_ids
+        )
         at = mask_position.view(-1, 1, 1).expand(-1, 1, hidden.shape[-1])
         return head(torch.gather(hidden, 1, at))[:, 0, :].index_select(1, self.words)
 
@@ -293,7 +288,7 @@ class LabelWordScores(nn.Module):
 # --------------------------------------------------------------------------------------------- task
 
 
-class GlueTask(ModelTask):
+class GlueTask(text.ClassifierLoss, LabelledTask):
     """A GLUE task (``task.glue``: sst2 | mnli | qnli | qqp) with ``task.objective`` classifier or infilling.
 
     Config fields: ``glue``, ``objective``, ``profile``, ``model`` (null = the profile's), ``pretrained``,
@@ -403,14 +398,6 @@ class GlueTask(ModelTask):
             notes.append("encoder MiniLM-L6-H384 instead of RoBERTa")
         return "; ".join(notes)
 
-    @property
-    def dataset_size(self) -> int:
-        return int(self.y_train.shape[0])
-
-    @property
-    def test_size(self) -> int:
-        return int(self.y_test.shape[0])
-
     # ------------------------------------------------------------------------------------------------- model
 
     def build_model(self) -> nn.Module:
@@ -473,12 +460,6 @@ class GlueTask(ModelTask):
             return forward(**inputs, mask_position=batch["mask_position"])
         out = forward(**inputs)
         return out.logits if hasattr(out, "logits") else out[0]
-
-    def loss_per_example(
-        self, forward: Callable[..., torch.Tensor], batch: dict[str, torch.Tensor]
-    ) -> torch.Tensor:
-        text.refuse_vmap(batch, self.name)
-        return F.cross_entropy(self.logits(forward, batch), batch["labels"], reduction="none")
 
     def evaluate(self, model: nn.Module) -> dict[str, float]:
         return text.score_classes(

@@ -47,13 +47,12 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from dp_adam_bench import progress
 from dp_adam_bench.paths import cache_dir, shared_data_dir
 from dp_adam_bench.tasks import fields, frozen_prefix, text
 from dp_adam_bench.tasks.base import (
-    ModelTask,
+    LabelledTask,
     count_field,
     data_folders,
     missing_data,
@@ -211,7 +210,7 @@ def validation_indices(n: int, test: np.ndarray | None, k, rng: np.random.Genera
     return np.sort(rng.choice(rest, size=k, replace=False))
 
 
-class SnliBert(ModelTask):
+class SnliBert(text.ClassifierLoss, LabelledTask):
     """SNLI with a BERT-family encoder (last block + pooler + classifier re-initialised): data, model, loss, metrics.
 
     Config fields: ``profile`` (cpu | paper); ``model`` (folder or hub name; null = the profile default);
@@ -304,14 +303,6 @@ class SnliBert(ModelTask):
         # segment A = [CLS] premise [SEP] (token type 0), then hypothesis [SEP] (type 1)
         ids, seg = text.tokenize_ragged(self.tokenizer, prem, hyp, max_length=self.max_length)
         return ids, seg, torch.from_numpy(np.asarray(y, dtype=np.int64))
-
-    @property
-    def dataset_size(self) -> int:
-        return int(self.y_train.shape[0])
-
-    @property
-    def test_size(self) -> int:
-        return int(self.y_test.shape[0])
 
     # ------------------------------------------------------------------------------------------------- model
 
@@ -424,12 +415,6 @@ class SnliBert(ModelTask):
             **text.bert_inputs(batch),
         )
         return out.logits if hasattr(out, "logits") else out[0]
-
-    def loss_per_example(
-        self, forward: Callable[..., torch.Tensor], batch: dict[str, torch.Tensor]
-    ) -> torch.Tensor:
-        text.refuse_vmap(batch, self.name)
-        return F.cross_entropy(self.logits(forward, batch), batch["labels"], reduction="none")
 
     def evaluate(self, model: nn.Module) -> dict[str, float]:
         def batch_of(idx):

@@ -307,6 +307,19 @@ def model_device(model: nn.Module) -> torch.device:
     return p.device if p is not None else torch.device("cpu")
 
 
+class ClassifierLoss:
+    """For a text classification task with ``logits(forward, batch)`` (B, classes): the per-example cross-entropy
+    against ``batch["labels"]``, refused under torch.func transforms (:func:`refuse_vmap`)."""
+
+    name: str
+
+    def loss_per_example(self, forward, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        from torch.nn import functional as F
+
+        refuse_vmap(batch, self.name)
+        return F.cross_entropy(self.logits(forward, batch), batch["labels"], reduction="none")
+
+
 @torch.no_grad()
 def score_classes(
     model, lengths, labels: torch.Tensor, batch_of, logits_of, batch_size: int
@@ -477,6 +490,17 @@ def mask_tokens(
     sel = (u >= mask_frac) & (u < mask_frac + random_frac)
     out[pos[sel]] = rand[sel]
     return out, pos.astype(np.int64), labels.astype(np.int64)
+
+
+def encode(encoder: nn.Module, input_ids, attention_mask, token_type_ids, position_ids) -> torch.Tensor:
+    """A BERT-family encoder's last hidden states (B, T, H), every id passed explicitly (see :func:`bert_inputs`)."""
+    return encoder(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        token_type_ids=token_type_ids,
+        position_ids=position_ids,
+        return_dict=True,
+    ).last_hidden_state
 
 
 def bert_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
