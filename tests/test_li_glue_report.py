@@ -95,3 +95,27 @@ def test_cells_paper_numbers_and_orderings_with_welch(isolated_dirs):
     assert "full: non-private > eps = 8 (accuracy): **holds**" in md
     assert "paper: 91.86 vs 86.12 (RoBERTa-base)" in md
     assert "MiniLM-L6 (22.7M parameters" in md and "Adam lr 0.0005 decayed linearly" in md
+
+
+@pytest.mark.slow
+def test_cells_at_the_majority_class_rate_are_named(isolated_dirs):
+    majority = 100 * 444 / 872
+    acc = {
+        ("classifier", "independent", 3.0): (majority, majority),
+        ("classifier", "independent", 8.0): (majority, 60.0),  # one seed learned something: not named
+        ("classifier", "none", None): (90.0, 91.0),
+        ("infilling", "independent", 3.0): (majority, majority),
+        ("infilling", "independent", 8.0): (70.0, 72.0),
+        ("infilling", "none", None): (92.0, 93.0),
+    }
+    _store(isolated_dirs / "runs", acc)
+    li_glue.build(ReportContext())
+    md = (isolated_dirs / "results" / "li_glue.md").read_text()
+    assert (
+        "At the majority-class rate (50.92 %, 444 of 872 dev sentences are positive) on every seed: full eps3, "
+        in md
+    )
+    assert (
+        "full + infilling eps3. These models predict one class" in md
+        and "full eps8" not in md.split("majority")[1]
+    )

@@ -37,6 +37,8 @@ OBJECTIVES = {"classifier": "full", "infilling": "full + infilling"}
 PAPER_ROWS = {"classifier": "full_roberta_base", "infilling": "infilling_roberta_base"}
 METRICS = {"accuracy": "test_accuracy", "loss": "test_loss"}
 TASK = "SST-2"
+#: GLUE SST-2 dev has 444 positive and 428 negative sentences: the accuracy of predicting one class throughout
+MAJORITY = 100.0 * 444 / 872
 WHAT = "the objectives and privacy levels"
 
 
@@ -50,7 +52,7 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
     frame["ours_minus_paper"] = frame["ours"] - frame["paper"]
     frame["n"] = frame["n"].astype("Int64")
     claims = claims_from_frame(frame, paper)
-    notes = rule_notes(claims, WHAT) + _notes(found, ctx.profile)
+    notes = rule_notes(claims, WHAT) + _majority_note(frame) + _notes(found, ctx.profile)
     return Table(
         TABLE_ID,
         TITLE,
@@ -134,6 +136,21 @@ def claims_from_frame(frame: pd.DataFrame, paper: dict) -> list[Claim]:
             ),
         ]
     return ordering_claims(orderings, cells, unit="%")
+
+
+def _majority_note(frame: pd.DataFrame) -> list[str]:
+    """The cells whose every seed scored the majority-class rate: models that predict one class for every
+    sentence (read from the cells' mean and spread)."""
+    acc = frame[(frame.quantity == "accuracy") & (frame.n > 0)]
+    flat = acc[((acc.ours - MAJORITY).abs() < 1e-6) & (acc[STD].fillna(0.0) < 1e-6)]
+    if flat.empty:
+        return []
+    cells = ", ".join(f"{OBJECTIVES[r.objective]} {r.column}" for r in flat.itertuples())
+    return [
+        f"At the majority-class rate ({MAJORITY:.2f} %, 444 of 872 dev sentences are positive) on every seed: "
+        f"{cells}. These models predict one class for every sentence: at this budget they have not learned the "
+        "task, so their orderings say nothing about the objectives."
+    ]
 
 
 def _setting(complete, profile: str) -> str:
