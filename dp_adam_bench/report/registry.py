@@ -105,7 +105,7 @@ _TABLES: tuple[tuple[str, ReportSpec], ...] = (
             _in("li_glue"),
             "Li et al. (GLUE table, SST-2)",
             "full fine-tuning, classifier vs text infilling, at eps = 3, 8, non-private (MiniLM-L6 on the CPU)",
-            "~60 min (12 runs, LAUNCHER=joblib JOBS=2; + ~3 min once to fit the MLM head)",
+            "~40 min (12 runs, LAUNCHER=joblib JOBS=2; + ~3 min once to fit the MLM head)",
             experiment="li_glue",
             runtime_paper="6 GPU runs of 203 steps (RoBERTa-base, B = 1000)",
         ),
