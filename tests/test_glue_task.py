@@ -207,6 +207,13 @@ def test_evaluate_scores_dev_and_bad_settings_are_one_line(fixtures):
     ):
         with pytest.raises(ValueError, match=msg.replace("(", r"\(").replace(")", r"\)")):
             GlueTask(glue_cfg(fixtures, **kw), trials=1, seed=0)
+    with pytest.raises(
+        ValueError, match=r"glue_sst2 supports BERT and RoBERTa checkpoints .* model_type='gpt2'"
+    ):
+        gpt2 = fixtures / "gpt2"
+        gpt2.mkdir(exist_ok=True)
+        (gpt2 / "config.json").write_text('{"model_type": "gpt2"}')
+        GlueTask(glue_cfg(fixtures, model=str(gpt2)), trials=1, seed=0)
     with pytest.raises(FileNotFoundError, match="GLUE qnli 'train' split not found; tried: .*train.tsv.gz"):
         GlueTask(glue_cfg(fixtures, glue="qnli"), trials=1, seed=0)
 

@@ -319,6 +319,11 @@ class GlueTask(text.ClassifierLoss, LabelledTask):
         self.model_name, self.pretrained = self._choose_model(cfg)
         config = text.load_config(self.model_name, hint=MODEL_HINT)
         self.family = str(getattr(config, "model_type", None))
+        if self.family not in FAMILIES:  # the batches' position and segment ids are these families' own
+            raise ValueError(
+                f"{self.name} supports BERT and RoBERTa checkpoints (model_type {' or '.join(FAMILIES)}); "
+                f"{self.model_name} has model_type={self.family!r}"
+            )
         self.padding_idx = int(getattr(config, "pad_token_id", None) or 0)
         self.tokenizer = text.load_tokenizer(self.model_name, hint=MODEL_HINT)
         self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
@@ -344,9 +349,10 @@ class GlueTask(text.ClassifierLoss, LabelledTask):
     pretrain_summary: dict | None = None
 
     def _choose_model(self, cfg) -> tuple[str, bool]:
-        """(model folder or hub name, pretrained): infilling with ``task.pretrain``: that bert_mlm_head build;
-        else ``task.model``; else the profile's: MiniLM-L6 on the cpu, roberta-base on the paper profile."""
-        if self.objective == "infilling" and cfg.get("pretrain"):
+        """(model folder or hub name, pretrained): ``task.pretrain``'s bert_mlm_head build (the classifier reads
+        its encoder); else ``task.model``; else the profile's: MiniLM-L6 on the cpu, roberta-base on the paper
+        profile."""
+        if cfg.get("pretrain"):
             from dp_adam_bench import pretrain
 
             spec = pretrain.task_spec(cfg, "bert_mlm_head", self.name, "needs a bert_mlm_head preset")
@@ -405,11 +411,6 @@ class GlueTask(text.ClassifierLoss, LabelledTask):
 
         heads = {"num_labels": len(self.spec.labels)} if self.objective == "classifier" else {}
         config = text.load_config(self.model_name, hint=MODEL_HINT, **heads)
-        if self.family not in FAMILIES:
-            raise ValueError(
-                f"{self.name} supports BERT and RoBERTa checkpoints (model_type {' or '.join(FAMILIES)}); "
-                f"{self.model_name} has model_type={self.family!r}"
-            )
         text.set_dropout(config, self.dropout)
         if self.objective == "classifier":
             cls = AutoModelForSequenceClassification
