@@ -20,6 +20,7 @@ from dp_adam_bench.tasks.glue import (
     GlueTask,
     LabelWordScores,
     label_word_ids,
+    load_glue_split,
     read_glue_file,
     render_template,
 )
@@ -214,8 +215,35 @@ def test_evaluate_scores_dev_and_bad_settings_are_one_line(fixtures):
         gpt2.mkdir(exist_ok=True)
         (gpt2 / "config.json").write_text('{"model_type": "gpt2"}')
         GlueTask(glue_cfg(fixtures, model=str(gpt2)), trials=1, seed=0)
-    with pytest.raises(FileNotFoundError, match="GLUE qnli 'train' split not found; tried: .*train.tsv.gz"):
-        GlueTask(glue_cfg(fixtures, glue="qnli"), trials=1, seed=0)
+    with pytest.raises(FileNotFoundError, match=r"no GLUE qnli 'train' split found \(source='local'\)"):
+        GlueTask(glue_cfg(fixtures, glue="qnli", source="local"), trials=1, seed=0)
+
+
+def test_the_hubs_glue_columns_and_integer_labels_become_ours(fixtures, monkeypatch):
+    """datasets.load_dataset("nyu-mll/glue", task) when no folder has the files: MNLI's premise / hypothesis and its
+    label order (0 entailment, 1 neutral, 2 contradiction) mapped onto the files' label names."""
+    import datasets
+
+    calls = []
+
+    def fake(name, config, split):
+        calls.append((name, config, split))
+        return {"premise": ["The cat sat.", "A dog runs."], "hypothesis": ["A cat sat.", "No dog runs."],
+                "label": [0, 2]}  # fmt: skip
+
+    monkeypatch.setattr(datasets, "load_dataset", fake)
+    data, origin = load_glue_split(SPECS["mnli"], "dev", fixtures / "nowhere", "hf")
+    assert (
+        calls == [("nyu-mll/glue", "mnli", "validation_matched")]
+        and origin == "hf:nyu-mll/glue/mnli[validation_matched]"
+    )
+    assert data.a == ["The cat sat.", "A dog runs."] and data.b == ["A cat sat.", "No dog runs."]
+    assert [SPECS["mnli"].labels[i] for i in data.labels] == ["entailment", "contradiction"]
+    with pytest.raises(ValueError, match=r"labels outside 0\.\.2"):
+        monkeypatch.setattr(
+            datasets, "load_dataset", lambda *a, **k: {"premise": ["x"], "hypothesis": ["y"], "label": [-1]}
+        )
+        load_glue_split(SPECS["mnli"], "dev", None, "hf")
 
 
 @pytest.mark.slow

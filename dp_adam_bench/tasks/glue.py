@@ -52,13 +52,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from dp_adam_bench.paths import shared_data_dir
 from dp_adam_bench.tasks import fields, text
-from dp_adam_bench.tasks.base import LabelledTask, data_folders, subset_indices, task_profile
+from dp_adam_bench.tasks.base import LabelledTask, data_folders, missing_data, subset_indices, task_profile
+from dp_adam_bench.tasks.local_or_hub import local_or_hub
 
 log = logging.getLogger(__name__)
 
 OBJECTIVES = ("classifier", "infilling")
+SOURCES = ("auto", "local", "hf")
+HF_NAME = "nyu-mll/glue"
 PAPER_MODEL = "roberta-base"  # Li et al.'s (and RoBERTa-large)
 FAMILIES = ("bert", "roberta")
 MODEL_HINT = (
@@ -80,6 +82,11 @@ class GlueSpec:
     template: str
     words: dict[str, str]  # label value -> label word
     train_size: int  # GLUE's training set (li.yaml's N)
+    hf_splits: dict[
+        str, str
+    ]  # split -> the Hugging Face glue dataset's split (its test splits have no labels)
+    hf_text: tuple[str, str | None]  # its text columns
+    hf_labels: tuple[str, ...]  # its integer label i -> our label value
 
 
 def _tsv(name: str) -> tuple[str, ...]:
@@ -97,6 +104,9 @@ SPECS = {
         "*cls**sent_0*_It_was*mask*.*sep+*",
         {"0": "terrible", "1": "great"},
         67349,
+        {"train": "train", "dev": "validation"},
+        ("sentence", None),
+        ("0", "1"),
     ),
     "mnli": GlueSpec(
         "mnli",
@@ -108,6 +118,9 @@ SPECS = {
         "*cls**sent-_0*?*mask*,*+sentl_1**sep+*",
         {"contradiction": "no", "entailment": "yes", "neutral": "maybe"},
         392702,
+        {"train": "train", "dev": "validation_matched", "dev_mismatched": "validation_mismatched"},
+        ("premise", "hypothesis"),
+        ("entailment", "neutral", "contradiction"),
     ),
     "qnli": GlueSpec(
         "qnli",
@@ -119,6 +132,9 @@ SPECS = {
         "*cls**sent-_0*?*mask*,*+sentl_1**sep+*",
         {"not_entailment": "no", "entailment": "yes"},
         104743,
+        {"train": "train", "dev": "validation"},
+        ("question", "sentence"),
+        ("entailment", "not_entailment"),
     ),
     "qqp": GlueSpec(
         "qqp",
@@ -130,6 +146,9 @@ SPECS = {
         "*cls**sent-_0**mask*,*+sentl_1**sep+*",
         {"0": "no", "1": "yes"},
         363846,
+        {"train": "train", "dev": "validation"},
+        ("question1", "question2"),
+        ("0", "1"),
     ),
 }
 
@@ -172,21 +191,51 @@ def read_glue_file(path: str | Path, spec: GlueSpec) -> GlueData:
     return GlueData(a, b, np.asarray(y, dtype=np.int64))
 
 
-def load_glue_split(spec: GlueSpec, split: str, data_dir=None) -> tuple[GlueData, str]:
-    """One split from ``data_dir`` or the shared data's folder; FileNotFoundError naming every path tried."""
+def load_glue_hf(spec: GlueSpec, split: str, name: str = HF_NAME) -> GlueData:
+    """``datasets.load_dataset(name, <task>, split=...)``: GLUE's own columns, its integer labels mapped to ours
+    (its test splits are unlabelled: -1, refused)."""
+    import datasets
+
+    if split not in spec.hf_splits:
+        raise ValueError(f"the hub's GLUE {spec.folder} has no labelled split for {split!r}")
+    d = datasets.load_dataset(name, spec.folder, split=spec.hf_splits[split])
+    a_col, b_col = spec.hf_text
+    labels = [int(y) for y in d["label"]]
+    if any(not 0 <= y < len(spec.hf_labels) for y in labels):
+        raise ValueError(
+            f"hub GLUE {spec.folder} {spec.hf_splits[split]}: labels outside 0..{len(spec.hf_labels) - 1}"
+        )
+    y = [spec.labels.index(spec.hf_labels[v]) for v in labels]
+    b = list(d[b_col]) if b_col else None
+    return GlueData(list(d[a_col]), b, np.asarray(y, dtype=np.int64))
+
+
+def load_glue_split(
+    spec: GlueSpec, split: str, data_dir=None, source: str = "auto", hf_name: str = HF_NAME
+) -> tuple[GlueData, str]:
+    """One split from ``data_dir`` or the shared data's folder (``source`` auto or local), else the hub (auto or
+    hf); FileNotFoundError naming every place tried."""
     if split not in spec.files:
         raise ValueError(f"GLUE {spec.folder} has no split {split!r}; valid: {', '.join(spec.files)}")
-    tried = []
-    for folder in data_folders(data_dir, spec.folder):
-        for name in spec.files[split]:
-            path = folder / name
-            tried.append(str(path))
-            if path.is_file():
-                return read_glue_file(path, spec), str(path)
-    raise FileNotFoundError(
-        f"GLUE {spec.folder} {split!r} split not found; tried: {', '.join(tried)}. Set task.data_dir to a folder "
-        f"holding GLUE's {spec.files[split][1]} (shared data: {shared_data_dir() / SPECS['sst2'].folder} has SST-2 "
-        "only)."
+    if source not in SOURCES:
+        raise ValueError(f"task.source={source!r}; valid: {', '.join(SOURCES)}")
+    data, origin, tried = local_or_hub(
+        spec.files[split],
+        data_folders(data_dir, spec.folder),
+        lambda path: read_glue_file(path, spec),
+        source,
+        hf_name,
+        lambda: load_glue_hf(spec, split, hf_name),
+        f"hf:{hf_name}/{spec.folder}[{spec.hf_splits.get(split)}]",
+    )
+    if data is not None:
+        return data, origin
+    raise missing_data(
+        f"GLUE {spec.folder} {split!r} split",
+        source,
+        tried,
+        f"Set task.data_dir to a folder holding GLUE's {spec.files[split][1]} (the shared data has SST-2 only), or "
+        f"give hub access ({hf_name}).",
     )
 
 
@@ -335,8 +384,9 @@ class GlueTask(text.ClassifierLoss, LabelledTask):
         )
         if train_split == self.eval_split:
             raise ValueError(f"task.train_split and task.eval_split are both {train_split!r}")
-        train, self.train_source = load_glue_split(self.spec, train_split, cfg.get("data_dir"))
-        test, self.test_source = load_glue_split(self.spec, self.eval_split, cfg.get("data_dir"))
+        where = (cfg.get("data_dir"), str(cfg.get("source") or "auto"), str(cfg.get("hf_name") or HF_NAME))
+        train, self.train_source = load_glue_split(self.spec, train_split, *where)
+        test, self.test_source = load_glue_split(self.spec, self.eval_split, *where)
         rng = np.random.default_rng(int(cfg.get("data_seed", 0)))
         tr = subset_indices(len(train.labels), cfg.get("train_subset"), rng, "train_subset")
         te = subset_indices(len(test.labels), cfg.get("test_subset"), rng, "test_subset")
