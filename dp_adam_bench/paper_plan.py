@@ -46,12 +46,16 @@ def paper_examples(data: dict) -> int | None:
     task = data.get("task") or {}
     if task.get("train_subset") is not None:
         return int(task["train_subset"])
+    if task.get("name") == "glue_sst2":  # each GLUE task's own training set
+        from dp_adam_bench.tasks.glue import SPECS
+
+        return SPECS[str(task.get("glue") or "sst2")].train_size
     return PAPER_EXAMPLES.get(task.get("name"))
 
 
 #: padded tokens per example the FLOP and memory estimates assume, when batches are padded to their longest row:
 #: E2E pairs have at most 121 GPT-2 tokens (Li et al.), SNLI pairs about 40-60 word pieces at the longest in a batch
-PADDED_TOKENS = {"e2e_gpt2": 100, "snli_bert": 64}
+PADDED_TOKENS = {"e2e_gpt2": 100, "snli_bert": 64, "glue_sst2": 64}
 
 
 @dataclass
@@ -141,11 +145,13 @@ def _gpt2_shape() -> ModelShape:
 
 
 def _bert_shape(task: dict) -> ModelShape:
-    """The BERT of snli_bert or arxiv_mlm, prepared for DP as the task prepares it."""
+    """The BERT of snli_bert or arxiv_mlm (the RoBERTa of glue_sst2), prepared for DP as the task prepares it."""
     from dp_adam_bench.tasks import text
 
     if task["name"] == "snli_bert":
         model, cfg, trained, tokens = _snli_model(task)
+    elif task["name"] == "glue_sst2":
+        model, cfg, trained, tokens = _glue_model(task)
     else:  # arxiv_mlm
         model, cfg, trained, tokens = _arxiv_mlm_model(task)
     text.prepare_bert_for_dp(model, untie=bool(task.get("untie_embeddings", True)))
@@ -181,6 +187,40 @@ def _snli_model(task: dict):
     trained = 1 if task.get("freeze_pretrained", True) else cfg.num_hidden_layers
     tokens = PADDED_TOKENS["snli_bert"] if task.get("pad_to") == "longest" else int(task["max_length"])
     return model, cfg, trained, tokens
+
+
+#: RoBERTa's published configurations (Liu et al. 2019): what a glue_sst2 paper run fine-tunes
+ROBERTA = {
+    "roberta-base": dict(
+        hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072
+    ),
+    "roberta-large": dict(
+        hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096
+    ),
+}
+
+
+def _glue_model(task: dict):
+    """(model, config, trained layers, tokens per example) of glue_sst2's paper model (roberta-base unless
+    ``task.model`` names roberta-large): every layer trained, the classifier head or the masked-LM head."""
+    from transformers import RobertaConfig, RobertaForMaskedLM, RobertaForSequenceClassification
+
+    from dp_adam_bench.tasks.glue import PAPER_MODEL, SPECS
+
+    name = str(task.get("model") or PAPER_MODEL)
+    if name not in ROBERTA:
+        raise ValueError(f"the plan knows the paper's models {', '.join(ROBERTA)}, not task.model={name!r}")
+    classes = len(SPECS[str(task.get("glue") or "sst2")].labels)
+    cfg = RobertaConfig(
+        vocab_size=50265, max_position_embeddings=514, type_vocab_size=1, pad_token_id=1, num_labels=classes,
+        **ROBERTA[name],
+    )  # fmt: skip
+    infilling = task.get("objective") == "infilling"
+    model = RobertaForMaskedLM(cfg) if infilling else RobertaForSequenceClassification(cfg)
+    tokens = (
+        PADDED_TOKENS["glue_sst2"] if task.get("pad_to", "longest") == "longest" else int(task["max_length"])
+    )
+    return model, cfg, cfg.num_hidden_layers, tokens
 
 
 def _arxiv_mlm_model(task: dict):

@@ -35,8 +35,8 @@ WORDS = (
 ).split()
 
 #: the hub names the paper profiles load (configs/task/*.yaml, dp_adam_bench/tasks/*.py)
-MODELS = ("gpt2", "bert-base-cased", "prajjwal1/bert-tiny")
-DATASETS = ("uoft-cs/cifar10", "stanfordnlp/snli", "e2e_nlg", "gfissore/arxiv-abstracts-2021")
+MODELS = ("gpt2", "bert-base-cased", "prajjwal1/bert-tiny", "roberta-base")
+DATASETS = ("uoft-cs/cifar10", "stanfordnlp/snli", "e2e_nlg", "gfissore/arxiv-abstracts-2021", "nyu-mll/glue")
 
 
 def hub_env(root: Path) -> dict[str, str]:
@@ -105,6 +105,27 @@ def _bert(root: Path, repo: str, *, lower: bool, hidden: int = 32) -> None:
     )
     # the hub checkpoints are pre-training checkpoints (encoder + pooler + MLM and NSP heads)
     BertForPreTraining(config).save_pretrained(snap)
+
+
+def _roberta(root: Path) -> None:
+    """roberta-base: GPT-2's byte-level BPE with RoBERTa's special tokens (<s> 0, <pad> 1, </s> 2, <unk> 3, <mask>
+    last, as in the real vocabulary), a tiny masked-LM of RoBERTa's class and positions (padding_idx + 1 on)."""
+    from transformers import AutoTokenizer, RobertaConfig, RobertaForMaskedLM
+
+    snap = _snapshot(root, "roberta-base")
+    gpt2 = json.loads((shared_data_dir() / "gpt2_tokenizer" / "vocab.json").read_text(encoding="utf-8"))
+    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3} | {t: i + 4 for t, i in gpt2.items()}
+    vocab["<mask>"] = len(vocab)
+    (snap / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    shutil.copy(shared_data_dir() / "gpt2_tokenizer" / "merges.txt", snap / "merges.txt")
+    (snap / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "RobertaTokenizer"}))
+    tok = AutoTokenizer.from_pretrained(snap)
+    config = RobertaConfig(
+        vocab_size=len(tok), hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+        max_position_embeddings=514, type_vocab_size=1, pad_token_id=1,
+    )  # fmt: skip
+    RobertaForMaskedLM(config).save_pretrained(snap)
+    tok.save_pretrained(snap)
 
 
 # --------------------------------------------------------------------------------------------- data sets
@@ -183,6 +204,29 @@ def _snli(root: Path, rng) -> None:
     _cache_dataset(root, "stanfordnlp/snli", "plain_text", splits, feats)
 
 
+def _glue_sst2(root: Path, rng) -> None:
+    """nyu-mll/glue, configuration sst2: lower-cased sentences, labels 0 / 1 (its test split is unlabelled: -1)."""
+    import datasets
+
+    feats = datasets.Features(
+        {
+            "sentence": datasets.Value("string"),
+            "label": datasets.ClassLabel(names=["negative", "positive"]),
+            "idx": datasets.Value("int32"),
+        }
+    )
+
+    def split(n, labelled=True):
+        return {
+            "sentence": [_sentence(rng, 3, 12).lower() for _ in range(n)],
+            "label": rng.integers(0, 2, n).tolist() if labelled else [-1] * n,
+            "idx": list(range(n)),
+        }
+
+    splits = {"train": split(600), "validation": split(60), "test": split(60, labelled=False)}
+    _cache_dataset(root, "nyu-mll/glue", "sst2", splits, feats)
+
+
 def _e2e(root: Path, rng) -> None:
     import datasets
 
@@ -244,5 +288,7 @@ def build_fake_hub(root: Path, seed: int = 0) -> Path:
     _snli(root, rng)
     _e2e(root, rng)
     _arxiv(root, rng)
+    _roberta(root)
+    _glue_sst2(root, rng)
     (root / "FAKE_HUB.json").write_text(json.dumps({"models": MODELS, "datasets": DATASETS}))
     return root

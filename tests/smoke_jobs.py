@@ -29,6 +29,7 @@ HUB_TABLES = (
     "tang_fig3_cifar10",
     "tang_fig3_snli",
     "li_e2e",
+    "li_glue",
     "ganesh_fig3",
     "mf_amplified",
 )
