@@ -208,6 +208,12 @@ def test_evaluate_scores_dev_and_bad_settings_are_one_line(fixtures):
     ):
         with pytest.raises(ValueError, match=msg.replace("(", r"\(").replace(")", r"\)")):
             GlueTask(glue_cfg(fixtures, **kw), trials=1, seed=0)
+    # an encoder without its masked-LM head cannot read the label words' prior: refused, not a random head
+    headless = GlueTask(glue_cfg(fixtures, objective="infilling"), trials=1, seed=0)  # the 'encoder' folder
+    with pytest.raises(
+        ValueError, match=r"has no weights for cls\.\* \(\d+ tensors\): task.objective=infilling"
+    ):
+        headless.build_model()
     with pytest.raises(
         ValueError, match=r"glue_sst2 supports BERT and RoBERTa checkpoints .* model_type='gpt2'"
     ):

@@ -462,14 +462,22 @@ class GlueTask(text.ClassifierLoss, LabelledTask):
         heads = {"num_labels": len(self.spec.labels)} if self.objective == "classifier" else {}
         config = text.load_config(self.model_name, hint=MODEL_HINT, **heads)
         text.set_dropout(config, self.dropout)
+        required = None
         if self.objective == "classifier":
             cls = AutoModelForSequenceClassification
             expected = ("classifier.", "bert.pooler.")
-        else:
+        else:  # infilling reads the pretrained masked-LM head's prior: a random head would be a silent fallback
             cls, expected = AutoModelForMaskedLM, ()
+            why = "task.objective=infilling needs a pretrained masked-LM head; set task.pretrain=minilm_mlm_head"
+            required = {"cls.": f"{why} (for MiniLM-L6)", "lm_head.": why}
         if self.pretrained:
             model = text.load_pretrained(
-                cls, self.model_name, config=config, hint=MODEL_HINT, expected_missing=expected
+                cls,
+                self.model_name,
+                config=config,
+                hint=MODEL_HINT,
+                expected_missing=expected,
+                required=required,
             )
         else:
             model = cls.from_config(config)

@@ -163,11 +163,14 @@ def load_pretrained(
     config=None,
     hint: str = "",
     expected_missing: Sequence[str] = (),
+    required: dict[str, str] | None = None,
 ):
     """``model_cls.from_pretrained`` (weights required) with the same clear error as :func:`load_tokenizer`.
 
     transformers' load report is silenced; parameters missing from the checkpoint (newly initialised) are logged
-    as a warning unless their names start with one of ``expected_missing`` (e.g. a new classifier head)."""
+    as a warning unless their names start with one of ``expected_missing`` (e.g. a new classifier head).
+    ``required``: {name prefix: what it is, and what to do}: a missing parameter under one of these prefixes is a
+    ValueError in one line (a part the task cannot start from random, e.g. a masked-LM head read as a prior)."""
     if _is_local(name_or_path):
         folder = Path(str(name_or_path)).expanduser()
         check_folder(folder, "pretrained model", ["config.json"], hint)
@@ -185,7 +188,12 @@ def load_pretrained(
             )
     except (OSError, ValueError) as e:
         raise _not_found("pretrained model", name_or_path, e, hint) from e
-    missing = sorted(k for k in info.get("missing_keys", ()) if not k.startswith(tuple(expected_missing)))
+    absent = list(info.get("missing_keys", ()))
+    for prefix, why in (required or {}).items():
+        lacking = [k for k in absent if k.startswith(prefix)]
+        if lacking:
+            raise ValueError(f"{name_or_path} has no weights for {prefix}* ({len(lacking)} tensors): {why}")
+    missing = sorted(k for k in absent if not k.startswith(tuple(expected_missing)))
     if missing:
         log.warning(
             "%s: %d parameters not in the checkpoint %s were newly initialised: %s",
