@@ -199,6 +199,8 @@ def make_private(
     secure_rng: bool = False,
     self_check: bool = True,
     engine_watch_every: int | str = "auto",
+    finetune: str | None = None,
+    finetune_args: Mapping[str, Any] | None = None,
 ) -> PrivateTraining:
     """Make ``model`` train privately on ``dataset``: returns a :class:`PrivateTraining` whose ``step()`` draws the
     batch the accountant assumes, clips each example's gradient (``clipping``: ``bk``, ``ghost``, ``hooks``,
@@ -253,6 +255,12 @@ def make_private(
     and random examples (:mod:`dp_adam_bench.engine.watch`): ``"auto"`` within 2 % of the measured step time, an
     integer N every N steps, 0 only after :meth:`~PrivateTraining.load_state_dict`. A failure raises
     :class:`~dp_adam_bench.engine.watch.EngineCheckFailed` from ``step()`` before its release.
+    ``finetune``: which parameters train (:mod:`dp_adam_bench.finetune`): None (as ``model`` has them),
+    ``"full"``, ``"head"``, ``"top<k>"`` (the last k transformer blocks), ``"lora"`` and ``"prefix"`` (from peft),
+    ``"rgp"`` (Yu et al. 2021); ``finetune_args`` their settings (``{"r": 8}`` for LoRA). Applied to ``model`` in
+    place (prefix-tuning wraps it: train ``private.model``); frozen parameters never enter clipping or noise. After
+    ``train.moved_check`` (3) steps every trainable tensor must have moved, or ``step()`` raises
+    :class:`~dp_adam_bench.finetune.moved.NotTraining` naming those that did not.
     Seeds: ``seed`` fixes the sampler, the noise and dropout (this re-seeds torch's global generator);
     ``secure_rng=True`` draws them from the OS CSPRNG instead (for real private data; not reproducible).
 
@@ -260,6 +268,7 @@ def make_private(
     (``clip=None``, ``clipping=ghost``, ``optimizer_args['beta1']``), not the CLI field it sets.
     """
     cfg = _config_with_groups(optimizer, noise, seed)
+    cfg["task"].update(finetune=finetune, finetune_args=dict(finetune_args or {}))
     _set_optimizer_args(cfg["optimizer"], optimizer_args, lr, weight_decay, weight_decay_mask)
     _merge(cfg["noise"], dict(noise_args or {}), "noise_args")
     cfg["privacy"].update(

@@ -155,6 +155,12 @@ def _validate_top_level(cfg: Mapping, custom_task: bool) -> None:
     if not custom_task:
         TASKS.check(_get(cfg, "task.name"))
     integer(cfg, "task.trials", default=1)
+    from dp_adam_bench.finetune import parse
+
+    parse(_get(cfg, "task.finetune", None))
+    args = _get(cfg, "task.finetune_args", None)
+    if args is not None and not isinstance(args, Mapping):
+        raise ConfigError(f"task.finetune_args={args!r} must be a mapping of the method's settings, e.g. {{r: 8}}")
 
 
 def _validate_optimizer(cfg: Mapping) -> None:
@@ -211,6 +217,7 @@ def _validate_training_options(cfg: Mapping) -> None:
             f"train.precision={precision} is implemented for train.clipping=bk (norms, clip factors and sums in "
             f"fp32 from bf16 activations); got train.clipping={_get(cfg, 'train.clipping')}; use bk or fp32"
         )
+    integer(cfg, "train.moved_check", low=0, default=3)
     boolean(cfg, "train.self_check.enabled", default=True)
     integer(cfg, "train.self_check.examples", low=1, default=4)
     number(cfg, "train.self_check.tolerance", low=0, low_open=True, default=0.01)

@@ -42,6 +42,7 @@ from dp_adam_bench.engine.noise_check import NoiseCheck
 from dp_adam_bench.engine.participation import ParticipationLedger, reconcile
 from dp_adam_bench.engine.privatizer import Privatizer
 from dp_adam_bench.engine.seeds import RunSeeds
+from dp_adam_bench.finetune.moved import MovedCheck
 from dp_adam_bench.privacy.accounting import AccountantFailure, PrivacyLedger
 from dp_adam_bench.privacy.noise_factory import build_mechanisms
 
@@ -67,7 +68,15 @@ STATE_KEYS = (
 #: ``task_rng``: every rank's task random state (``tasks/base.py``); ``watch``: the engine watch's state (its
 #: check-examples generator, :mod:`dp_adam_bench.engine.watch`) and ``noise_check`` the noise check's record (None
 #: without them); ``rng_fingerprints``: a digest of every live generator, checked after a load.
-OPTIONAL_STATE_KEYS = ("plan", "participation", "task_rng", "watch", "noise_check", "rng_fingerprints")
+OPTIONAL_STATE_KEYS = (
+    "plan",
+    "participation",
+    "task_rng",
+    "watch",
+    "noise_check",
+    "rng_fingerprints",
+    "moved_check",
+)
 
 
 class TrainingComplete(RuntimeError):
@@ -176,6 +185,12 @@ class PrivateTraining:
             self.noise_check = NoiseCheck(plan.strategy, plan.sampler.steps, sens)
             self.noise_check.stop = run.cfg.train.get("noise_check", "stop") != "record"
             self.privatizer.noise_check = self.noise_check
+        # every trainable tensor moved in the first steps (finetune/moved.py): an adapter the optimizer never
+        # updates stops the run instead of reporting the pretrained model as trained
+        self.moved_check = None
+        if self._model_task:
+            after = run.cfg.train.get("moved_check", None)
+            self.moved_check = MovedCheck(self._trained_tensors, 3 if after is None else int(after))
 
     # --- what the run is ------------------------------------------------------------------------------------------
     @property
@@ -253,9 +268,19 @@ class PrivateTraining:
                 scale=scale,
                 scale_eps=getattr(variant, "eps_s1", None),
             )
+        if self.moved_check is not None:  # may stop the run (NotTraining) after this step
+            self.moved_check.after_step(self.steps_done, self.plan.steps)
         if self.watch is not None:
             self.watch.after_step(self.steps_done, time.perf_counter() - started)
         return StepResult(self.steps_done, self.last_batch_size, diag or {}, norms, self.clip)
+
+    def _trained_tensors(self) -> list[tuple[str, torch.Tensor]]:
+        """(name, tensor) of what the variant updates: the trainable parameters, or a wrapper's own list (RGP's
+        reconstructed weights, :class:`~dp_adam_bench.finetune.rgp.RGPVariant`)."""
+        own = getattr(self.variant, "trained_tensors", None)
+        if own is not None:
+            return own()
+        return [(n, p) for n, p in self.backend.model.named_parameters() if p.requires_grad]
 
     def check_engine(self, reason: str) -> dict:
         """The engine probe and self-check on the current weights now (:mod:`dp_adam_bench.engine.watch`; the
@@ -343,6 +368,7 @@ class PrivateTraining:
             "task_rng": [r[1] for r in ranks],
             "watch": self.watch.state_dict() if getattr(self, "watch", None) is not None else None,
             "noise_check": self.noise_check.state_dict() if self.noise_check is not None else None,
+            "moved_check": self.moved_check.state_dict() if self.moved_check is not None else None,
             "rng_fingerprints": shared | {k: v for r in ranks for k, v in r[2].items()},
         }
 
@@ -364,6 +390,11 @@ class PrivateTraining:
             for p, saved in zip(self.backend.params, state["params"], strict=True):
                 p.copy_(saved.to(p.device))
         self.state = state["variant"]
+        restore = getattr(self.variant, "restore", None)
+        if (
+            restore is not None
+        ):  # a variant that keeps model weights in its state (RGP's reparametrized weights)
+            restore(self.state)
         self.privatizer.load_state_dict(state["privatizer"])
         self.plan.sampler.load_state_dict(state["sampler"])
         self.ledger = PrivacyLedger.from_dict(state["ledger"])
@@ -382,6 +413,8 @@ class PrivateTraining:
             self.watch.load_state_dict(state["watch"])
         if self.noise_check is not None and state.get("noise_check") is not None:
             self.noise_check.load_state_dict(state["noise_check"])
+        if self.moved_check is not None and state.get("moved_check") is not None:
+            self.moved_check.load_state_dict(state["moved_check"])
         older = _load_task_rng(self.run, state)
         if "rng_fingerprints" in state:  # everything restored: the live generators against the saved digests
             verify_restored_generators(self, state)

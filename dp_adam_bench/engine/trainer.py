@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from dp_adam_bench import finetune
 from dp_adam_bench.engine import checkpoint as ckpt
 from dp_adam_bench.engine import distributed, memory
 from dp_adam_bench.engine.backends import ModelBackend, VectorBackend
@@ -99,6 +100,8 @@ class Run:
     engine_probe: dict = field(default_factory=dict)
     # the engine checked again on the weights training reaches (engine/watch.py; model tasks)
     watch: EngineWatch | None = None
+    # task.finetune: the method, its settings, and the trainable (noised) and frozen parameter counts (model tasks)
+    finetune: dict = field(default_factory=dict)
 
 
 def build(cfg, folder: Path | None = None) -> Run:
@@ -128,11 +131,18 @@ def prepare(cfg, task, folder: Path | None = None) -> Run:
         )
     variant = build_variant(cfg.optimizer.name, **{k: v for k, v in cfg.optimizer.items() if k != "name"})
     torch.manual_seed(seeds.model)  # every rank builds the same model
+    finetuned = {}
     if vector:
         backend = VectorBackend(task)
     else:
         device = ddp.device or resolve_device(cfg.train.get("device", "auto"))
-        model = task.build_model().to(device)
+        # which parameters train (task.finetune): before the engine is built, so that it, the checks and the
+        # noise see only those
+        task_cfg = cfg.get("task") or {}
+        tuned = finetune.apply(
+            task.build_model().to(device), task_cfg.get("finetune"), _plain(task_cfg.get("finetune_args"))
+        )
+        model = tuned.model
         backend = ModelBackend(
             task,
             model,
@@ -144,6 +154,9 @@ def prepare(cfg, task, folder: Path | None = None) -> Run:
         )
         # which tensors weight decay acts on, from the model's names and module types (optim/decay.py)
         variant.decay_mask = decay_mask(model, backend.params, variant.decay_exclude)
+        finetuned = tuned.summary
+        if tuned.wrap_variant is not None:
+            variant = tuned.wrap_variant(variant, model, seeds.model)
     try:
         if variant.scale(variant.init(backend.params)) is not None and not backend.supports_scale:
             raise ConfigError(
@@ -190,7 +203,21 @@ def prepare(cfg, task, folder: Path | None = None) -> Run:
         backend.close()
         raise
     return Run(
-        cfg, task, backend, variant, plan, seeds, population, public, ddp, schedule, check, key, probed, watch
+        cfg,
+        task,
+        backend,
+        variant,
+        plan,
+        seeds,
+        population,
+        public,
+        ddp,
+        schedule,
+        check,
+        key,
+        probed,
+        watch,
+        finetuned,
     )
 
 
@@ -488,6 +515,9 @@ def _backend_summary(r: Run, session: PrivateTraining) -> dict:
         "engine_probe": r.engine_probe,
         # the engine checked again as the run trained (engine/watch.py)
         "engine_watch": session.watch.describe() if session.watch is not None else {},
+        # which parameters trained (task.finetune), how many (the noise dimension), and that each moved
+        "finetune": r.finetune,
+        "moved_check": session.moved_check.result if session.moved_check is not None else None,
         # the TF32 / reduced-precision fp32 settings (engine/fp32_exact.py); clipping runs in IEEE fp32
         "fp32_math": fp32_settings(),
     }
@@ -523,6 +553,15 @@ def _params_digest(params) -> str:
     for p in params:
         h.update(p.detach().cpu().numpy().tobytes())
     return h.hexdigest()
+
+
+def _plain(value):
+    """A config node as plain Python (dicts, lists), anything else as it is."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    return (
+        OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value
+    )
 
 
 def _to_dict(cfg) -> dict:

@@ -77,6 +77,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from dp_adam_bench import progress
+from dp_adam_bench.finetune.adapters import prefix_length
 from dp_adam_bench.paths import shared_data_dir
 from dp_adam_bench.tasks import compact_vocab, e2e_metrics, fields, text
 from dp_adam_bench.tasks.base import ModelTask, data_folders, missing_data, subset_indices, task_profile
@@ -240,12 +241,20 @@ class GPT2AtTargets(nn.Module):
         self.config = lm.config
 
     def forward(self, input_ids, attention_mask, position_ids, target_positions):
+        extra = {}
+        n = prefix_length(self.lm) if hasattr(self.lm, "get_prompt") else 0
+        if n:  # peft's prefix-tuning (task.finetune=prefix): its keys and values before the sequence's, as peft does
+            b = input_ids.shape[0]
+            extra["past_key_values"] = self.lm.get_prompt(batch_size=b)
+            attention_mask = torch.cat([attention_mask.new_ones(b, n), attention_mask], 1)
+            position_ids = position_ids + n
         hidden = self.lm.transformer(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
             use_cache=False,
             return_dict=True,
+            **extra,
         ).last_hidden_state
         at = target_positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
         return self.lm.lm_head(torch.gather(hidden, 1, at))

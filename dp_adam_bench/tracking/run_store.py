@@ -62,6 +62,7 @@ OPERATIONAL_TRAIN_KEYS = (
     "self_check",  # a check before the first step: it changes nothing the run computes
     "engine_watch",  # the same checks as the run trains (engine/watch.py): they change nothing it computes
     "noise_check",  # stop or record on a noise mismatch (engine/noise_check.py): the same computation
+    "moved_check",  # every trainable tensor moved (finetune/moved.py): a check, the same computation
 )
 # train.* keys added after runs existed, at the value that computes what those runs computed: left out of the
 # identity at that value, so that existing run folders keep their names (and resume, or are skipped as complete)
@@ -75,7 +76,7 @@ LATER_OPTIMIZER_DEFAULTS = {
 }
 
 # task.* keys added after runs existed, likewise left out at the value that scores no more than those runs did
-LATER_TASK_DEFAULTS = {"val_subset": None}
+LATER_TASK_DEFAULTS = {"val_subset": None, "finetune": None, "finetune_args": {}}
 
 
 def _without(section: dict, defaults: dict, drop=()) -> dict:

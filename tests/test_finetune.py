@@ -1,0 +1,309 @@
+"""Fine-tuning methods (dp_adam_bench/finetune): which tensors train, that the engines' per-example gradients of the
+adapters match the loop over batches of size one, that the noise dimension is the trainable count, that a tensor
+which never moves stops the run, and that the CLI names a bad method in one line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import dp_adam_bench as dab
+from dp_adam_bench.errors import ConfigError
+from dp_adam_bench.finetune import apply, parse
+from dp_adam_bench.finetune.moved import NotTraining
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+VOCAB, T = 50, 10
+
+
+def tiny_gpt2(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    config = transformers.GPT2Config(
+        n_layer=2,
+        n_embd=16,
+        n_head=2,
+        vocab_size=VOCAB,
+        n_positions=32,
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=0,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
+    return transformers.GPT2LMHeadModel(config)
+
+
+def tiny_bert_classifier(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    config = transformers.BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=32,
+        num_labels=2,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    return transformers.BertForSequenceClassification(config)
+
+
+class Tokens(torch.utils.data.Dataset):
+    def __init__(self, n: int = 48, labels: bool = False):
+        g = torch.Generator().manual_seed(1)
+        self.x = torch.randint(1, VOCAB, (n, T), generator=g)
+        self.y = torch.randint(0, 2, (n,), generator=g) if labels else self.x
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.x[i], "labels": self.y[i]}
+
+
+def lm_loss(out, y):
+    logits, target = out.logits[:, :-1], y[:, 1:]
+    ce = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), target.reshape(-1), reduction="none")
+    return ce.view(target.shape).mean(1)
+
+
+def cls_loss(out, y):
+    return nn.functional.cross_entropy(out.logits, y, reduction="none")
+
+
+def trainable(model) -> set[str]:
+    return {n for n, p in model.named_parameters() if p.requires_grad}
+
+
+def test_each_method_opens_its_own_tensors_only():
+    m = apply(tiny_gpt2(), "lora").model
+    assert trainable(m) and all("lora_" in n for n in trainable(m))
+    m = apply(tiny_gpt2(), "top1").model
+    assert trainable(m) == {
+        n for n, _ in m.named_parameters() if n.startswith(("transformer.h.1.", "transformer.ln_f."))
+    }
+    m = apply(tiny_gpt2(), "head").model
+    assert trainable(m) == {"lm_head.weight"}
+    out = apply(tiny_gpt2(), "prefix")
+    assert trainable(out.model) and all("prompt_encoder" in n for n in trainable(out.model))
+    # a classifier made for the task trains with every method, as peft's modules_to_save does
+    m = apply(tiny_bert_classifier(), "lora").model
+    assert {n for n in trainable(m) if "lora_" not in n} == {"classifier.weight", "classifier.bias"}
+    m = apply(tiny_bert_classifier(), "top1").model
+    names = trainable(m)
+    assert any(n.startswith("bert.encoder.layer.1.") for n in names)
+    assert not any(n.startswith("bert.encoder.layer.0.") for n in names)
+    assert {"classifier.weight", "bert.pooler.dense.weight"} <= names
+
+
+def test_summary_counts_and_lora_settings():
+    out = apply(tiny_gpt2(), "lora", {"r": 2, "alpha": 4})
+    s = out.summary
+    assert s["method"] == "lora" and s["r"] == 2 and s["alpha"] == 4.0 and s["targets"] == ["c_attn"]
+    # two blocks, each c_attn: A (2 x 16) and B (48 x 2)
+    assert s["trainable_params"] == 2 * (2 * 16 + 48 * 2)
+    assert s["trainable_params"] + s["frozen_params"] == sum(p.numel() for p in out.model.parameters())
+
+
+@pytest.mark.parametrize("method", ["lora", "prefix", "top1"])
+@pytest.mark.parametrize("clipping", ["bk", "ghost", "hooks"])
+def test_per_example_norms_of_the_trainable_set_match_the_size_one_loop(method, clipping):
+    """The engine's per-example gradient norms over the method's trainable tensors against autograd on each example
+    alone (LoRA's B = 0 at the start gives A a zero gradient, so B is randomised first: a closed gate hides a missed
+    use)."""
+    from dp_adam_bench.engine.engines import build_engine
+
+    model = apply(tiny_gpt2(), method, {"dropout": 0.0} if method == "lora" else {}).model  # no random masks
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.1)
+    data = Tokens(6)
+    batch = {"input_ids": data.x[:6], "labels": data.x[:6]}
+
+    def loss_per_example(forward, b):
+        return lm_loss(forward(input_ids=b["input_ids"]), b["labels"])
+
+    engine = build_engine(clipping, model, loss_per_example)
+    got = engine.clipped_sum(batch, None, None).norms
+    params = [p for p in model.parameters() if p.requires_grad]
+    want = []
+    for i in range(6):
+        one = {k: v[i : i + 1] for k, v in batch.items()}
+        grads = torch.autograd.grad(loss_per_example(model, one).sum(), params, allow_unused=True)
+        want.append(torch.sqrt(sum((g**2).sum() for g in grads if g is not None)))
+    close = getattr(engine, "close", None)
+    if close is not None:
+        close()
+    torch.testing.assert_close(got.detach().cpu(), torch.stack(want).detach().cpu(), rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("method", ["lora", "prefix", "top1", "head"])
+def test_a_private_run_noises_the_trainable_set_and_moves_every_tensor(method):
+    model = tiny_gpt2()
+    private = dab.make_private(
+        model,
+        Tokens(),
+        lm_loss,
+        optimizer="adam",
+        sigma=1.0,
+        batch_size=16,
+        steps=4,
+        lr=1e-3,
+        finetune=method,
+    )
+    while not private.done:
+        private.step()
+    n = private.run.finetune["trainable_params"]
+    assert private.backend.numel_per_trial == n
+    assert sum(p.numel() for p in private.params) == n
+    assert private.moved_check.result == {"step": 3, "tensors": len(private.params), "unmoved": []}
+    assert private.self_check and all(private.self_check.get(k, True) for k in ("passed",))
+
+
+def test_an_adapter_the_optimizer_does_not_hold_stops_the_run():
+    """A bug the check was not written around: the user replaces the LoRA weights after make_private (as a reload
+    of an adapter would): the optimizer updates the old tensors, the forward pass reads the new ones, which never
+    move, even with noise."""
+    model = tiny_gpt2()
+    private = dab.make_private(
+        model,
+        Tokens(),
+        lm_loss,
+        optimizer="adam",
+        sigma=1.0,
+        batch_size=16,
+        steps=5,
+        lr=1e-3,
+        finetune="lora",
+    )
+    layer = private.model.transformer.h[0].attn.c_attn
+    layer.lora_A["default"].weight = nn.Parameter(layer.lora_A["default"].weight.detach().clone())
+    private.step()
+    private.step()
+    with pytest.raises(
+        NotTraining, match=r"1 of 4 trainable tensors did not move in the first 3 steps .*lora_A"
+    ):
+        private.step()
+
+
+def test_a_noiseless_run_whose_loss_skips_a_trainable_tensor_stops():
+    model = tiny_gpt2()
+    model.extra = nn.Linear(3, 3)  # trainable, never read by the forward pass
+
+    private = dab.make_private(
+        model,
+        Tokens(),
+        lm_loss,
+        optimizer="sgd",
+        noise="none",
+        clip=None,
+        batch_size=16,
+        steps=3,
+        lr=0.1,
+        self_check=False,
+    )
+    private.step()
+    private.step()
+    with pytest.raises(NotTraining, match=r"extra\.weight, extra\.bias"):
+        private.step()
+
+
+def test_the_check_can_be_turned_off_and_survives_a_checkpoint():
+    model = tiny_gpt2()
+    private = dab.make_private(
+        model, Tokens(), lm_loss, optimizer="sgd", sigma=1.0, batch_size=16, steps=4, lr=0.1, finetune="lora"
+    )
+    private.step()
+    state = private.state_dict()
+    assert state["moved_check"]["result"] is None and len(state["moved_check"]["start"]) == 4
+    resumed = dab.make_private(
+        tiny_gpt2(),
+        Tokens(),
+        lm_loss,
+        optimizer="sgd",
+        sigma=1.0,
+        batch_size=16,
+        steps=4,
+        lr=0.1,
+        finetune="lora",
+    )
+    resumed.load_state_dict(state)
+    assert resumed.moved_check.start == private.moved_check.start
+    while not resumed.done:
+        resumed.step()
+    assert resumed.moved_check.result["unmoved"] == []
+
+
+def test_bad_methods_and_settings_are_one_line_errors():
+    assert parse(None) == (None, None) and parse("top3") == ("top", 3) and parse("lora") == ("lora", None)
+    for bad, match in [
+        ("top0", r"top<k> needs k >= 1"),
+        (
+            "bogus",
+            r"task.finetune='bogus' is not a known fine-tuning method; valid: full, head, top<k>, lora",
+        ),
+        (3, r"task.finetune=3; valid"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            parse(bad)
+    with pytest.raises(ConfigError, match=r"task.finetune_args.r=0 \(lora\) must be an integer >= 1"):
+        apply(tiny_gpt2(), "lora", {"r": 0})
+    with pytest.raises(ConfigError, match=r"task.finetune_args.rank is not a setting of task.finetune=lora"):
+        apply(tiny_gpt2(), "lora", {"rank": 4})
+    with pytest.raises(ConfigError, match=r"has 2 blocks \(transformer.h\)"):
+        apply(tiny_gpt2(), "top3")
+    with pytest.raises(ConfigError, match=r"peft cannot prefix-tune BertForSequenceClassification"):
+        apply(tiny_bert_classifier(), "prefix")
+    with pytest.raises(ConfigError, match=r"finetune='nope'"):
+        dab.make_private(
+            tiny_gpt2(), Tokens(), lm_loss, sigma=1.0, batch_size=16, steps=2, lr=1e-3, finetune="nope"
+        )
+
+
+def test_the_run_id_names_the_method_and_keeps_old_runs_ids():
+    from dp_adam_bench.tracking.run_store import run_id
+
+    base = {
+        "task": {"name": "e2e_gpt2"},
+        "optimizer": {"name": "adam", "lr": 1e-3},
+        "noise": {"kind": "none"},
+    }
+    with_null = {**base, "task": {"name": "e2e_gpt2", "finetune": None, "finetune_args": {}}}
+    lora = {**base, "task": {"name": "e2e_gpt2", "finetune": "lora", "finetune_args": {}}}
+    lora_r8 = {**base, "task": {"name": "e2e_gpt2", "finetune": "lora", "finetune_args": {"r": 8}}}
+    assert run_id(with_null) == run_id(base)
+    assert len({run_id(base), run_id(lora), run_id(lora_r8)}) == 3
+
+
+def test_the_cli_refuses_a_bad_method_in_one_line():
+    from dp_adam_bench.config import validate
+    from dp_adam_bench.train import run_config
+
+    from helpers import compose_cfg
+
+    cfg = run_config(compose_cfg(["task=e2e_gpt2", "task.finetune=top0"]))
+    with pytest.raises(ConfigError, match=r"^task.finetune='top0': top<k> needs k >= 1"):
+        validate(cfg)
+
+
+def test_e2e_forward_with_a_prefix_matches_peft():
+    """e2e_gpt2's target-position forward, which calls the transformer itself, gives the prefix-tuned model's logits
+    as peft's own forward does (prefix keys and values before the sequence, positions after the prefix)."""
+    from dp_adam_bench.tasks.e2e_gpt2 import GPT2AtTargets
+
+    model = apply(GPT2AtTargets(tiny_gpt2()), "prefix", {"length": 3, "mid_dim": 8}).model
+    model.eval()
+    ids = torch.randint(1, VOCAB, (2, 7))
+    mask = torch.ones_like(ids)
+    pos = torch.arange(7).expand(2, -1)
+    targets = torch.tensor([[2, 3, 6], [0, 4, 5]])
+    got = model(input_ids=ids, attention_mask=mask, position_ids=pos, target_positions=targets)
+    full = model.lm(input_ids=ids, attention_mask=mask).logits
+    want = torch.gather(full, 1, targets.unsqueeze(-1).expand(-1, -1, VOCAB))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
