@@ -439,3 +439,31 @@ def test_real_cpu_profile_defaults():
     assert sum(p.numel() for p in model.parameters()) == 13_295_360
     loss = t.loss_per_example(model.eval(), t.get_batch(torch.arange(3)))
     assert loss.shape == (3,) and float(loss.detach().mean()) == pytest.approx(math.log(50_257), abs=0.3)
+
+
+@pytest.mark.parametrize("method", ["lora", "prefix", "top1", "rgp"])
+def test_each_finetuning_method_runs_end_to_end(method, data_dir, isolated_dirs):
+    """task.finetune through the CLI's train(): the run trains and decodes (prefix-tuning through peft's generate),
+    its summary records the method and the trainable count, and every trainable tensor moved."""
+    from dp_adam_bench.train import train
+
+    c = compose_cfg(
+        [
+            "task=e2e_gpt2",
+            f"task.data_dir={data_dir}",
+            "task.n_layer=2",
+            "task.n_embd=32",
+            "task.n_positions=128",
+            "task.max_length=96",
+            "task.test_subset=4",
+            "task.generate_subset=2",
+            "task.max_new_tokens=4",
+            "task.num_beams=2",
+            f"task.finetune={method}",
+            *two_private_steps("e2e_methods", "train.steps=3"),
+        ]
+    )
+    s = train(c)
+    assert s["steps"] == 3 and s["finetune"]["method"] == method
+    assert s["moved_check"]["unmoved"] == [] and s["moved_check"]["step"] == 3
+    assert 0 < s["finetune"]["trainable_params"] < 13_295_360 and {"test_bleu", "test_loss"} <= set(s["metrics"])
