@@ -358,6 +358,20 @@ def build_gpt2_small(quick: bool = False) -> BenchModel:
     )
 
 
+def build_gpt2_small_lora(quick: bool = False) -> BenchModel:
+    """:func:`build_gpt2_small` fine-tuned with LoRA (``task.finetune=lora``: peft's adapters on ``c_attn``, r = 4,
+    alpha = 32, every other parameter frozen; :mod:`dp_adam_bench.finetune.adapters`): the cost of a LoRA step
+    against the full fine-tuning rows of ``gpt2_small`` (issue 45)."""
+    from dp_adam_bench.finetune import apply
+
+    bm = build_gpt2_small(quick)
+    tuned = apply(bm.model, "lora")
+    bm.model = tuned.model
+    n = tuned.summary["trainable_params"]
+    bm.description = f"{bm.description}; LoRA r = 4 on c_attn ({n:,} trainable)"
+    return bm
+
+
 #: model name -> builder (``builder(quick)``; quick = tiny shapes for smoke tests)
 MODELS: dict[str, Callable[..., BenchModel]] = {
     "cnn5": build_cnn5,
@@ -365,12 +379,14 @@ MODELS: dict[str, Callable[..., BenchModel]] = {
     "bert_base": build_bert_base,
     "bert_tiny_mlm": build_bert_tiny_mlm,
     "gpt2_small": build_gpt2_small,
+    "gpt2_small_lora": build_gpt2_small_lora,
 }
 _NO_VMAP = "torch.func.vmap fails inside transformers' attention-mask code (docs/pitfalls.md); the task passes a mask"
 #: model -> {mode: why it is not run}; such rows are skipped, not failed
 UNSUPPORTED: dict[str, dict[str, str]] = {
     "bert_tiny_mlm": {"functorch": _NO_VMAP},
     "gpt2_small": {"functorch": _NO_VMAP},
+    "gpt2_small_lora": {"functorch": _NO_VMAP},
 }
 #: models run when --models is not given (the language models are slow on 2 CPU threads: opt in with --models)
 DEFAULT_MODELS = ("cnn5",)

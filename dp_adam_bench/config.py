@@ -160,7 +160,9 @@ def _validate_top_level(cfg: Mapping, custom_task: bool) -> None:
     parse(_get(cfg, "task.finetune", None))
     args = _get(cfg, "task.finetune_args", None)
     if args is not None and not isinstance(args, Mapping):
-        raise ConfigError(f"task.finetune_args={args!r} must be a mapping of the method's settings, e.g. {{r: 8}}")
+        raise ConfigError(
+            f"task.finetune_args={args!r} must be a mapping of the method's settings, e.g. {{r: 8}}"
+        )
 
 
 def _validate_optimizer(cfg: Mapping) -> None:

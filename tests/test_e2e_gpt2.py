@@ -466,4 +466,6 @@ def test_each_finetuning_method_runs_end_to_end(method, data_dir, isolated_dirs)
     s = train(c)
     assert s["steps"] == 3 and s["finetune"]["method"] == method
     assert s["moved_check"]["unmoved"] == [] and s["moved_check"]["step"] == 3
-    assert 0 < s["finetune"]["trainable_params"] < 13_295_360 and {"test_bleu", "test_loss"} <= set(s["metrics"])
+    assert 0 < s["finetune"]["trainable_params"] < 13_295_360 and {"test_bleu", "test_loss"} <= set(
+        s["metrics"]
+    )

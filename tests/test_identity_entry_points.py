@@ -259,7 +259,9 @@ def test_validate_gives_the_same_answers(golden):
     }
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         for name, overrides in BASES.items():
-            messages = validate_messages(before_new_fields(run_config(compose("config", overrides=overrides))))
+            messages = validate_messages(
+                before_new_fields(run_config(compose("config", overrides=overrides)))
+            )
             golden(f"validate/{name}", digest(messages))
         for name, overrides in points.items():
             cfg = before_new_fields(run_config(compose("config", overrides=overrides)))

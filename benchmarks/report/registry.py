@@ -63,6 +63,22 @@ ENGINE_PRESETS = (
         "GPT-2-small-shaped, T = 128, B = 8 (the issue's target), every mode it runs (no functorch), stp via bk",
     ),
     Preset(
+        "gpt2_small_lora_B8",
+        (
+            "--models",
+            "gpt2_small_lora",
+            "--batch-sizes",
+            "8",
+            "--modes",
+            "nonprivate",
+            "bk",
+            "ghost",
+            "hooks",
+        ),
+        "the same GPT-2 with LoRA (task.finetune=lora: r = 4 on c_attn, 147k trainable of 163M), B = 8: a LoRA "
+        "step against full fine-tuning (issue 45)",
+    ),
+    Preset(
         "gpt2_small_B8_stp_hooks",
         ("--models", "gpt2_small", "--batch-sizes", "8", "--modes", "stp", "--stp-engines", "hooks"),
         "stp via Opacus hooks for comparison (about 17 GB peak: 8 x 163M per-example gradients and their scaled "

@@ -97,8 +97,9 @@ def prefix(model: nn.Module, args: dict) -> Finetuned:
     else:
         setattr(parent, attr, wrapped)
     freeze_all_but(model, lambda n: "prompt_encoder" in n or is_task_head(n))
+    # peft feeds the prefix embedding expanded (strided) ids, which Opacus' ghost rule views: make them contiguous
     for m in wrapped.prompt_encoder.modules():
-        if isinstance(m, nn.Embedding):  # peft feeds it expanded (strided) ids, which Opacus' ghost rule views
+        if isinstance(m, nn.Embedding):
             m.register_forward_pre_hook(lambda _m, inputs: (inputs[0].contiguous(), *inputs[1:]))
     return Finetuned(model, {"length": length, "mid_dim": mid})
 

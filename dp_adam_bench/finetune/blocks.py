@@ -69,7 +69,13 @@ def transformer_blocks(model: nn.Module) -> tuple[str, nn.ModuleList, str]:
     one class: the transformer blocks."""
     best = None
     for name, m in model.named_modules():
-        if isinstance(m, nn.ModuleList) and len(m) and len({type(b) for b in m}) == 1:
+        # blocks have layers of their own: an MLP's list of nn.Linear is not a stack of blocks
+        if (
+            isinstance(m, nn.ModuleList)
+            and len(m)
+            and len({type(b) for b in m}) == 1
+            and any(m[0].children())
+        ):
             if best is None or len(m) > len(best[1]):
                 best = (name, m)
     if best is None:
