@@ -111,6 +111,18 @@ _TABLES: tuple[tuple[str, ReportSpec], ...] = (
         ),
     ),
     (
+        "li_e2e_methods",
+        ReportSpec(
+            _in("li_e2e_methods"),
+            "Li et al. (E2E table, methods)",
+            "BLEU / ROUGE-L of GPT-2 by fine-tuning method (full, LoRA, prefix, RGP, top2, retrain) at eps = 3, 8, "
+            "non-private",
+            "~60 min (18 runs; + ~24 min once to pretrain, shared with li_e2e)",
+            experiment="li_e2e_methods",
+            runtime_paper="15 GPU runs of 4,108 steps (GPT-2 124M) and 3 from scratch",
+        ),
+    ),
+    (
         "li_ghost_clipping",
         ReportSpec(
             _in("li_ghost_clipping"),

@@ -1,0 +1,243 @@
+"""Li, Tramer, Liang & Hashimoto (ICLR 2022, arXiv:2110.05679), table "Dataset: E2E": GPT-2 fine-tuned privately
+by each method — full, LoRA, prefix-tuning, RGP, the top 2 blocks — and retrained from scratch, at eps = 3, eps = 8
+and non-private (BLEU, ROUGE-L).
+
+Reads ``runs/li_e2e_methods_<profile>`` (preset ``configs/experiment/li_e2e_methods.yaml``): one cell per (method,
+privacy column) over seeds, beside the paper's digits (``configs/paper/li.yaml``, e2e_methods), and each private
+run's epsilon under every accountant. The claims, each with Welch's t-test of its seeds
+(:mod:`dp_adam_bench.report.stats`): full ~ LoRA (within :data:`NEAR` BLEU; at eps = 8 LoRA is even slightly
+ahead), full > prefix, full > RGP at eps = 3, full >> top2 > retrain, and every method's non-private > eps = 8 >
+eps = 3 (the paper's own RGP row has eps = 3 ahead of eps = 8 by 0.03).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from dp_adam_bench.report.aggregate import get
+from dp_adam_bench.report.common import Claim, incomplete_note, load_paper
+from dp_adam_bench.report.context import ReportContext
+from dp_adam_bench.report.li_e2e import ACCOUNTANTS, cells_by, epsilon_rows, lr_schedule_words
+from dp_adam_bench.report.skeleton import (
+    Ordering,
+    SeedStats,
+    Table,
+    complete_runs,
+    gap,
+    ordering_claims,
+    rule_notes,
+)
+from dp_adam_bench.report.stats import STD_SUFFIX
+
+TABLE_ID = "li_e2e_methods"
+TITLE = "Li et al. — GPT-2 on E2E by method (full, LoRA, prefix, RGP, top2, retrain), eps = 3, 8, non-private"
+STD = f"ours{STD_SUFFIX}"
+COLUMNS = ("eps3", "eps8", "nonprivate")
+METHODS = ("full", "lora", "prefix", "rgp", "top2", "retrain")
+METRICS = {"bleu": "test_bleu", "rouge_l": "test_rougeL"}
+#: "full ~ LoRA" holds when their mean BLEU are within this many points (the paper's gap: 3.4 at eps = 3, 0.2 at 8)
+NEAR = 5.0
+WHAT = "the fine-tuning methods and privacy levels"
+assert set(ACCOUNTANTS) >= {"gdp_clt", "prv"}
+
+
+def method_of(cfg: dict) -> str:
+    """The table's method of a run: ``retrain`` for a network trained from a random start, else ``task.finetune``
+    (null: the task's own choice, every parameter of e2e_gpt2, i.e. ``full``)."""
+    if get(cfg, "task.pretrained") is False:
+        return "retrain"
+    return str(get(cfg, "task.finetune") or "full")
+
+
+def build(ctx: ReportContext | None = None) -> list[Path]:
+    ctx = ctx or ReportContext()
+    paper = load_paper("li")
+    command = f"make reproduce-table TABLE={TABLE_ID} PROFILE={ctx.profile}"
+    found = complete_runs(ctx, TABLE_ID, command)
+    by_cell = cells_by(found.complete, method_of)
+    frame = pd.DataFrame(_metric_rows(by_cell, paper["e2e_methods"]) + _privacy_rows(by_cell, paper["e2e"]))
+    frame["ours_minus_paper"] = frame["ours"] - frame["paper"]
+    frame["n"] = frame["n"].astype("Int64")
+    claims = claims_from_frame(frame, paper["e2e_methods"])
+    notes = rule_notes(claims, WHAT) + _cost_notes(by_cell) + _notes(found, ctx.profile)
+    return Table(
+        TABLE_ID,
+        TITLE,
+        command,
+        frame,
+        setting=_setting(found.complete, ctx.profile),
+        claims=claims,
+        notes=notes,
+        digits=3,
+        missing=found.missing,
+    ).write(ctx.out)
+
+
+def _metric_rows(by_cell: dict, paper: dict) -> list[dict]:
+    rows = []
+    for method in METHODS:
+        for metric, key in METRICS.items():
+            for col in COLUMNS:
+                runs = by_cell.get((method, col), [])
+                vals = [float(r.summary["metrics"][key]) for r in runs if key in r.summary["metrics"]]
+                cell = SeedStats.of(vals) if vals else None
+                rows.append(
+                    {
+                        "quantity": metric,
+                        "method": method,
+                        "column": col,
+                        "paper": paper[metric][col].get(method),
+                        "ours": cell.mean if cell else None,
+                        STD: cell.std if cell else None,
+                        "n": len(vals),
+                        "trainable_params": _trainable(runs),
+                    }
+                )
+    return rows
+
+
+def _trainable(runs) -> int | None:
+    """The trainable (noised) parameter count of a cell's runs (the same for every seed)."""
+    counts = {(r.summary.get("finetune") or {}).get("trainable_params") for r in runs}
+    counts.discard(None)
+    return counts.pop() if len(counts) == 1 else None
+
+
+def _privacy_rows(by_cell: dict, paper_e2e: dict) -> list[dict]:
+    def published(col: str, acc: str):
+        return paper_e2e["accounting"][col].get(acc)
+
+    return [row for method in METHODS for row in epsilon_rows(by_cell, method, "method", published)]
+
+
+def claims_from_frame(frame: pd.DataFrame, paper: dict) -> list[Claim]:
+    """The paper's claims on the table's BLEU cells (its CSV holds everything they read)."""
+    cells = {
+        (row["method"], row["column"]): SeedStats.from_row(row, std=STD)
+        for row in frame.to_dict("records")
+        if row["quantity"] == "bleu" and row["n"]
+    }
+    bleu = paper["bleu"]
+
+    def printed(a: str, b: str, col: str) -> str:
+        return f"{bleu[col][a]:g} vs {bleu[col][b]:g}"
+
+    out = [_near(cells, col, printed("full", "lora", col)) for col in ("eps3", "eps8") if _has(cells, col)]
+    orderings = [
+        Ordering(
+            ("lora", "eps8"),
+            ("full", "eps8"),
+            "eps8: LoRA slightly ahead of full (BLEU)",
+            paper=printed("lora", "full", "eps8"),
+        ),
+    ]
+    for col in ("eps3", "eps8"):
+        orderings.append(
+            Ordering(
+                ("full", col),
+                ("prefix", col),
+                f"{col}: full > prefix (BLEU)",
+                paper=printed("full", "prefix", col),
+            )
+        )
+    orderings.append(
+        Ordering(
+            ("full", "eps3"), ("rgp", "eps3"), "eps3: full > RGP (BLEU)", paper=printed("full", "rgp", "eps3")
+        )
+    )
+    for col in ("eps3", "eps8"):
+        orderings += [
+            Ordering(
+                ("full", col),
+                ("top2", col),
+                f"{col}: full >> top2 (BLEU)",
+                paper=printed("full", "top2", col),
+            ),
+            Ordering(
+                ("top2", col),
+                ("retrain", col),
+                f"{col}: top2 > retrain (BLEU)",
+                paper=printed("top2", "retrain", col),
+            ),
+        ]
+    for method in METHODS:
+        orderings += [
+            Ordering(
+                (method, "nonprivate"),
+                (method, "eps8"),
+                f"{method}: non-private > eps = 8 (BLEU)",
+                paper=f"{bleu['nonprivate'][method]:g} vs {bleu['eps8'][method]:g}",
+            ),
+            Ordering(
+                (method, "eps8"),
+                (method, "eps3"),
+                f"{method}: eps = 8 > eps = 3 (BLEU)",
+                paper=f"{bleu['eps8'][method]:g} vs {bleu['eps3'][method]:g}",
+            ),
+        ]
+    return out + ordering_claims(orderings, cells, unit="BLEU")
+
+
+def _has(cells: dict, col: str) -> bool:
+    return ("full", col) in cells and ("lora", col) in cells
+
+
+def _near(cells: dict, col: str, paper: str) -> Claim:
+    """full ~ LoRA at ``col``: their mean BLEU within :data:`NEAR` points, with Welch's test of the difference."""
+    full, lora = cells[("full", col)], cells[("lora", col)]
+    g = gap(full, lora, "seeds")
+    holds = abs(g.diff) <= NEAR
+    detail = (
+        f"{full.mean:.2f} vs {lora.mean:.2f} BLEU, |gap| {abs(g.diff):.2f} (<= {NEAR:g} holds); {g.test()}"
+    )
+    return Claim(f"{col}: full ~ LoRA (BLEU within {NEAR:g})", holds, f"{detail}; paper: {paper}")
+
+
+def _cost_notes(by_cell: dict) -> list[str]:
+    """Each method's trainable (noised) parameter count and mean training time, from its runs' summaries."""
+    parts = []
+    for method in METHODS:
+        runs = [r for col in COLUMNS for r in by_cell.get((method, col), [])]
+        if not runs:
+            continue
+        n = _trainable(runs)
+        secs = [float(r.summary.get("train_time_s", 0.0)) for r in runs]
+        count = f" {n:,}" if n is not None else ""
+        parts.append(f"{method}{count} ({sum(secs) / len(secs) / 60:.1f} min a run)")
+    return (
+        ["Trainable (noised) parameters and run time (training and evaluation): " + "; ".join(parts) + "."]
+        if parts
+        else []
+    )
+
+
+def _setting(complete, profile: str) -> str:
+    if not complete:
+        return f"profile {profile}: no complete run"
+    cfg, s = complete[0].config, complete[0].summary
+    return (
+        f"profile {profile}: {s.get('data_note', '')}; expected B = {get(cfg, 'train.batch_size')}, "
+        f"{s.get('steps')} Poisson steps, C = {get(cfg, 'privacy.clip')}, Adam lr {get(cfg, 'optimizer.lr')} "
+        f"{lr_schedule_words(cfg)} for every method, delta = {get(cfg, 'privacy.delta')}, sigma calibrated under "
+        f"RDP to the column's epsilon, {get(cfg, 'train.clipping')} clipping; {get(cfg, 'task.test_subset')} test "
+        "MRs decoded with 5 beams. LoRA: r = 4, alpha = 32 on c_attn; prefix: 10 tokens through a 512-wide MLP; "
+        "RGP: dp_adam_bench/finetune/rgp.py's defaults; top2: the last 2 blocks and ln_f; retrain: every "
+        "parameter from a random start. Paper: GPT-2 (124M) on all 42,061 training pairs, li_e2e's paper profile."
+    )
+
+
+def _notes(found, profile: str) -> list[str]:
+    notes = []
+    if profile == "cpu":
+        notes.append(
+            "CPU profile: the 4-layer, 128-wide GPT-2 that li_e2e pretrains on arXiv abstracts (2.9M parameters "
+            "untied) instead of GPT-2 (124M), and fewer, smaller steps (configs/experiment/li_e2e_methods.yaml): "
+            "compare the orderings, not the scores. One learning rate for every method, untuned per method."
+        )
+    notes.append(
+        "GDP + CLT is an approximation, not a bound; PRV and PLD are numerical accountants of the same mechanism. "
+        "The paper's epsilon columns are for its own N, B and epochs (results/li_e2e_accounting.md), not ours."
+    )
+    return notes + incomplete_note(found.incomplete)

@@ -1,0 +1,114 @@
+"""The li_e2e_methods table (dp_adam_bench/report/li_e2e_methods.py) from run folders written here: one cell per
+(method, privacy column) beside the paper's digits, the claims (full ~ LoRA, the orderings, each method's privacy
+levels) with Welch's t-test (scipy's is the oracle), the trainable counts."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from scipy import stats as sps
+from test_language_reports import write_run
+
+from dp_adam_bench.report import li_e2e_methods
+from dp_adam_bench.report.context import ReportContext
+
+TRAINABLE = {
+    "full": 2_900_000,
+    "lora": 12_288,
+    "prefix": 400_000,
+    "rgp": 6_000,
+    "top2": 400_000,
+    "retrain": 2_900_000,
+}
+
+
+def _cfg(method, noise, target, seed):
+    return {
+        "task": {
+            "name": "e2e_gpt2",
+            "profile": "cpu",
+            "pretrain": "gpt2_arxiv",
+            "pretrained": False if method == "retrain" else None,
+            "finetune": "full" if method == "retrain" else method,
+            "test_subset": 50,
+        },
+        "optimizer": {"name": "adam", "lr": 2e-3},
+        "noise": {"kind": noise},
+        "privacy": {"sigma": None, "clip": 0.1, "delta": 1.1887e-5, "target_epsilon": target},
+        "train": {"batch_size": 256, "clipping": "bk", "lr_schedule": "constant"},
+        "seed": seed,
+    }
+
+
+def _store(root, bleu: dict):
+    for (method, noise, target), per_seed in bleu.items():
+        eps = (
+            {"rdp": target, "gdp_clt": 0.8 * target, "prv": 0.9 * target, "pld": 0.9 * target}
+            if target
+            else {}
+        )
+        for seed, b in enumerate(per_seed):
+            write_run(
+                root,
+                "li_e2e_methods_cpu",
+                f"{method}-{noise}-{target}-{seed}",
+                _cfg(method, noise, target, seed),
+                {
+                    "metrics": {"test_bleu": b, "test_rougeL": b + 5, "test_loss": 2.0},
+                    "epsilon": eps,
+                    "steps": 40,
+                    "train_time_s": 120.0,
+                    "finetune": {"method": method, "trainable_params": TRAINABLE[method]},
+                    "data_note": "E2E train (42061) / test (50 MRs); GPT-2 pretrained on arXiv",
+                },
+            )
+
+
+def test_cells_paper_digits_claims_and_counts(isolated_dirs):
+    bleu = {}
+    for method, base in [
+        ("full", 40),
+        ("lora", 38),
+        ("prefix", 30),
+        ("rgp", 35),
+        ("top2", 20),
+        ("retrain", 10),
+    ]:
+        bleu[(method, "independent", 3.0)] = (base, base + 2)
+        bleu[(method, "independent", 8.0)] = (base + 4, base + 6)
+        bleu[(method, "none", None)] = (base + 10, base + 12)
+    bleu[("lora", "independent", 8.0)] = (30.0, 31.0)  # far behind full at eps = 8
+    _store(isolated_dirs / "runs", bleu)
+    li_e2e_methods.build(ReportContext())
+    df = pd.read_csv(isolated_dirs / "results" / "li_e2e_methods.csv")
+    b = df[df.quantity == "bleu"].set_index(["method", "column"])
+    assert b.loc[("lora", "eps3"), "paper"] == pytest.approx(58.153)
+    assert b.loc[("retrain", "nonprivate"), "paper"] == pytest.approx(65.731)
+    assert b.loc[("full", "eps3"), "ours"] == pytest.approx(41.0) and b.loc[("full", "eps3"), "n"] == 2
+    assert b.loc[("lora", "eps3"), "trainable_params"] == 12_288
+    r = df[df.quantity == "rouge_l"].set_index(["method", "column"])
+    assert r.loc[("rgp", "eps8"), "paper"] == pytest.approx(65.030) and r.loc[("rgp", "eps8"), "ours"] == 45.0
+    prv = df[df.quantity.str.startswith("epsilon, PRV")].set_index(["method", "column"])
+    assert (
+        prv.loc[("prefix", "eps3"), "paper"] == pytest.approx(2.75)
+        and prv.loc[("prefix", "eps3"), "ours"] == 2.7
+    )
+    md = (isolated_dirs / "results" / "li_e2e_methods.md").read_text()
+    t, p = sps.ttest_ind([40.0, 42.0], [38.0, 40.0], equal_var=False)
+    assert "eps3: full ~ LoRA (BLEU within 5): **holds** (41.00 vs 39.00 BLEU, |gap| 2.00" in md
+    assert "eps8: full ~ LoRA (BLEU within 5): **does not hold** (45.00 vs 30.50 BLEU, |gap| 14.50" in md
+    assert "eps8: LoRA slightly ahead of full (BLEU): **does not hold**" in md
+    assert "eps3: full > RGP (BLEU): **holds**" in md and "paper: 61.519 vs 58.482" in md
+    assert "eps8: top2 > retrain (BLEU): **holds**" in md
+    assert "lora: eps = 8 > eps = 3 (BLEU): **does not hold**" in md
+    assert "rgp: eps = 8 > eps = 3 (BLEU): **holds**" in md and "paper: 58.455 vs 58.482" in md
+    assert "lora 12,288 (2.0 min a run)" in md
+    assert f"t = {t:+.2f} (Welch" in md and f"p = {p:.2f} over 2 / 2 seeds" in md
+
+
+def test_a_missing_method_leaves_its_claims_out(isolated_dirs):
+    bleu = {("full", "independent", 3.0): (40.0,), ("lora", "independent", 3.0): (39.0,)}
+    _store(isolated_dirs / "runs", bleu)
+    li_e2e_methods.build(ReportContext())
+    md = (isolated_dirs / "results" / "li_e2e_methods.md").read_text()
+    assert "eps3: full ~ LoRA" in md and "full > prefix" not in md and "top2 > retrain" not in md
