@@ -307,3 +307,25 @@ def test_e2e_forward_with_a_prefix_matches_peft():
     full = model.lm(input_ids=ids, attention_mask=mask).logits
     want = torch.gather(full, 1, targets.unsqueeze(-1).expand(-1, -1, VOCAB))
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_lora_is_checked_again_once_training_has_opened_its_zero_factor():
+    """LoRA's B = 0 at the start closes A's gradient: the start check verifies A only by perturbing the weights; the
+    watch checks the engine again on the weights training reached (B moved), and leaves nothing unverified."""
+    private = dab.make_private(
+        tiny_gpt2(),
+        Tokens(),
+        lm_loss,
+        optimizer="adam",
+        sigma=1.0,
+        batch_size=16,
+        steps=4,
+        lr=1e-3,
+        finetune="lora",
+        engine_watch_every=2,
+    )
+    while not private.done:
+        private.step()
+    d = private.watch.describe()
+    assert d["at_steps"] == [0, 2] and d["never_verified"] == [] and d["failed"] is None
+    assert d["max_rel_error"] < 1e-4
