@@ -14,6 +14,8 @@ _hub_offline_unless_opted_in()  # before any datasets / transformers import (dp_
 # stays light (the CLI's help and the privacy tools need no torch model code).
 _API = {
     "make_private": "dp_adam_bench.api",
+    "DPTrainer": "dp_adam_bench.hf_trainer",
+    "PrivacyArguments": "dp_adam_bench.hf_trainer",
     "PrivateTraining": "dp_adam_bench.engine.session",
     "StepResult": "dp_adam_bench.engine.session",
     "TrainingComplete": "dp_adam_bench.engine.session",
