@@ -90,8 +90,15 @@ def model_shape(data: dict) -> ModelShape:
         return _cnn_shape()
     with torch.device("meta"):
         if task["name"] == "e2e_gpt2":
-            return _gpt2_shape()
+            return _gpt2_shape(task)
         return _bert_shape(task)
+
+
+def _finetuned(model, task: dict):
+    """The model with ``task.finetune`` applied (:mod:`dp_adam_bench.finetune`): what the run trains."""
+    from dp_adam_bench import finetune
+
+    return finetune.apply(model, task.get("finetune"), task.get("finetune_args") or {}).model
 
 
 def _cnn_shape() -> ModelShape:
@@ -121,15 +128,17 @@ def _cnn_shape() -> ModelShape:
     return ModelShape(n, n, cnn_flops=flops[0], cnn_activations=acts[0])
 
 
-def _gpt2_shape() -> ModelShape:
-    """GPT-2 (124M: 12 layers, width 768, 12 heads) with its output layer untied, as e2e_gpt2 trains it."""
+def _gpt2_shape(task: dict) -> ModelShape:
+    """GPT-2 (124M: 12 layers, width 768, 12 heads) with its output layer untied, as e2e_gpt2 trains it, and its
+    ``task.finetune``."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from dp_adam_bench.tasks.e2e_gpt2 import untie_lm_head
+    from dp_adam_bench.tasks.e2e_gpt2 import GPT2AtTargets, untie_lm_head
 
     cfg = GPT2Config(tie_word_embeddings=False)
     lm = GPT2LMHeadModel(cfg)
     untie_lm_head(lm)
+    lm = _finetuned(GPT2AtTargets(lm), task)
     emb = cfg.vocab_size * cfg.n_embd + cfg.n_positions * cfg.n_embd
     return ModelShape(
         _count(lm),
@@ -155,6 +164,7 @@ def _bert_shape(task: dict) -> ModelShape:
     else:  # arxiv_mlm
         model, cfg, trained, tokens = _arxiv_mlm_model(task)
     text.prepare_bert_for_dp(model, untie=bool(task.get("untie_embeddings", True)))
+    model = _finetuned(model, task)
     emb = (cfg.vocab_size + cfg.max_position_embeddings + cfg.type_vocab_size) * cfg.hidden_size
     return ModelShape(
         _count(model),

@@ -329,3 +329,17 @@ def test_lora_is_checked_again_once_training_has_opened_its_zero_factor():
     d = private.watch.describe()
     assert d["at_steps"] == [0, 2] and d["never_verified"] == [] and d["failed"] is None
     assert d["max_rel_error"] < 1e-4
+
+
+def test_the_paper_plan_counts_what_each_method_trains():
+    """GPT-2 124M (untied head, as e2e_gpt2 trains it), built on the meta device: LoRA r = 4 on the 12 c_attn
+    (768 -> 2304) trains 12 x 4 x (768 + 2304); top2 trains two blocks and ln_f."""
+    from dp_adam_bench.paper_plan import model_shape
+
+    def trainable(method):
+        return model_shape({"task": {"name": "e2e_gpt2", "finetune": method}}).trainable
+
+    assert trainable(None) == 124_439_808 + 50_257 * 768
+    assert trainable("lora") == 12 * 4 * (768 + 2304)
+    block = 2 * 768 * 2 + (768 * 2304 + 2304) + (768 * 768 + 768) + (768 * 3072 + 3072) + (3072 * 768 + 768)
+    assert trainable("top2") == 2 * block + 2 * 768
