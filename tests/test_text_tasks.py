@@ -703,6 +703,24 @@ def test_frozen_layer_features_are_read_back_from_the_disk_cache(fixtures, tmp_p
 def test_cache_frozen_prefix_needs_frozen_layers(fixtures):
     with pytest.raises(ValueError, match="cache_frozen_prefix=true needs task.freeze_pretrained=true"):
         SnliBert(snli_cfg(fixtures, cache_frozen_prefix=True, freeze_pretrained=False), trials=1, seed=0)
+    with pytest.raises(
+        ValueError, match=r"task.finetune=lora chooses what trains in every layer, but task.cache"
+    ):
+        SnliBert(snli_cfg(fixtures, cache_frozen_prefix=True, finetune="lora"), trials=1, seed=0)
+
+
+def test_lora_on_snli_bert_trains_the_adapters_and_the_classifier(fixtures):
+    """task.finetune=lora replaces the task's own choice (its last block, pooler and classifier): LoRA on every
+    layer's query and value, and the classifier made for the task."""
+    from dp_adam_bench.finetune import apply
+
+    task = SnliBert(snli_cfg(fixtures, finetune="lora"), trials=1, seed=0)
+    model = apply(task.build_model(), "lora").model
+    names = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert {n for n in names if "lora_" not in n} == {"classifier.weight", "classifier.bias"}
+    assert any(".layer.0." in n for n in names) and all(
+        ("query" in n or "value" in n) for n in names if "lora_" in n
+    )
 
 
 def test_validation_subset_never_overlaps_the_reported_test_pairs(fixtures):

@@ -244,6 +244,12 @@ class SnliBert(text.ClassifierLoss, LabelledTask):
                 "task.cache_frozen_prefix=true needs task.freeze_pretrained=true (only frozen layers can be cached); "
                 "got freeze_pretrained=false"
             )
+        if self.cache_frozen_prefix and cfg.get("finetune") is not None:
+            raise ValueError(
+                f"task.finetune={cfg.get('finetune')} chooses what trains in every layer, but "
+                "task.cache_frozen_prefix=true replaces the frozen layers by their cached outputs; set "
+                "task.cache_frozen_prefix=false"
+            )
         self.dropout = cfg.get("dropout")
         self.train_features: text.Ragged | None = None  # cache_frozen_prefix: the frozen layers' outputs
         self.test_features: text.Ragged | None = None
