@@ -15,6 +15,7 @@ TASKS.register("snli_bert", "dp_adam_bench.tasks.snli_bert:SnliBert")
 TASKS.register("arxiv_mlm", "dp_adam_bench.tasks.arxiv_mlm:ArxivMLM")
 TASKS.register("e2e_gpt2", "dp_adam_bench.tasks.e2e_gpt2:E2EGpt2")
 TASKS.register("glue_sst2", "dp_adam_bench.tasks.glue:GlueTask")
+TASKS.register("dialog", "dp_adam_bench.tasks.dialog:DialogGpt2")
 
 
 def build_task(cfg, *, trials: int, seed: int):
