@@ -1,0 +1,167 @@
+"""Li, Tramer, Liang & Hashimoto (ICLR 2022, arXiv:2110.05679), table "Dataset: Persona-Chat": GPT-2 fine-tuned
+with DP-Adam on chit-chat dialog, F1 (higher is better) and perplexity (lower) at eps = 3, eps = 8, non-private.
+
+Reads ``runs/li_dialog_<profile>`` (preset ``configs/experiment/li_dialog.yaml``): one cell per (starting point,
+privacy column) over seeds, beside the paper's GPT-2 row (``configs/paper/li.yaml``, dialog), and each private
+run's epsilon under every accountant beside the table's. Claims, each with Welch's t-test of its seeds
+(:mod:`dp_adam_bench.report.stats`): non-private > eps = 8 > eps = 3 on F1 and the reverse on perplexity (the
+paper's rows), and pretrained > from scratch (the CPU profile's control: Li et al.'s "pretrained models fine-tune
+well privately").
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from dp_adam_bench.report.aggregate import get
+from dp_adam_bench.report.common import Claim, incomplete_note, load_paper
+from dp_adam_bench.report.context import ReportContext
+from dp_adam_bench.report.li_e2e import cells_by, epsilon_rows, init_of, lr_schedule_words
+from dp_adam_bench.report.skeleton import (
+    Ordering,
+    SeedStats,
+    Table,
+    complete_runs,
+    ordering_claims,
+    rule_notes,
+)
+from dp_adam_bench.report.stats import STD_SUFFIX
+
+TABLE_ID = "li_dialog"
+TITLE = "Li et al. — GPT-2 on Persona-Chat: F1 and perplexity at eps = 3, 8 and non-private"
+STD = f"ours{STD_SUFFIX}"
+COLUMNS = ("eps3", "eps8", "nonprivate")
+INITS = ("pretrained", "scratch")
+METRICS = {"f1": "test_f1", "perplexity": "test_perplexity"}
+LOWER_IS_BETTER = {"perplexity"}
+PAPER_MODEL = "gpt2"
+WHAT = "the privacy levels and starting points"
+
+
+def build(ctx: ReportContext | None = None) -> list[Path]:
+    ctx = ctx or ReportContext()
+    paper = load_paper("li")["dialog"]
+    command = f"make reproduce-table TABLE={TABLE_ID} PROFILE={ctx.profile}"
+    found = complete_runs(ctx, TABLE_ID, command)
+    by_cell = cells_by(found.complete, init_of)
+    frame = pd.DataFrame(_metric_rows(by_cell, paper) + _privacy_rows(by_cell, paper))
+    frame["ours_minus_paper"] = frame["ours"] - frame["paper"]
+    frame["n"] = frame["n"].astype("Int64")
+    claims = claims_from_frame(frame, paper)
+    return Table(
+        TABLE_ID,
+        TITLE,
+        command,
+        frame,
+        setting=_setting(found.complete, ctx.profile),
+        claims=claims,
+        notes=rule_notes(claims, WHAT) + _notes(found, ctx.profile),
+        digits=3,
+        missing=found.missing,
+    ).write(ctx.out)
+
+
+def _metric_rows(by_cell: dict, paper: dict) -> list[dict]:
+    rows = []
+    for init in INITS:
+        for metric, key in METRICS.items():
+            for col in COLUMNS:
+                runs = by_cell.get((init, col), [])
+                vals = [float(r.summary["metrics"][key]) for r in runs if key in r.summary["metrics"]]
+                cell = SeedStats.of(vals) if vals else None
+                published = paper["metrics"][col][PAPER_MODEL][metric] if init == "pretrained" else None
+                rows.append(
+                    {
+                        "quantity": metric,
+                        "init": init,
+                        "column": col,
+                        "paper": published,
+                        "ours": cell.mean if cell else None,
+                        STD: cell.std if cell else None,
+                        "n": len(vals),
+                    }
+                )
+    return rows
+
+
+def _privacy_rows(by_cell: dict, paper: dict) -> list[dict]:
+    def published(col: str, acc: str):
+        return paper["accounting"][col].get(acc)
+
+    return [row for init in INITS for row in epsilon_rows(by_cell, init, "init", published)]
+
+
+def claims_from_frame(frame: pd.DataFrame, paper: dict) -> list[Claim]:
+    """The orderings on the table's F1 and perplexity cells (its CSV holds everything they read)."""
+    out = []
+    pm = paper["metrics"]
+    for metric in METRICS:
+        cells = {
+            (row["init"], row["column"]): SeedStats.from_row(row, std=STD)
+            for row in frame.to_dict("records")
+            if row["quantity"] == metric and row["n"]
+        }
+        lower = metric in LOWER_IS_BETTER
+        word = "<" if lower else ">"
+
+        def printed(col: str, m: str = metric) -> str:
+            return f"{pm[col][PAPER_MODEL][m]:g}"
+
+        orderings = [
+            Ordering(
+                ("pretrained", "nonprivate"),
+                ("pretrained", "eps8"),
+                f"{metric}: non-private {word} eps = 8",
+                paper=f"{printed('nonprivate')} vs {printed('eps8')} (GPT-2)",
+                lower_is_better=lower,
+            ),
+            Ordering(
+                ("pretrained", "eps8"),
+                ("pretrained", "eps3"),
+                f"{metric}: eps = 8 {word} eps = 3",
+                paper=f"{printed('eps8')} vs {printed('eps3')} (GPT-2)",
+                lower_is_better=lower,
+            ),
+        ]
+        orderings += [
+            Ordering(
+                ("pretrained", col),
+                ("scratch", col),
+                f"{metric}, {col}: pretrained {word} from scratch",
+                lower_is_better=lower,
+            )
+            for col in COLUMNS
+        ]
+        out += ordering_claims(orderings, cells)
+    return out
+
+
+def _setting(complete, profile: str) -> str:
+    if not complete:
+        return f"profile {profile}: no complete run"
+    cfg, s = complete[0].config, complete[0].summary
+    return (
+        f"profile {profile}: {s.get('data_note', '')}; expected B = {get(cfg, 'train.batch_size')}, "
+        f"{s.get('steps')} Poisson steps, C = {get(cfg, 'privacy.clip')}, Adam lr {get(cfg, 'optimizer.lr')} "
+        f"{lr_schedule_words(cfg)}, delta = {get(cfg, 'privacy.delta')}, sigma calibrated under RDP to the "
+        f"column's epsilon, {get(cfg, 'train.clipping')} clipping, {get(cfg, 'task.max_history')} turns of history, "
+        f"greedy decoding. Paper: GPT-2 (124M) on Persona-Chat's validation split."
+    )
+
+
+def _notes(found, profile: str) -> list[str]:
+    notes = []
+    if profile == "cpu":
+        notes.append(
+            "CPU profile: STAND-IN DATA (Synthetic-Persona-Chat: Persona-Chat's personas with LLM-written "
+            "conversations, not Persona-Chat's text) and the 4-layer GPT-2 li_e2e pretrains on arXiv abstracts "
+            "instead of GPT-2 (124M) pretrained on WebText: compare the orderings, not the scores. The perplexity "
+            "is over the compact vocabulary's tokens, not GPT-2's."
+        )
+    notes.append(
+        "The paper's epsilon columns are for its own N, batch size and epochs, which it does not print: they are "
+        "shown, not re-derived. GDP + CLT is an approximation, not a bound."
+    )
+    return notes + incomplete_note(found.incomplete)
