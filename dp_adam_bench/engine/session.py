@@ -42,7 +42,7 @@ from dp_adam_bench.engine.noise_check import NoiseCheck
 from dp_adam_bench.engine.participation import ParticipationLedger, reconcile
 from dp_adam_bench.engine.privatizer import Privatizer
 from dp_adam_bench.engine.seeds import RunSeeds
-from dp_adam_bench.finetune.moved import MovedCheck
+from dp_adam_bench.finetune.moved import DEFAULT_AFTER, MovedCheck
 from dp_adam_bench.privacy.accounting import AccountantFailure, PrivacyLedger
 from dp_adam_bench.privacy.noise_factory import build_mechanisms
 
@@ -67,7 +67,8 @@ STATE_KEYS = (
 #: afresh, and a log warning says that the task's generators are not restored and the generators not verified.
 #: ``task_rng``: every rank's task random state (``tasks/base.py``); ``watch``: the engine watch's state (its
 #: check-examples generator, :mod:`dp_adam_bench.engine.watch`) and ``noise_check`` the noise check's record (None
-#: without them); ``rng_fingerprints``: a digest of every live generator, checked after a load.
+#: without them); ``rng_fingerprints``: a digest of every live generator, checked after a load; ``moved_check``:
+#: the starting digests of the trainable tensors and the check's result (finetune/moved.py).
 OPTIONAL_STATE_KEYS = (
     "plan",
     "participation",
@@ -190,7 +191,9 @@ class PrivateTraining:
         self.moved_check = None
         if self._model_task:
             after = run.cfg.train.get("moved_check", None)
-            self.moved_check = MovedCheck(self._trained_tensors, 3 if after is None else int(after))
+            self.moved_check = MovedCheck(
+                self._trained_tensors, DEFAULT_AFTER if after is None else int(after)
+            )
 
     # --- what the run is ------------------------------------------------------------------------------------------
     @property
@@ -390,10 +393,9 @@ class PrivateTraining:
             for p, saved in zip(self.backend.params, state["params"], strict=True):
                 p.copy_(saved.to(p.device))
         self.state = state["variant"]
+        # a variant that keeps model weights in its state (RGP's reparametrized weights) writes them back
         restore = getattr(self.variant, "restore", None)
-        if (
-            restore is not None
-        ):  # a variant that keeps model weights in its state (RGP's reparametrized weights)
+        if restore is not None:
             restore(self.state)
         self.privatizer.load_state_dict(state["privatizer"])
         self.plan.sampler.load_state_dict(state["sampler"])

@@ -202,23 +202,11 @@ def prepare(cfg, task, folder: Path | None = None) -> Run:
     except Exception:
         backend.close()
         raise
-    return Run(
-        cfg,
-        task,
-        backend,
-        variant,
-        plan,
-        seeds,
-        population,
-        public,
-        ddp,
-        schedule,
-        check,
-        key,
-        probed,
-        watch,
-        finetuned,
+    run = Run(
+        cfg, task, backend, variant, plan, seeds, population, public, ddp, schedule, check, key, probed, watch
     )
+    run.finetune = finetuned
+    return run
 
 
 def _check_to_carry(r: Run) -> dict | None:
