@@ -69,7 +69,16 @@ def portable(s: str) -> str:
 
 # registered after the goldens (382cf8b), which the refactor they guard did not touch: report tables and a task
 # (and train.moved_check, a config field added since, which messages listing train's fields name)
-NEW_NAMES = ("li_glue_accounting", "li_glue", "glue_sst2", "li_e2e_methods", "dialog", "li_dialog", "moved_check")
+NEW_NAMES = (
+    "li_glue_accounting",
+    "li_glue",
+    "glue_sst2",
+    "li_e2e_methods",
+    "dialog",
+    "li_dialog",
+    "li_hyperparams",
+    "moved_check",
+)
 
 
 # config fields added after the goldens, at the value that computes what the goldens' runs computed (issue 45)

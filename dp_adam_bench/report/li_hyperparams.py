@@ -1,0 +1,189 @@
+"""Li, Tramer, Liang & Hashimoto (ICLR 2022, arXiv:2110.05679), Methodology, "Batch Size, Learning Rate": E2E BLEU
+at eps = 3 over a grid of batch sizes B and learning rates at a fixed number of epochs, the effective noise
+multiplier, and the gradient signal-to-noise ratio against B.
+
+Reads ``runs/li_hyperparams_<profile>`` (preset ``configs/experiment/li_hyperparams.yaml``). What it computes, per
+run (one seed a cell unless the preset says otherwise):
+
+* BLEU and ROUGE-L of each (B, lr) cell: the heatmap (``li_hyperparams.png``, left);
+* sigma (calibrated to eps = 3 over the run's steps) and sigma_eff = sigma / q = sigma N / B (sigma and q as the
+  run's privacy ledger records them), the multiplier of the
+  noise in the averaged update (the noise of the mean gradient is sigma C / B; at q = B / N it is sigma_eff C / N):
+  Li et al.'s argument that a larger batch at a fixed epsilon and number of epochs lowers the noise;
+* the gradient-SNR r = ||g|| / ||z||, with ||g|| the averaged clipped gradient's norm (``diag/grad_norm_over_clip``
+  times C, logged by the runs' diagnostics: computed from clean gradients, a DIAGNOSTIC, never released) and
+  ||z|| = sigma C sqrt(d) / B the norm of the noise added to it (d: the trainable count), the median over the run's
+  logged steps (right panel).
+
+Claims: the best BLEU over learning rates grows with B; sigma_eff falls as B grows; the gradient-SNR grows with B.
+With one seed a cell no claim is tested by Welch's t (the table says so).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from dp_adam_bench.report.aggregate import get
+from dp_adam_bench.report.common import Claim, incomplete_note, save_figure
+from dp_adam_bench.report.context import ReportContext
+from dp_adam_bench.report.skeleton import Table, complete_runs
+
+TABLE_ID = "li_hyperparams"
+TITLE = "Li et al. — batch size and learning rate at eps = 3 (E2E): BLEU heatmap, sigma_eff, gradient-SNR"
+SNR_KEY = "diag/grad_norm_over_clip"
+
+
+def build(ctx: ReportContext | None = None) -> list[Path]:
+    ctx = ctx or ReportContext()
+    command = f"make reproduce-table TABLE={TABLE_ID} PROFILE={ctx.profile}"
+    found = complete_runs(ctx, TABLE_ID, command)
+    frame = pd.DataFrame([run_row(r) for r in found.complete])
+    frame = (
+        frame.groupby(["batch_size", "lr"], as_index=False)
+        .agg(
+            bleu=("bleu", "mean"),
+            bleu_sample_std=("bleu", lambda s: float(s.std(ddof=1)) if len(s) > 1 else float("nan")),
+            rouge_l=("rouge_l", "mean"),
+            sigma=("sigma", "mean"),
+            sigma_eff=("sigma_eff", "mean"),
+            gradient_snr=("gradient_snr", "mean"),
+            steps=("steps", "first"),
+            n=("bleu", "size"),
+        )
+        .sort_values(["batch_size", "lr"])
+    )
+    claims = claims_from_frame(frame)
+    figure = _figure(frame, ctx.out)
+    return Table(
+        TABLE_ID,
+        TITLE,
+        command,
+        frame,
+        setting=_setting(found.complete, ctx.profile),
+        claims=claims,
+        notes=_notes(frame, found, ctx.profile),
+        figure=figure,
+        digits=4,
+        missing=found.missing,
+    ).write(ctx.out)
+
+
+def run_row(r) -> dict:
+    """One run: its cell, scores, sigma, sigma_eff and median gradient-SNR over the logged diagnostic steps."""
+    cfg, s = r.config, r.summary
+    b = float(get(cfg, "train.batch_size"))
+    sigma, q = accounted(s)
+    clip = float(get(cfg, "privacy.clip"))
+    d = (s.get("finetune") or {}).get("trainable_params")
+    snr = gradient_snr([m[SNR_KEY] for m in r.metrics() if SNR_KEY in m], clip, sigma, b, d)
+    return {
+        "batch_size": int(b),
+        "lr": float(get(cfg, "optimizer.lr")),
+        "bleu": float(s["metrics"].get("test_bleu", float("nan"))),
+        "rouge_l": float(s["metrics"].get("test_rougeL", float("nan"))),
+        "sigma": sigma,
+        "sigma_eff": sigma / q,
+        "gradient_snr": snr,
+        "steps": int(s.get("steps", 0)),
+    }
+
+
+def accounted(summary: dict) -> tuple[float, float]:
+    """(sigma, q) of the run's Poisson steps as its privacy ledger records them (what the accountant used)."""
+    events = [
+        e for e in (summary.get("ledger") or {}).get("events", []) if e.get("kind") == "poisson_gaussian"
+    ]
+    if len({(e["sigma"], e["q"]) for e in events}) != 1:
+        return float("nan"), float("nan")
+    return float(events[0]["sigma"]), float(events[0]["q"])
+
+
+def gradient_snr(norms_over_clip, clip: float, sigma: float, batch: float, d) -> float:
+    """Median over steps of ||g|| / ||z||: ||g|| = (logged ||g|| / C) C, ||z|| = sigma C sqrt(d) / B (NaN without
+    logged norms, sigma or d)."""
+    if not norms_over_clip or not d or not sigma or not math.isfinite(sigma):
+        return float("nan")
+    noise = sigma * clip * math.sqrt(float(d)) / batch
+    return float(np.median([float(x) * clip / noise for x in norms_over_clip]))
+
+
+def claims_from_frame(frame: pd.DataFrame) -> list[Claim]:
+    """The three claims on the table's cells (its CSV holds everything they read)."""
+    best = frame.groupby("batch_size")["bleu"].max().sort_index()
+    per_b = frame.groupby("batch_size").agg(sigma_eff=("sigma_eff", "mean"), snr=("gradient_snr", "median"))
+    out = []
+    if len(best) > 1:
+        rising = bool(np.all(np.diff(best.to_numpy()) > 0))
+        detail = ", ".join(f"B = {b}: {v:.2f}" for b, v in best.items())
+        out.append(Claim("the best BLEU over learning rates grows with the batch size", rising, detail))
+        falling = bool(np.all(np.diff(per_b["sigma_eff"].to_numpy()) < 0))
+        detail = ", ".join(f"B = {b}: {v:.1f}" for b, v in per_b["sigma_eff"].items())
+        out.append(Claim("sigma_eff = sigma N / B falls as the batch size grows", falling, detail))
+        snr = per_b["snr"].to_numpy()
+        if np.isfinite(snr).all():
+            detail = ", ".join(f"B = {b}: {v:.3g}" for b, v in per_b["snr"].items())
+            out.append(
+                Claim(
+                    "the gradient-SNR grows with the batch size (diagnostic)",
+                    bool(np.all(np.diff(snr) > 0)),
+                    detail,
+                )
+            )
+    return out
+
+
+def _figure(frame: pd.DataFrame, out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    grid = frame.pivot(index="batch_size", columns="lr", values="bleu").sort_index(ascending=False)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    im = axes[0].imshow(grid.to_numpy(), cmap="viridis", aspect="auto")
+    axes[0].set_xticks(range(len(grid.columns)), [f"{c:g}" for c in grid.columns])
+    axes[0].set_yticks(range(len(grid.index)), [str(i) for i in grid.index])
+    for (i, j), v in np.ndenumerate(grid.to_numpy()):
+        if np.isfinite(v):
+            axes[0].text(j, i, f"{v:.1f}", ha="center", va="center", color="w", fontsize=9)
+    axes[0].set(xlabel="learning rate", ylabel="batch size", title="BLEU at eps = 3 (fixed epochs)")
+    fig.colorbar(im, ax=axes[0])
+    per_b = frame.groupby("batch_size")["gradient_snr"].median()
+    axes[1].plot(per_b.index, per_b.to_numpy(), marker="o")
+    axes[1].set(
+        xscale="log", xlabel="batch size", ylabel="||g|| / ||z||", title="(a) Gradient-SNR (diagnostic)"
+    )
+    fig.tight_layout()
+    return save_figure(fig, TABLE_ID, out)
+
+
+def _setting(complete, profile: str) -> str:
+    cfg, s = complete[0].config, complete[0].summary
+    return (
+        f"profile {profile}: {s.get('data_note', '')}; eps = {get(cfg, 'privacy.target_epsilon')} (RDP, delta = "
+        f"{get(cfg, 'privacy.delta')}), C = {get(cfg, 'privacy.clip')}, Adam, Poisson sampling, the same number of "
+        "epochs at every batch size, full fine-tuning, bk clipping."
+    )
+
+
+def _notes(frame: pd.DataFrame, found, profile: str) -> list[str]:
+    notes = []
+    if int(frame["n"].max()) < 2:
+        notes.append(
+            "One seed a cell: the orderings are read from single runs, not tested against seed noise; a cell's "
+            "spread would need at least two seeds."
+        )
+    notes.append(
+        "The gradient-SNR is a diagnostic: its numerator is the norm of the clean averaged clipped gradient "
+        "(diag/grad_norm_over_clip), a statistic of the private batch that the mechanism does not release."
+    )
+    if profile == "cpu":
+        notes.append(
+            "CPU profile: the 4-layer GPT-2 li_e2e pretrains on arXiv abstracts, one epoch of a 16,384-pair subset, "
+            "a 3 x 3 grid: compare the trends, not the scores (configs/experiment/li_hyperparams.yaml)."
+        )
+    return notes + incomplete_note(found.incomplete)
