@@ -54,7 +54,11 @@ def _store(root, bleu: dict):
                 f"{method}-{noise}-{target}-{seed}",
                 _cfg(method, noise, target, seed),
                 {
-                    "metrics": {"test_bleu": b, "test_rougeL": b + 5, "test_loss": 2.0},
+                    "metrics": {
+                        "test_bleu": b,
+                        "test_rougeL": b + 5,
+                        "test_loss": 5.0 if method == "prefix" else 2.0,
+                    },
                     "epsilon": eps,
                     "steps": 40,
                     "train_time_s": 120.0,
@@ -103,6 +107,9 @@ def test_cells_paper_digits_claims_and_counts(isolated_dirs):
     assert "lora: eps = 8 > eps = 3 (BLEU): **does not hold**" in md
     assert "rgp: eps = 8 > eps = 3 (BLEU): **holds**" in md and "paper: 58.455 vs 58.482" in md
     assert "lora 12,288 (2.0 min a run)" in md
+    assert "Non-private test loss above full fine-tuning's at eps = 3 (2.00): prefix 5.00." in md
+    assert b.loc[("full", "eps3"), "paper"] == pytest.approx(61.519)
+    assert df[df.quantity == "test_loss"]["paper"].isna().all()
     assert f"t = {t:+.2f} (Welch" in md and f"p = {p:.2f} over 2 / 2 seeds" in md
 
 
