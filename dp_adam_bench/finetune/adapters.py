@@ -25,7 +25,14 @@ import warnings
 from torch import nn
 
 from dp_adam_bench.errors import ConfigError
-from dp_adam_bench.finetune import Finetuned, float_arg, freeze_all_but, int_arg, is_task_head, refuse_unknown
+from dp_adam_bench.finetune.common import (
+    Finetuned,
+    float_arg,
+    freeze_all_but,
+    int_arg,
+    is_task_head,
+    refuse_unknown,
+)
 
 #: (a module name the model has, LoRA's default targets, r, alpha)
 LORA_FAMILIES = (

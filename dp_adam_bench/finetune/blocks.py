@@ -16,7 +16,7 @@ from __future__ import annotations
 from torch import nn
 
 from dp_adam_bench.errors import ConfigError
-from dp_adam_bench.finetune import Finetuned, freeze_all_but, is_task_head, refuse_unknown
+from dp_adam_bench.finetune.common import Finetuned, freeze_all_but, is_task_head, refuse_unknown
 
 #: module names of output heads (``head``) and of the layer under a classifier
 LM_HEADS = ("lm_head", "cls")

@@ -89,7 +89,7 @@ import torch
 from torch import nn
 
 from dp_adam_bench.errors import ConfigError
-from dp_adam_bench.finetune import int_arg, is_task_head, refuse_unknown
+from dp_adam_bench.finetune.common import Finetuned, int_arg, is_task_head, refuse_unknown
 from dp_adam_bench.optim.base import Releases, StepContext, Variant
 
 #: the language experiments' rank (language/README.md: ``--rank 1``) and power iterations (``iter=1``)
@@ -616,3 +616,10 @@ class RGPVariant(Variant):
         carriers |= {id(layer.carrier_R.weight) for _, layer in self.layers}
         out += [(n, p) for n, p in self.model.named_parameters() if p.requires_grad and id(p) not in carriers]
         return out
+
+
+def method(model: nn.Module, args: dict) -> Finetuned:
+    """``task.finetune=rgp``: the target weights reparametrized with gradient carriers (:func:`reparametrize`), and
+    the variant wrapped to rebuild their updates from the carriers' noisy gradients (:class:`RGPVariant`)."""
+    summary = reparametrize(model, args)
+    return Finetuned(model, summary, wrap_variant=lambda variant, m, seed: RGPVariant(variant, m, seed))

@@ -61,6 +61,7 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
     frame = pd.DataFrame(_metric_rows(by_cell, paper["e2e_methods"]) + _privacy_rows(by_cell, paper["e2e"]))
     frame["ours_minus_paper"] = frame["ours"] - frame["paper"]
     frame["n"] = frame["n"].astype("Int64")
+    frame["trainable_params"] = frame["trainable_params"].astype("Int64")
     claims = claims_from_frame(frame, paper["e2e_methods"])
     notes = rule_notes(claims, WHAT) + _fit_note(frame) + _cost_notes(by_cell) + _notes(found, ctx.profile)
     return Table(

@@ -117,7 +117,7 @@ _TABLES: tuple[tuple[str, ReportSpec], ...] = (
             "Li et al. (E2E table, methods)",
             "BLEU / ROUGE-L of GPT-2 by fine-tuning method (full, LoRA, prefix, RGP, top2, retrain) at eps = 3, 8, "
             "non-private",
-            "~60 min (18 runs; + ~24 min once to pretrain, shared with li_e2e)",
+            "~44 min (18 runs, LAUNCHER=joblib JOBS=2; + ~24 min once to pretrain, shared with li_e2e)",
             experiment="li_e2e_methods",
             runtime_paper="15 GPU runs of 4,108 steps (GPT-2 124M) and 3 from scratch",
         ),
@@ -129,7 +129,7 @@ _TABLES: tuple[tuple[str, ReportSpec], ...] = (
             "Li et al. (Persona-Chat table)",
             "F1 / perplexity of GPT-2 on dialog at eps = 3, 8, non-private (the Synthetic-Persona-Chat stand-in on "
             "the CPU)",
-            "~30 min (6 runs; + ~24 min once to pretrain, shared with li_e2e)",
+            "not run yet (6 runs; estimated ~30 min; + ~24 min once to pretrain, shared with li_e2e)",
             experiment="li_dialog",
             runtime_paper="3 GPU runs of 2,567 steps (GPT-2 124M, Persona-Chat from task.data_dir)",
         ),
@@ -141,7 +141,7 @@ _TABLES: tuple[tuple[str, ReportSpec], ...] = (
             "Li et al. (batch size, learning rate)",
             "E2E BLEU at eps = 3 over a batch-size x learning-rate grid at fixed epochs (heatmap), sigma_eff = "
             "sigma N / B, the gradient-SNR against B",
-            "~60 min (9 runs; + ~24 min once to pretrain, shared with li_e2e)",
+            "not run yet (9 runs; estimated ~60 min; + ~24 min once to pretrain, shared with li_e2e)",
             experiment="li_hyperparams",
             runtime_paper="12 GPU runs (GPT-2 124M, 10 epochs each)",
         ),
