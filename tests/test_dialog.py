@@ -128,3 +128,14 @@ def test_a_private_run_end_to_end(stand_in, isolated_dirs):
     assert s["steps"] == 2 and s["epsilon"]["rdp"] > 0
     assert 0 <= m["test_f1"] <= 100 and np.isfinite(m["test_perplexity"])
     assert m["test_perplexity"] == pytest.approx(np.exp(m["test_loss"]))
+
+
+def test_a_long_prompt_loses_its_oldest_turns_to_fit(stand_in):
+    task = DialogGpt2(_cfg(stand_in, max_length=64, max_history=5), trials=1, seed=0)
+    budget = 64 - 2 - 48
+    for text in task.test_mrs:
+        lines = text.split("\n")
+        assert lines[0].startswith("Persona: ") and lines[-1] in ("User 1:", "User 2:")
+        n = len(task.tokenizer(" " + text, add_special_tokens=False)["input_ids"])
+        assert n <= budget or len(lines) == 2  # fits, or only the persona and the speaker are left
+    assert task.shortened > 0 and "prompts shortened to their latest turns" in task.data_note

@@ -54,6 +54,8 @@ ORIGINAL_FILE = "personachat_self_original.json"
 ORIGINAL_SPLITS = {"train": "train", "test": "valid"}
 #: Li et al.'s GPT-2 at eps = 3 (configs/paper/li.yaml), quoted in data_note
 PAPER_EPS3 = "F1 15.90, perplexity 24.59"
+#: tokens of ``max_length`` a prompt leaves for the reply and its eos (longer prompts lose their oldest turns)
+REPLY_RESERVE = 48
 
 # ------------------------------------------------------------------------------------------------- metrics
 
@@ -191,6 +193,7 @@ class DialogGpt2(E2EGpt2):
         te = subset_indices(len(test), cfg.get("test_subset"), rng, "test_subset")
         if te is not None:
             test = [test[i] for i in te]
+        self._examples = {"train": train, "test": test}
         self.test_mrs = [self.prompt_text(p, h) for p, h, _ in test]
         self.test_refs = [[r] for _, _, r in test]
         return (
@@ -198,6 +201,35 @@ class DialogGpt2(E2EGpt2):
             [r for _, _, r in train],
             (tr is not None, te is not None),
         )
+
+    def _tokenize_pairs(self, tr_mrs: list[str], tr_refs: list[str]) -> None:
+        """E2E's tokenisation, after each prompt is fitted to ``max_length`` (:meth:`fit_prompts`)."""
+        tr_mrs = self.fit_prompts(self._examples["train"], tr_mrs)
+        self.test_mrs = self.fit_prompts(self._examples["test"], self.test_mrs)
+        super()._tokenize_pairs(tr_mrs, tr_refs)
+
+    def fit_prompts(self, examples, prompts: list[str]) -> list[str]:
+        """Each prompt whose tokens leave fewer than :data:`REPLY_RESERVE` of ``max_length`` for the reply loses its
+        oldest turns, one at a time, down to the persona and the reply's speaker (as TransferTransfo keeps only the
+        last turns); ``shortened`` counts them."""
+        budget = self.max_length - 2 - REPLY_RESERVE
+
+        def length(text: str) -> int:
+            return len(self.tokenizer(" " + text, add_special_tokens=False)["input_ids"])
+
+        out = list(prompts)
+        shortened = 0
+        for i, text in enumerate(out):
+            if length(text) <= budget:
+                continue
+            persona, history, _ = examples[i]
+            context = history[:-1][-self.max_history :]
+            while context and length(self.prompt_text(persona, [*context, history[-1]])) > budget:
+                context = context[1:]
+            out[i] = self.prompt_text(persona, [*context, history[-1]])
+            shortened += 1
+        self.shortened = getattr(self, "shortened", 0) + shortened
+        return out
 
     def prompt_text(self, persona: list[str], history: list[str]) -> str:
         """``Persona: <sentences>`` and the last ``max_history`` turns, one a line, ending with the reply's speaker."""
@@ -219,6 +251,10 @@ class DialogGpt2(E2EGpt2):
             notes.append(f"{len(self.test_mrs)} of the {self.full_sizes['test']:,} evaluated replies")
         if self.n_generate < len(self.test_mrs):
             notes.append(f"F1 on the first {self.n_generate} evaluated replies (task.generate_subset)")
+        if getattr(self, "shortened", 0):
+            notes.append(
+                f"{self.shortened} prompts shortened to their latest turns to fit {self.max_length} tokens"
+            )
         if self.truncated["train"] or self.truncated["test"]:
             notes.append(
                 f"{self.truncated['train']} train / {self.truncated['test']} test examples truncated to "
