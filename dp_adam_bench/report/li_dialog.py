@@ -141,7 +141,9 @@ def claims_from_frame(frame: pd.DataFrame, paper: dict) -> list[Claim]:
 def _setting(complete, profile: str) -> str:
     if not complete:
         return f"profile {profile}: no complete run"
-    cfg, s = complete[0].config, complete[0].summary
+    # the pretrained runs' data note (the scratch control's says so in its own rows)
+    first = next((r for r in complete if init_of(r.config) == "pretrained"), complete[0])
+    cfg, s = first.config, first.summary
     return (
         f"profile {profile}: {s.get('data_note', '')}; expected B = {get(cfg, 'train.batch_size')}, "
         f"{s.get('steps')} Poisson steps, C = {get(cfg, 'privacy.clip')}, Adam lr {get(cfg, 'optimizer.lr')} "
