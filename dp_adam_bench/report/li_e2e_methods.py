@@ -239,7 +239,9 @@ def _cost_notes(by_cell: dict) -> list[str]:
 def _setting(complete, profile: str) -> str:
     if not complete:
         return f"profile {profile}: no complete run"
-    cfg, s = complete[0].config, complete[0].summary
+    # a pretrained run's data note (retrain's, from a random start, says so in its own rows)
+    first = next((r for r in complete if method_of(r.config) != "retrain"), complete[0])
+    cfg, s = first.config, first.summary
     return (
         f"profile {profile}: {s.get('data_note', '')}; expected B = {get(cfg, 'train.batch_size')}, "
         f"{s.get('steps')} Poisson steps, C = {get(cfg, 'privacy.clip')}, Adam lr {get(cfg, 'optimizer.lr')} "
