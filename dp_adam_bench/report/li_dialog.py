@@ -18,7 +18,7 @@ import pandas as pd
 from dp_adam_bench.report.aggregate import get
 from dp_adam_bench.report.common import Claim, incomplete_note, load_paper
 from dp_adam_bench.report.context import ReportContext
-from dp_adam_bench.report.li_e2e import cells_by, epsilon_rows, init_of, lr_schedule_words
+from dp_adam_bench.report.li_e2e import cells_by, epsilon_rows, init_of, lr_schedule_words, metric_rows
 from dp_adam_bench.report.skeleton import (
     Ordering,
     SeedStats,
@@ -64,26 +64,10 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
 
 
 def _metric_rows(by_cell: dict, paper: dict) -> list[dict]:
-    rows = []
-    for init in INITS:
-        for metric, key in METRICS.items():
-            for col in COLUMNS:
-                runs = by_cell.get((init, col), [])
-                vals = [float(r.summary["metrics"][key]) for r in runs if key in r.summary["metrics"]]
-                cell = SeedStats.of(vals) if vals else None
-                published = paper["metrics"][col][PAPER_MODEL][metric] if init == "pretrained" else None
-                rows.append(
-                    {
-                        "quantity": metric,
-                        "init": init,
-                        "column": col,
-                        "paper": published,
-                        "ours": cell.mean if cell else None,
-                        STD: cell.std if cell else None,
-                        "n": len(vals),
-                    }
-                )
-    return rows
+    def published(init: str, metric: str, col: str):
+        return paper["metrics"][col][PAPER_MODEL][metric] if init == "pretrained" else None
+
+    return metric_rows(by_cell, INITS, "init", METRICS, published)
 
 
 def _privacy_rows(by_cell: dict, paper: dict) -> list[dict]:

@@ -116,19 +116,30 @@ def _frame(by_cell: dict, paper: dict, inits: list[str]) -> pd.DataFrame:
 
 def _metric_rows(by_cell: dict, paper: dict, inits: list[str]) -> list[dict]:
     """Per (starting point, metric, column): the mean, sample std and seeds of the metric."""
+
+    def published(init: str, metric: str, col: str):
+        return paper["metrics"][col].get(metric) if init == "pretrained" else None
+
+    return metric_rows(by_cell, inits, "init", METRICS, published)
+
+
+def metric_rows(by_cell: dict, groups, key: str, metrics: dict, paper_of, columns=COLUMNS) -> list[dict]:
+    """One row per (group, metric, column) of the cells ``by_cell[(group, column)]``: the mean, sample std (None
+    with one seed) and number of seeds of ``summary["metrics"][field]`` for each ``metric: field`` of ``metrics``,
+    beside ``paper_of(group, metric, column)``; ``key`` names the table's group column."""
     rows = []
-    for init in inits:
-        for metric, key in METRICS.items():
-            for col in COLUMNS:
-                runs = by_cell.get((init, col), [])
-                vals = [float(r.summary["metrics"][key]) for r in runs if key in r.summary["metrics"]]
+    for group in groups:
+        for metric, field in metrics.items():
+            for col in columns:
+                runs = by_cell.get((group, col), [])
+                vals = [float(r.summary["metrics"][field]) for r in runs if field in r.summary["metrics"]]
                 cell = SeedStats.of(vals) if vals else None
                 rows.append(
                     {
                         "quantity": metric,
-                        "init": init,
+                        key: group,
                         "column": col,
-                        "paper": paper["metrics"][col].get(metric) if init == "pretrained" else None,
+                        "paper": paper_of(group, metric, col),
                         "ours": cell.mean if cell else None,
                         STD: cell.std if cell else None,  # one seed: no spread
                         "n": len(vals),

@@ -19,7 +19,7 @@ import pandas as pd
 from dp_adam_bench.report.aggregate import get
 from dp_adam_bench.report.common import Claim, incomplete_note, load_paper
 from dp_adam_bench.report.context import ReportContext
-from dp_adam_bench.report.li_e2e import ACCOUNTANTS, cells_by, epsilon_rows, lr_schedule_words
+from dp_adam_bench.report.li_e2e import ACCOUNTANTS, cells_by, epsilon_rows, lr_schedule_words, metric_rows
 from dp_adam_bench.report.skeleton import (
     Ordering,
     SeedStats,
@@ -78,25 +78,12 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
 
 
 def _metric_rows(by_cell: dict, paper: dict) -> list[dict]:
-    rows = []
-    for method in METHODS:
-        for metric, key in METRICS.items():
-            for col in COLUMNS:
-                runs = by_cell.get((method, col), [])
-                vals = [float(r.summary["metrics"][key]) for r in runs if key in r.summary["metrics"]]
-                cell = SeedStats.of(vals) if vals else None
-                rows.append(
-                    {
-                        "quantity": metric,
-                        "method": method,
-                        "column": col,
-                        "paper": paper[metric][col].get(method) if metric in paper else None,
-                        "ours": cell.mean if cell else None,
-                        STD: cell.std if cell else None,
-                        "n": len(vals),
-                        "trainable_params": _trainable(runs),
-                    }
-                )
+    def published(method: str, metric: str, col: str):
+        return paper[metric][col].get(method) if metric in paper else None
+
+    rows = metric_rows(by_cell, METHODS, "method", METRICS, published)
+    for row in rows:
+        row["trainable_params"] = _trainable(by_cell.get((row["method"], row["column"]), []))
     return rows
 
 

@@ -18,7 +18,7 @@ import pandas as pd
 from dp_adam_bench.report.aggregate import get
 from dp_adam_bench.report.common import Claim, incomplete_note, load_paper
 from dp_adam_bench.report.context import ReportContext
-from dp_adam_bench.report.li_e2e import cells_by, epsilon_rows, lr_schedule_words
+from dp_adam_bench.report.li_e2e import cells_by, epsilon_rows, lr_schedule_words, metric_rows
 from dp_adam_bench.report.skeleton import (
     Ordering,
     SeedStats,
@@ -67,25 +67,11 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
 
 
 def _metric_rows(by_cell: dict, paper: dict) -> list[dict]:
-    rows = []
-    for objective in OBJECTIVES:
-        for metric, key in METRICS.items():
-            for col in COLUMNS:
-                vals = [float(r.summary["metrics"][key]) for r in by_cell.get((objective, col), [])]
-                cell = SeedStats.of(vals) if vals else None
-                published = (paper["metrics"].get(col) or {}).get(PAPER_ROWS[objective], {}).get(TASK)
-                rows.append(
-                    {
-                        "quantity": metric,
-                        "objective": objective,
-                        "column": col,
-                        "paper": published if metric == "accuracy" else None,
-                        "ours": cell.mean if cell else None,
-                        STD: cell.std if cell else None,
-                        "n": len(vals),
-                    }
-                )
-    return rows
+    def published(objective: str, metric: str, col: str):
+        value = (paper["metrics"].get(col) or {}).get(PAPER_ROWS[objective], {}).get(TASK)
+        return value if metric == "accuracy" else None
+
+    return metric_rows(by_cell, OBJECTIVES, "objective", METRICS, published)
 
 
 def _privacy_rows(by_cell: dict, paper: dict) -> list[dict]:
