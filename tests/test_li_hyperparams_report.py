@@ -73,5 +73,17 @@ def test_grid_sigma_eff_snr_and_claims(isolated_dirs):
     )  # 22 < 30 > 28
     assert "sigma_eff = sigma N / B falls as the batch size grows: **holds**" in md
     assert "the gradient-SNR grows with the batch size (diagnostic): **holds**" in md
+    # sqrt rule anchored at B = 1024: 3.5 sqrt(64 / 1024) = 0.875 < 0.9, the sigma B = 64 was calibrated to
+    assert df.loc[(64, 5e-4), "sigma_sqrt_rule"] == pytest.approx(0.875)
+    assert "underestimates the noise multiplier at the smallest batch size: **holds**" in md
+    # the exact curve: RDP calibration for the runs' N, one epoch, eps 3; sigma rises with B, and the rule's
+    # shortfall is largest at the smallest B (B_min / 8 = 8 .. 1024)
+    assert "| 8 | 2048 |" in md and "| 1024 | 16 |" in md
+    ratios = [
+        float(line.split("|")[5])
+        for line in md.splitlines()
+        if line.startswith("| 8 |") or line.startswith("| 1024 | 16 |")
+    ]
+    assert ratios[0] > 2 and ratios[1] == pytest.approx(1.0)
     assert "One seed a cell" in md and (isolated_dirs / "results" / "li_hyperparams.png").is_file()
     assert np.isfinite(df["gradient_snr"]).all()

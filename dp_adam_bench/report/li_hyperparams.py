@@ -13,10 +13,18 @@ run (one seed a cell unless the preset says otherwise):
 * the gradient-SNR r = ||g|| / ||z||, with ||g|| the averaged clipped gradient's norm (``diag/grad_norm_over_clip``
   times C, logged by the runs' diagnostics: computed from clean gradients, a DIAGNOSTIC, never released) and
   ||z|| = sigma C sqrt(d) / B the norm of the noise added to it (d: the trainable count), the median over the run's
-  logged steps (right panel).
+  logged steps (middle panel);
+* the square-root rule: at a fixed epsilon and number of epochs the CLT approximation of the accountant,
+  mu = q sqrt(T (e^{1/sigma^2} - 1)) ~ q sqrt(T) / sigma = sqrt(B E / N) / sigma, makes sigma grow as sqrt(B).
+  ``sigma_sqrt_rule`` is that rule's prediction anchored at the largest batch of the grid,
+  sigma(B_max) sqrt(B / B_max), beside the sigma each run was calibrated to; the right panel draws both over a
+  dense range of B, calibrated here under RDP for the runs' N, epochs, delta and epsilon (exact accounting, no
+  training). The approximation e^{1/sigma^2} - 1 ~ 1 / sigma^2 fails where sigma is small, i.e. at small B.
 
-Claims: the best BLEU over learning rates grows with B; sigma_eff falls as B grows; the gradient-SNR grows with B.
-With one seed a cell no claim is tested by Welch's t (the table says so).
+Claims: the best BLEU over learning rates grows with B; sigma_eff falls as B grows; the gradient-SNR grows with B;
+the square-root rule underestimates sigma at the smallest B (Li et al.'s slide: "square-root relationship
+underestimates the noise multiplier for small batch sizes"). With one seed a cell no claim is tested by Welch's t
+(the table says so).
 """
 
 from __future__ import annotations
@@ -56,8 +64,10 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
         )
         .sort_values(["batch_size", "lr"])
     )
+    frame["sigma_sqrt_rule"] = sqrt_rule(frame)
+    curve = sqrt_rule_curve(found.complete)
     claims = claims_from_frame(frame)
-    figure = _figure(frame, ctx.out)
+    figure = _figure(frame, curve, ctx.out)
     return Table(
         TABLE_ID,
         TITLE,
@@ -69,6 +79,7 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
         figure=figure,
         digits=4,
         missing=found.missing,
+        extra_sections=[(_CURVE_TITLE, _curve_section(curve))] if curve is not None else [],
     ).write(ctx.out)
 
 
@@ -111,8 +122,73 @@ def gradient_snr(norms_over_clip, clip: float, sigma: float, batch: float, d) ->
     return float(np.median([float(x) * clip / noise for x in norms_over_clip]))
 
 
+def sqrt_rule(frame: pd.DataFrame) -> pd.Series:
+    """Per row, the square-root rule's sigma for its batch size anchored at the grid's largest batch:
+    sigma(B_max) sqrt(B / B_max), sigma(B_max) the mean calibrated sigma of the largest batch's runs."""
+    per_b = frame.groupby("batch_size")["sigma"].mean()
+    b_max = per_b.index.max()
+    return per_b[b_max] * np.sqrt(frame["batch_size"] / b_max)
+
+
+def sqrt_rule_curve(complete) -> pd.DataFrame | None:
+    """sigma calibrated under RDP against the square-root rule over batch sizes from B_min / 8 to B_max, for the
+    runs' N = B / q, epochs = steps q, delta and epsilon (exact accounting, no training); None if the runs do not
+    share them."""
+    from dp_adam_bench.privacy.accounting.calibration import calibrate_sigma
+
+    setups, batches = set(), set()
+    for r in complete:
+        sigma, q = accounted(r.summary)
+        b = int(get(r.config, "train.batch_size"))
+        steps = int(r.summary.get("steps", 0))
+        eps, delta = get(r.config, "privacy.target_epsilon"), get(r.config, "privacy.delta")
+        if not (math.isfinite(q) and q > 0 and steps > 0 and eps and delta):
+            return None
+        setups.add((round(b / q), round(steps * q, 6), float(eps), float(delta)))
+        batches.add(b)
+    if len(setups) != 1:
+        return None
+    n, epochs, eps, delta = setups.pop()
+    b_max = max(batches)
+    grid = sorted(
+        {int(2**k) for k in range(max(0, int(math.log2(min(batches))) - 3), int(math.log2(b_max)) + 1)}
+    )
+    grid = [b for b in sorted(set(grid) | batches) if b <= b_max and b / n < 1]
+    rows = []
+    for b in grid:
+        steps = max(1, round(epochs * n / b))
+        rows.append(
+            {"batch_size": b, "steps": steps, "sigma": calibrate_sigma(eps, delta, b / n, steps, "rdp")}
+        )
+    curve = pd.DataFrame(rows)
+    top = float(curve.loc[curve["batch_size"] == b_max, "sigma"].iloc[0])
+    curve["sigma_sqrt_rule"] = top * np.sqrt(curve["batch_size"] / b_max)
+    curve["ratio"] = curve["sigma"] / curve["sigma_sqrt_rule"]
+    curve.attrs.update(n=n, epochs=epochs, eps=eps, delta=delta)
+    return curve
+
+
+_CURVE_TITLE = "The square-root rule against calibrated sigma (exact accounting, no training)"
+
+
+def _curve_section(curve: pd.DataFrame) -> str:
+    a = curve.attrs
+    lines = [
+        f"N = {a['n']}, {a['epochs']:g} epoch(s), eps = {a['eps']:g}, delta = {a['delta']:g}, RDP calibration "
+        "(the runs' own). sqrt rule: sigma(B_max) sqrt(B / B_max).",
+        "",
+        "| B | steps | sigma (calibrated) | sigma (sqrt rule) | calibrated / sqrt rule |",
+        "|---|---|---|---|---|",
+    ]
+    for row in curve.itertuples():
+        lines.append(
+            f"| {row.batch_size} | {row.steps} | {row.sigma:.4f} | {row.sigma_sqrt_rule:.4f} | {row.ratio:.2f} |"
+        )
+    return "\n".join(lines)
+
+
 def claims_from_frame(frame: pd.DataFrame) -> list[Claim]:
-    """The three claims on the table's cells (its CSV holds everything they read)."""
+    """The claims on the table's cells (its CSV holds everything they read)."""
     best = frame.groupby("batch_size")["bleu"].max().sort_index()
     per_b = frame.groupby("batch_size").agg(sigma_eff=("sigma_eff", "mean"), snr=("gradient_snr", "median"))
     out = []
@@ -133,17 +209,33 @@ def claims_from_frame(frame: pd.DataFrame) -> list[Claim]:
                     detail,
                 )
             )
+        sigma = frame.groupby("batch_size")[["sigma", "sigma_sqrt_rule"]].mean().sort_index()
+        if "sigma_sqrt_rule" in frame and np.isfinite(sigma.to_numpy()).all():
+            b_min = sigma.index.min()
+            cal, rule = sigma.loc[b_min, "sigma"], sigma.loc[b_min, "sigma_sqrt_rule"]
+            detail = (
+                f"B = {b_min}: calibrated sigma {cal:.3f} against {rule:.3f} from sigma(B = {sigma.index.max()}) "
+                f"sqrt(B / B_max), {cal / rule:.2f}x"
+            )
+            out.append(
+                Claim(
+                    "the square-root rule (sigma ~ sqrt(B) at a fixed eps and epochs) underestimates the noise "
+                    "multiplier at the smallest batch size",
+                    bool(cal > rule),
+                    detail,
+                )
+            )
     return out
 
 
-def _figure(frame: pd.DataFrame, out: Path) -> Path:
+def _figure(frame: pd.DataFrame, curve: pd.DataFrame | None, out: Path) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     grid = frame.pivot(index="batch_size", columns="lr", values="bleu").sort_index(ascending=False)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4))
     im = axes[0].imshow(grid.to_numpy(), cmap="viridis", aspect="auto")
     axes[0].set_xticks(range(len(grid.columns)), [f"{c:g}" for c in grid.columns])
     axes[0].set_yticks(range(len(grid.index)), [str(i) for i in grid.index])
@@ -157,6 +249,11 @@ def _figure(frame: pd.DataFrame, out: Path) -> Path:
     axes[1].set(
         xscale="log", xlabel="batch size", ylabel="||g|| / ||z||", title="(a) Gradient-SNR (diagnostic)"
     )
+    if curve is not None:
+        axes[2].plot(curve["batch_size"], curve["sigma"], marker="o", label="calibrated (RDP)")
+        axes[2].plot(curve["batch_size"], curve["sigma_sqrt_rule"], ls="--", label="sqrt rule from B_max")
+        axes[2].legend()
+    axes[2].set(xscale="log", xlabel="batch size", ylabel="sigma", title="sigma at a fixed eps and epochs")
     fig.tight_layout()
     return save_figure(fig, TABLE_ID, out)
 
