@@ -269,23 +269,18 @@ def test_mean_grad_and_close_leave_a_plain_model():
 # ------------------------------------------------------------------------------------------ refusals
 
 
-def test_tied_parameters_used_by_both_modules_are_refused_and_fix_model_unties_them():
+def test_tied_parameters_used_by_both_modules_are_exact_and_fix_model_keeps_them():
+    """Issue 46: the per-example gradient of a weight two Linear layers share is the sum of theirs, cross terms
+    included (bk_rules/shared.py; tests/test_bk_shared.py has the other pairs); fix_model no longer unties it."""
     from dp_adam_bench.engine.fix_model import fix_model
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4))
     model[2].weight = model[0].weight
     loss = lambda forward, batch: forward(batch["x"]).sum(1)  # noqa: E731
-    eng = BKEngine(model, loss)
-    with pytest.raises(
-        ValueError, match=r"'0.weight' and '2.weight' are the same parameter, used by two modules"
-    ):
-        eng.clipped_sum({"x": torch.randn(3, 4)}, 1.0)
-    eng.close()
-    model, changes = fix_model(model, verbose=False)
-    assert changes == ["2.weight: untied from 0.weight (a copy, trained on its own)"]
-    assert model[2].weight is not model[0].weight and torch.equal(model[2].weight, model[0].weight)
     _loop_check(model, loss, {"x": torch.randn(3, 4)})
+    model, changes = fix_model(model, verbose=False)
+    assert changes == [] and model[2].weight is model[0].weight
 
 
 def test_a_tied_parameter_only_one_of_whose_modules_runs_is_exact():

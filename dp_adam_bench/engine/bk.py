@@ -30,9 +30,12 @@ inputs, refused naming the module where the recomputation does not reproduce the
 
 A module called several times in one forward (weight sharing by *module reuse*, e.g. a block applied twice)
 is exact: its calls are concatenated along the position axis, since the per-example gradient is the sum over
-all positions of all calls. The same ``nn.Parameter`` registered in two modules (tied embeddings) is exact when
-only one of them runs in the forward (T5's ``shared`` / ``embed_tokens``) and refused when both do
-(:func:`dp_adam_bench.fix_model` unties them).
+all positions of all calls. The same ``nn.Parameter`` registered in several modules that all run (tied input and
+output embeddings, an encoder-decoder's ``shared`` table) is exact too: its per-example gradient is the sum over
+the layers, so its squared norm takes the cross terms between them besides each layer's own, which
+:mod:`dp_adam_bench.engine.bk_rules.shared` adds (the two-layer Gram form, or instantiated gradients), and its
+clipped sum is the sum of the layers'. A layer whose rule cannot hand in its part (a convolution, attention) is
+refused naming it (:func:`dp_adam_bench.fix_model` unties those, and only those).
 
 **Scale-then-privatize** (Ganesh et al. Alg. 8: clip ``s * g_i`` for a per-coordinate scale ``s``): the Gram form
 cannot see a per-coordinate scale, so with ``scale`` every dense layer computes its per-example weight gradients
@@ -62,6 +65,7 @@ from torch.utils import _pytree as pytree
 from dp_adam_bench.engine.bk_rules import Rule, adapter_for, rule_for
 from dp_adam_bench.engine.bk_rules.dense import GRAM_FACTOR, use_gram  # noqa: F401  (re-exported)
 from dp_adam_bench.engine.bk_rules.generic import GENERIC
+from dp_adam_bench.engine.bk_rules.shared import Use, cross_terms
 from dp_adam_bench.engine.broadcast import expand_primary
 from dp_adam_bench.engine.fp32_exact import ieee_fp32
 from dp_adam_bench.engine.grads import ClippedSum, GradEngine, batch_len, clip_factors
@@ -113,32 +117,21 @@ class _Capture(torch.autograd.Function):
         return grad, None, None, None
 
 
-def _tied(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:
-    """The trainable ``nn.Parameter`` objects registered in two or more different modules (reusing a whole module
-    is fine): for each, its ``(module, full name)`` registrations."""
-    owners: dict[int, list[tuple[nn.Module, str]]] = {}
-    for mname, m in model.named_modules(remove_duplicate=False):
-        for pname, p in m._parameters.items():
-            if p is None or not p.requires_grad:
-                continue
-            regs = owners.setdefault(id(p), [])
-            if all(r[0] is not m for r in regs):
-                regs.append((m, f"{mname}.{pname}" if mname else pname))
-    return [regs for regs in owners.values() if len(regs) > 1]
-
-
-def _refuse_tied_use(tied, layers) -> None:
-    """A tied parameter whose modules were *both* called in the recorded forward: its per-example gradient is the
-    sum of two layers' (whose norms do not add), which no per-layer rule computes. One that only one of its modules
-    uses (T5's ``shared`` and ``encoder.embed_tokens``) is exact."""
-    called = {id(layer.module) for layer in layers if layer.calls}
-    for regs in tied:
-        used = [name for m, name in regs if id(m) in called]
-        if len(used) > 1:
+def _unshareable(shared: dict) -> None:
+    """Refuse, naming the layer, a use of a shared parameter whose rule handed the engine no per-example form of its
+    gradient (:mod:`~dp_adam_bench.engine.bk_rules.shared`): its cross terms with the other uses cannot be
+    computed, so the parameter's per-example norm would be wrong."""
+    for name, _, active, uses in shared.values():
+        given = {u.layer for u in uses}
+        missing = [layer for layer in active if layer.name not in given]
+        if missing:
+            layer = missing[0]
+            others = ", ".join(repr(x.name) for x in active if x is not layer)
             raise ValueError(
-                f"bk clipping: {used[0]!r} and {used[1]!r} are the same parameter, used by two modules in one "
-                "forward (tied weights); bk's per-layer rules cannot add their per-example gradients. Untie them "
-                "(dp_adam_bench.fix_model, or tie_word_embeddings=False) or use clipping functorch / loop"
+                f"bk clipping: parameter {name!r} is used by layer {layer.name!r} ({type(layer.module).__name__}, "
+                f"bk rule {layer.kind!r}) and by {others} in one forward (tied weights), and the {layer.kind} rule "
+                "cannot add its per-example gradient to the others'; untie it there (dp_adam_bench.fix_model) or "
+                "use clipping functorch / loop"
             )
 
 
@@ -218,7 +211,11 @@ class BKEngine(GradEngine):
                 "bk clipping: the model has no trainable parameters (requires_grad=True): nothing to train privately"
             )
         self.dtype = self.params[0].dtype
-        self._tied = _tied(model)
+        #: the name each trainable parameter is reported by (its first registration: ``shared.weight`` of T5)
+        self._param_names = {id(p): n for n, p in model.named_parameters()}
+        #: while a batch's norms are computed: id(param) -> (name, param, the layers using it, their Uses), for
+        #: the parameters used by several layers in that forward (bk_rules/shared.py)
+        self._shared: dict[int, tuple] = {}
         self.layers: list[_Layer] = []
         for mname, m in model.named_modules():
             own = own_trainable(m)
@@ -338,6 +335,16 @@ class BKEngine(GradEngine):
     def record(self, name: str, choice: str) -> None:
         self.choices[name] = choice
 
+    def shares(self, param: nn.Parameter | None) -> bool:
+        """Whether ``param`` is used by several layers in the batch being computed: their rules then hand in
+        its per-example gradient with :meth:`share`."""
+        return param is not None and id(param) in self._shared
+
+    def share(self, param: nn.Parameter, use: Use) -> None:
+        """One layer's per-example gradient of a shared parameter (:mod:`~dp_adam_bench.engine.bk_rules.shared`),
+        for the cross terms between its uses."""
+        self._shared[id(param)][3].append(use)
+
     def kept(self, t: torch.Tensor) -> None:
         """Note a per-example gradient tensor a rule keeps until the clipped sum (``memory``)."""
         self.memory["per_example_bytes"] += t.numel() * t.element_size()
@@ -385,7 +392,7 @@ class BKEngine(GradEngine):
                         _refuse_in_place(err)
                         raise
                     self._clone = True  # and once more, with copies of the captured outputs
-            _refuse_tied_use(self._tied, self.layers)
+            self._shared = self._shared_in_forward()
             sq = torch.zeros(b, dtype=ref.dtype, device=ref.device)
             finishers = []
             self.memory = {"captured_bytes": _captured_bytes(self.layers), "per_example_bytes": 0}
@@ -407,18 +414,41 @@ class BKEngine(GradEngine):
                     layer.calls = []  # what the clipped sum needs is now held by ``finish``
                     sq = sq + layer_sq.to(sq.dtype)
                     finishers.append(finish)
-                norms = sq.sqrt()
+                _unshareable(self._shared)
+                for name, param, _, uses in self._shared.values():
+                    sq = sq + cross_terms(self, name, param, uses, b).to(sq.dtype)
+                self._shared = {}
+                # a parameter's cross terms can be negative: an example whose uses cancel has a small norm, and
+                # rounding must not make its square negative
+                norms = sq.clamp(min=0).sqrt()
                 f = clip_factors(norms, clip)
                 found: dict[int, torch.Tensor] = {}
                 for finish in finishers:
                     for p, s in finish(f).items():
-                        found[id(p)] = s
+                        # a shared parameter's clipped sum is the sum over the layers that use it
+                        found[id(p)] = s if id(p) not in found else found[id(p)] + s
         finally:
             self._scale = None
+            self._shared = {}
             for layer in self.layers:
                 layer.calls = []
         summed = [found[id(p)].detach() if id(p) in found else torch.zeros_like(p) for p in self.params]
         return ClippedSum(summed, norms.detach(), b)
+
+    def _shared_in_forward(self) -> dict[int, tuple]:
+        """The parameters that several layers used in the recorded forward (tied weights), each with its name and
+        those layers; a parameter registered in several modules of which one ran (T5's ``shared`` beside the
+        ``embed_tokens`` that look it up) is an ordinary one."""
+        users: dict[int, tuple] = {}
+        for layer in self.layers:
+            if any(call.grad is not None for call in layer.calls):
+                for p in layer.params:
+                    users.setdefault(id(p), (p, []))[1].append(layer)
+        return {
+            pid: (self._param_names.get(pid, "?"), p, active, [])
+            for pid, (p, active) in users.items()
+            if len(active) > 1
+        }
 
     def close(self):
         for undo in self._undo:

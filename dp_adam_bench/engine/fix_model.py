@@ -8,9 +8,13 @@
   largest number of groups up to 32 that divides the channels, its affine weight and bias copied;
 * **InstanceNorm with running statistics** (statistics of the private data, released without noise) -> the same
   layer without them;
-* **tied parameters** (one ``nn.Parameter`` in two modules, such as tied input and output embeddings) -> one copy
-  per module, each trained on its own (a Hugging Face config's ``tie_word_embeddings`` is set to False so that
-  ``tie_weights()`` does not tie them again);
+* **tied parameters that bk cannot combine** (one ``nn.Parameter`` in two modules of which one has a bk rule that
+  cannot add its per-example gradient to the other uses': a convolution, ``nn.MultiheadAttention``) -> one copy per
+  module, each trained on its own (a Hugging Face config's ``tie_word_embeddings`` is set to False so that
+  ``tie_weights()`` does not tie them again). Tied embeddings and LM heads (GPT-2, T5, BART, Llama with
+  ``tie_word_embeddings``), an encoder-decoder's ``shared`` table, and any parameter shared by Linear, Embedding,
+  norm layers and modules without a rule are left tied: bk computes their per-example gradients exactly as the sum
+  over the uses (:mod:`dp_adam_bench.engine.bk_rules.shared`), so the model trained is the model asked for;
 * **half-precision trainable parameters** (bf16 / fp16: Adam's state would be kept in that precision) -> fp32
   (train in bf16 with ``precision="bf16"``, which keeps fp32 parameters and state).
 
@@ -68,7 +72,24 @@ def _replace_norms(model: nn.Module, changes: list[str]) -> nn.Module:
     return model
 
 
+def _unshareable_kind(modules: list[nn.Module]) -> str | None:
+    """The kind of the first bk rule among ``modules``' that cannot add its per-example gradient of a shared
+    parameter to the other uses' (:mod:`dp_adam_bench.engine.bk_rules.shared`), or None when all can."""
+    from dp_adam_bench.engine.bk_rules import rule_for
+
+    for m in modules:
+        rule = rule_for(m)  # None: the generic rule, which can
+        if rule is not None and not rule.shares:
+            return rule.kind
+    return None
+
+
 def _untie(model: nn.Module, changes: list[str]) -> None:
+    owners: dict[int, list[nn.Module]] = {}
+    for module in model.modules():
+        for p in module._parameters.values():
+            if p is not None and all(m is not module for m in owners.get(id(p), [])):
+                owners.setdefault(id(p), []).append(module)
     seen: dict[int, tuple[nn.Module, str]] = {}
     for mname, module in model.named_modules(remove_duplicate=False):
         for pname, p in list(module._parameters.items()):
@@ -76,11 +97,18 @@ def _untie(model: nn.Module, changes: list[str]) -> None:
                 continue
             full = f"{mname}.{pname}" if mname else pname
             first = seen.setdefault(id(p), (module, full))
-            if first[0] is not module:
-                copy = nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad)
-                setattr(module, pname, copy)
-                seen[id(copy)] = (module, full)
-                changes.append(f"{full}: untied from {first[1]} (a copy, trained on its own)")
+            if first[0] is module:
+                continue
+            kind = _unshareable_kind(owners[id(p)])
+            if kind is None:
+                continue  # bk adds the uses' per-example gradients exactly: the model stays as it was built
+            copy = nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad)
+            setattr(module, pname, copy)
+            seen[id(copy)] = (module, full)
+            changes.append(
+                f"{full}: untied from {first[1]} (a copy, trained on its own; bk's {kind} rule cannot add "
+                "per-example gradients across layers)"
+            )
     config = getattr(model, "config", None)
     if changes and config is not None and getattr(config, "tie_word_embeddings", False):
         config.tie_word_embeddings = False

@@ -14,11 +14,14 @@ A rule is exact for every configuration it accepts; a configuration it cannot co
 * :mod:`.linear`: ``nn.Linear`` (inputs of any rank) and transformers' GPT-2 ``Conv1D``;
 * :mod:`.conv`: ``nn.Conv1d`` / ``Conv2d`` / ``Conv3d`` with any stride, padding (``same`` / ``valid``), dilation,
   groups and padding mode;
-* :mod:`.embedding`: ``nn.Embedding`` (``padding_idx``) and ``nn.EmbeddingBag`` (2-D ids; ``sum`` / ``mean``;
-  per-sample weights);
+* :mod:`.embedding`: ``nn.Embedding`` (``padding_idx``), transformers' ``*ScaledWordEmbedding`` (BART, Gemma, ...:
+  the lookup times ``embed_scale``) and ``nn.EmbeddingBag`` (2-D ids; ``sum`` / ``mean``; per-sample weights);
 * :mod:`.norms`: ``nn.LayerNorm``, ``nn.RMSNorm``, ``nn.GroupNorm``, ``nn.InstanceNorm1d/2d/3d``;
 * :mod:`.attention`: ``nn.MultiheadAttention`` (packed or separate in-projections, ``add_bias_kv``,
   ``add_zero_attn``, masks, either layout).
+
+A parameter several layers use in one forward (tied weights) is combined across them by :mod:`.shared` from what
+each rule hands in (``shares=True`` at registration): Linear, Embedding, the norms and the generic rule do.
 
 Adding a layer: write ``compute(engine, layer, calls, b) -> (sq, finish)`` in a module here, decorate it with
 :func:`register`, import the module below, and add the layer's configurations to the conformance suite.

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from dp_adam_bench.engine.bk_rules.dense import gram_sq
 from dp_adam_bench.engine.bk_rules.registry import register
+from dp_adam_bench.engine.bk_rules.shared import Use
 
 
 def token_rule(engine, name: str, m: nn.Module, ids: torch.Tensor, G: torch.Tensor, b: int):
@@ -29,6 +31,8 @@ def token_rule(engine, name: str, m: nn.Module, ids: torch.Tensor, G: torch.Tens
     ``G`` (B, T, p) (padding positions already zeroed)."""
     V, p = m.weight.shape
     sw = engine.scale_of(m.weight)
+    if engine.shares(m.weight):  # tied weights (bk_rules/shared.py): onehot(ids)^T G per example
+        engine.share(m.weight, Use(name, ids=ids, R=G))
     if engine.path(name, ids.shape[1], 1, p, embedding=True):
         sq = gram_sq(ids, G, same_token=True)
 
@@ -51,11 +55,50 @@ def token_rule(engine, name: str, m: nn.Module, ids: torch.Tensor, G: torch.Tens
     return sq, finish
 
 
-@register(nn.Embedding, kind="embedding")
+@register(nn.Embedding, kind="embedding", shares=True)
 def embedding(engine, layer, calls, b):
     m = layer.module
     ids = torch.cat([c.args[0].reshape(b, -1) for c in calls], 1)
     G = torch.cat([c.grad.reshape(b, -1, c.grad.shape[-1]) for c in calls], 1)
+    if m.padding_idx is not None:
+        G = G.masked_fill((ids == m.padding_idx)[..., None], 0)
+    return token_rule(engine, layer.name, m, ids, G, b)
+
+
+def _scale_of(m: nn.Module):
+    """A scaled word embedding's scalar ``embed_scale`` (a number or a one-element tensor), or None."""
+    s = getattr(m, "embed_scale", None)
+    if isinstance(s, (int, float)) and not isinstance(s, bool):
+        return float(s)
+    if isinstance(s, torch.Tensor) and s.numel() == 1:
+        return s.detach().reshape(())
+    return None
+
+
+def _is_scaled_lookup(m: nn.Module) -> bool:
+    """Whether ``m`` computes ``embedding(ids) * embed_scale``, as every ``*ScaledWordEmbedding`` of transformers
+    5 does (BART, mBART, M2M100, Pegasus-X, Gemma, ...): checked on one id, so that a class of that name computing
+    something else takes the generic rule."""
+    s = _scale_of(m)
+    if s is None or not isinstance(m, nn.Embedding) or m.weight.device.type == "meta":
+        return False
+    ids = torch.tensor([[m.num_embeddings - 1]], device=m.weight.device)
+    try:
+        with torch.no_grad():
+            out = m(ids)
+    except Exception:  # noqa: BLE001  (any failure: not the lookup this rule assumes)
+        return False
+    want = F.embedding(ids, m.weight, m.padding_idx) * s
+    return isinstance(out, torch.Tensor) and out.shape == want.shape and torch.equal(out, want.to(out.dtype))
+
+
+@register(("transformers", "*ScaledWordEmbedding"), kind="embedding", shares=True, accepts=_is_scaled_lookup)
+def scaled_embedding(engine, layer, calls, b):
+    """``embedding(ids) * embed_scale``: the Embedding rule with the output gradients times the scale."""
+    m = layer.module
+    s = _scale_of(m)
+    ids = torch.cat([c.args[0].reshape(b, -1) for c in calls], 1)
+    G = torch.cat([c.grad.reshape(b, -1, c.grad.shape[-1]) for c in calls], 1) * s
     if m.padding_idx is not None:
         G = G.masked_fill((ids == m.padding_idx)[..., None], 0)
     return token_rule(engine, layer.name, m, ids, G, b)
@@ -83,7 +126,7 @@ def _bag_call(m: nn.EmbeddingBag, call, name: str):
     return ids, psw
 
 
-@register(nn.EmbeddingBag, kind="embedding_bag", refuse=_refuse_bag)
+@register(nn.EmbeddingBag, kind="embedding_bag", refuse=_refuse_bag, shares=True)
 def embedding_bag(engine, layer, calls, b):
     m = layer.module
     ids_all, G_all = [], []

@@ -28,6 +28,7 @@ from torch.utils import _pytree as pytree
 
 from dp_adam_bench.engine.bk_rules.dense import from_per_example
 from dp_adam_bench.engine.bk_rules.registry import Rule
+from dp_adam_bench.engine.bk_rules.shared import share_instantiated
 from dp_adam_bench.engine.support import own_trainable
 
 
@@ -155,6 +156,7 @@ def generic(engine, layer, calls, b):
                 total[n] = g if n not in total else total[n] + g
     engine.record(layer.name, f"generic:{how}")
     per_param = {params[n]: g.to(engine.dtype) for n, g in total.items()}
+    share_instantiated(engine, layer, per_param)
     return from_per_example(engine.scaled(per_param), b, calls[0].grad.device)
 
 
@@ -169,4 +171,4 @@ def _not_reproducible(layer, why: str) -> str:
 
 
 #: the rule bk uses for a module type without a registered rule (``BKEngine`` installs its capture)
-GENERIC = Rule("generic", generic)
+GENERIC = Rule("generic", generic, shares=True)

@@ -9,6 +9,7 @@ from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
 from dp_adam_bench.engine.bk_rules.dense import dense, held_operands
 from dp_adam_bench.engine.bk_rules.registry import register
+from dp_adam_bench.engine.bk_rules.shared import Use
 
 
 def stack_calls(calls, b: int):
@@ -21,12 +22,17 @@ def stack_calls(calls, b: int):
     return A[:, :, None], G[:, :, None]
 
 
-@register(nn.Linear, NonDynamicallyQuantizableLinear, ("transformers", "Conv1D"), kind="linear")
+@register(nn.Linear, NonDynamicallyQuantizableLinear, ("transformers", "Conv1D"), kind="linear", shares=True)
 def linear(engine, layer, calls, b):
     m = layer.module
     transposed = type(m).__name__ == "Conv1D"  # GPT-2: y = x @ W + b, W (d, p)
     A, G = stack_calls(calls, b)
     w, bias = m.weight, m.bias
+    if engine.shares(w):  # tied weights (bk_rules/shared.py): G^T A per example, A^T G for Conv1D's (d, p)
+        a, g = A[:, :, 0], G[:, :, 0]
+        engine.share(w, Use(layer.name, L=a, R=g) if transposed else Use(layer.name, L=g, R=a))
+    if engine.shares(bias):
+        engine.share(bias, Use(layer.name, per_ex=G[:, :, 0].sum(1)))
     sw = engine.scale_of(w)
     if sw is not None:
         sw = (sw.t() if transposed else sw)[None]

@@ -16,6 +16,7 @@ from torch.nn import functional as F
 
 from dp_adam_bench.engine.bk_rules.dense import from_per_example
 from dp_adam_bench.engine.bk_rules.registry import register
+from dp_adam_bench.engine.bk_rules.shared import share_instantiated
 
 
 def _affine_rule(engine, layer, calls, b, normalise, shared_dims):
@@ -37,6 +38,7 @@ def _affine_rule(engine, layer, calls, b, normalise, shared_dims):
             t = g.sum(dims) if dims else g
             gb = t if gb is None else gb + t
     per_ex = {p: t for p, t in ((w, gw), (bias, gb)) if t is not None}
+    share_instantiated(engine, layer, per_ex)
     return from_per_example(engine.scaled(per_ex), b, calls[0].grad.device)
 
 
@@ -46,14 +48,14 @@ def _trailing(m):
     return lambda g: tuple(range(1, g.dim() - n))
 
 
-@register(nn.LayerNorm, kind="layernorm")
+@register(nn.LayerNorm, kind="layernorm", shares=True)
 def layer_norm(engine, layer, calls, b):
     m = layer.module
     ns = tuple(m.normalized_shape)
     return _affine_rule(engine, layer, calls, b, lambda x: F.layer_norm(x, ns, eps=m.eps), _trailing(m))
 
 
-@register(nn.RMSNorm, kind="rmsnorm")
+@register(nn.RMSNorm, kind="rmsnorm", shares=True)
 def rms_norm(engine, layer, calls, b):
     m = layer.module
     ns = tuple(m.normalized_shape)
@@ -64,13 +66,13 @@ def _spatial(g: torch.Tensor) -> tuple:
     return tuple(range(2, g.dim()))
 
 
-@register(nn.GroupNorm, kind="groupnorm")
+@register(nn.GroupNorm, kind="groupnorm", shares=True)
 def group_norm(engine, layer, calls, b):
     m = layer.module
     return _affine_rule(engine, layer, calls, b, lambda x: F.group_norm(x, m.num_groups, eps=m.eps), _spatial)
 
 
-@register(nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d, kind="instancenorm")
+@register(nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d, kind="instancenorm", shares=True)
 def instance_norm(engine, layer, calls, b):
     m = layer.module
     return _affine_rule(engine, layer, calls, b, lambda x: F.instance_norm(x, eps=m.eps), _spatial)
