@@ -232,6 +232,8 @@ class BKEngine(GradEngine):
             if undo is not None:
                 self._undo.append(undo)
         self._group = 0
+        #: generic rule: per module, the inputs (flat indices) its last replay took per example (bk_rules/generic.py)
+        self.replay_splits: dict[str, frozenset] = {}
         # set once a forward modified a captured output in place (Hugging Face's ResNet: `hidden += residual` on a
         # norm's output): from then on the captures return copies (one more activation-sized tensor per layer)
         self._clone = False

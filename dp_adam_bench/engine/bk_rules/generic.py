@@ -10,6 +10,15 @@ or, where the forward cannot be vmapped (data-dependent control flow), a loop ov
 children keep their own rules: only the module's own parameters are differentiated (``functional_call`` with those
 alone). The per-example gradients are instantiated (B x the module's own parameter count).
 
+Every argument of the call is captured (positional and keyword: masks, position biases, position ids, numbers,
+flags) and passed to the replay. Which tensor inputs are per example is not known from their shapes alone: a (T,)
+row of position ids, or a bias (heads, T, T), leads with B whenever T or the number of heads happens to equal B.
+The replay first takes every input with B rows along dim 0 per example; where that does not reproduce the batch's
+outputs, it tries again with one, two, ... of them (never the module's primary input) passed whole, and keeps the
+first split that does, per module, for the next batch (at most 16 splits a call). A split whose replay reproduces
+every example's outputs computes that example's function of the module's parameters, so its vector-Jacobian
+product is that example's gradient.
+
 Exactness is checked, not assumed: the recomputed outputs must equal the outputs the batch forward produced (the
 recomputation returns them as well). A forward that mixes the examples, or draws random numbers (dropout with
 ``p > 0`` in train mode), does not reproduce them and is refused naming the module; ``nn.Dropout`` children with
@@ -21,6 +30,8 @@ dimension cannot be told apart per example and is refused.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import torch
 from torch import nn
@@ -70,11 +81,10 @@ def _batched(t, b: int) -> bool:
     return isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[0] == b
 
 
-def _per_example_vmap(module, params, args, kwargs, pieces, b):
+def _per_example_vmap(module, params, flat, spec, batched, pieces):
     from torch.func import functional_call, grad, vmap
 
-    flat, spec = pytree.tree_flatten((args, kwargs))
-    dims = [0 if _batched(t, b) else None for t in flat]
+    dims = [0 if k in batched else None for k in range(len(flat))]
     grads = [c.grad for c in pieces]
     keys = [c.piece for c in pieces]
 
@@ -92,24 +102,110 @@ def _per_example_vmap(module, params, args, kwargs, pieces, b):
     return per_ex, outs
 
 
-def _per_example_loop(module, params, args, kwargs, pieces, b):
-    flat, spec = pytree.tree_flatten((args, kwargs))
+def _per_example_loop(module, params, flat, spec, batched, pieces, b):
     names = list(params)
     rows, outs = [], [[] for _ in pieces]
     for i in range(b):
-        inputs = [t[i : i + 1] if _batched(t, b) else t for t in flat]
+        inputs = [t[i : i + 1] if k in batched else t for k, t in enumerate(flat)]
         a, kw = pytree.tree_unflatten(inputs, spec)
         with torch.enable_grad():
             leaves = pytree.tree_leaves(module(*a, **kw))
-            total = sum((leaves[c.piece] * c.grad[i : i + 1]).sum() for c in pieces)
+            got_outs = [leaves[c.piece] for c in pieces]
+            for o, c in zip(got_outs, pieces, strict=True):
+                if o.shape != (1, *c.grad.shape[1:]):
+                    shape = tuple(o.shape[1:]) if o.dim() and o.shape[0] == 1 else tuple(o.shape)
+                    return None, shape  # not this example's rows: the caller says so
+            total = sum((o * c.grad[i : i + 1]).sum() for o, c in zip(got_outs, pieces, strict=True))
             got = torch.autograd.grad(total, [params[n] for n in names], allow_unused=True)
         rows.append(
             [g if g is not None else torch.zeros_like(params[n]) for g, n in zip(got, names, strict=True)]
         )
-        for k, c in enumerate(pieces):
-            outs[k].append(leaves[c.piece].detach().reshape(c.grad.shape[1:]))
+        for k, o in enumerate(got_outs):
+            outs[k].append(o.detach()[0])
     per_ex = {n: torch.stack([r[j] for r in rows]) for j, n in enumerate(names)}
     return per_ex, [torch.stack(o) for o in outs]
+
+
+#: at most this many ways of splitting a call's inputs into per-example and shared ones are replayed
+_MAX_SPLITS = 16
+
+
+def _splits(flat, b: int, known) -> list[frozenset]:
+    """The sets of inputs (flat indices) to replay as per-example, in the order tried: ``known`` (the split that
+    reproduced this module's last batch) first, then every input with B rows along dim 0, then with one, two, ...
+    of those other than the first (the module's primary input) passed whole instead. An input whose leading size
+    is B only by coincidence (BART's (T,) ``position_ids`` with T = B) is per-example under the first split and
+    shared under a later one; the replay that reproduces the batch's outputs decides."""
+    cands = [k for k, t in enumerate(flat) if _batched(t, b)]
+    first = [k for k in cands if k == 0]
+    rest = [k for k in cands if k != 0]
+    order = [frozenset(cands)] if known is None else [known, frozenset(cands)]
+    for n in range(1, len(rest) + 1):
+        for dropped in itertools.combinations(rest, n):
+            order.append(frozenset(first + [k for k in rest if k not in dropped]))
+    seen, out = set(), []
+    for split in order:
+        if split not in seen:
+            seen.add(split)
+            out.append(split)
+    return out[:_MAX_SPLITS]
+
+
+def _differs(pieces, outs) -> str | None:
+    """Why the replayed outputs ``outs`` do not reproduce the batch's (shape or value), or None."""
+    for call, out in zip(pieces, outs, strict=True):
+        ref = call.output
+        if out.shape != ref.shape:  # e.g. a sequence-first output whose length happens to equal B
+            return (
+                f"one example gives an output of shape {tuple(out.shape[1:])}, the batch {tuple(ref.shape[1:])} "
+                "per example"
+            )
+        scale = ref.abs().max().clamp(min=torch.finfo(ref.dtype).tiny)
+        err = float((out.detach().to(ref.dtype) - ref).abs().max() / scale) if ref.numel() else 0.0
+        if not err <= _tolerance(ref.dtype):
+            return f"its recomputed output differs by {err:.2g} (relative)"
+    return None
+
+
+def _replay(engine, layer, params, pieces, b, how):
+    """Per-example gradients of one forward call (its captured ``pieces``) and how they were computed: the first
+    split of its inputs (:func:`_splits`) whose replay reproduces the batch's outputs, by vmap or, where vmap
+    cannot run the forward, one example at a time."""
+    m = layer.module
+    flat, spec = pytree.tree_flatten((pieces[0].args, pieces[0].kwargs))
+    known = engine.replay_splits.get(layer.name)
+    why = None
+    for split in _splits(flat, b, known):
+        per_ex = None
+        if how == "vmap":
+            try:
+                per_ex, outs = _per_example_vmap(m, params, flat, spec, split, pieces)
+            except RuntimeError as err:
+                if "random" in str(err):
+                    raise ValueError(
+                        _not_reproducible(layer, "it draws random numbers (dropout with p > 0)")
+                    ) from err
+                how = "loop"  # data-dependent control flow or an op vmap does not take: one example at a time
+        if per_ex is None:
+            try:
+                per_ex, outs = _per_example_loop(m, params, flat, spec, split, pieces, b)
+            except RuntimeError as err:  # inputs split wrongly can make the forward fail: try the next split
+                why = (
+                    why or f"it raises {type(err).__name__} on one example: {str(err).splitlines()[0][:120]}"
+                )
+                continue
+            if per_ex is None:
+                why = why or (
+                    f"one example gives an output of shape {outs}, the batch "
+                    f"{tuple(pieces[0].output.shape[1:])} per example"
+                )
+                continue
+        differs = _differs(pieces, outs)
+        if differs is None:
+            engine.replay_splits[layer.name] = split
+            return per_ex, how
+        why = why or differs
+    raise ValueError(_not_reproducible(layer, why))
 
 
 def generic(engine, layer, calls, b):
@@ -121,37 +217,7 @@ def generic(engine, layer, calls, b):
     how = "loop" if engine.choices.get(layer.name) == "generic:loop" else "vmap"
     with _ZeroDropoutOff(m):
         for pieces in _group(calls):
-            args, kwargs = pieces[0].args, pieces[0].kwargs
-            try:
-                if how == "loop":
-                    per_ex, outs = _per_example_loop(m, params, args, kwargs, pieces, b)
-                else:
-                    per_ex, outs = _per_example_vmap(m, params, args, kwargs, pieces, b)
-            except RuntimeError as err:
-                if how == "loop":
-                    raise
-                if "random" in str(err):
-                    raise ValueError(
-                        _not_reproducible(layer, "it draws random numbers (dropout with p > 0)")
-                    ) from err
-                how = "loop"  # data-dependent control flow or an op vmap does not take: one example at a time
-                per_ex, outs = _per_example_loop(m, params, args, kwargs, pieces, b)
-            for call, out in zip(pieces, outs, strict=True):
-                ref = call.output
-                if out.shape != ref.shape:  # e.g. a sequence-first output whose length happens to equal B
-                    raise ValueError(
-                        _not_reproducible(
-                            layer,
-                            f"one example gives an output of shape {tuple(out.shape[1:])}, the batch "
-                            f"{tuple(ref.shape[1:])} per example",
-                        )
-                    )
-                scale = ref.abs().max().clamp(min=torch.finfo(ref.dtype).tiny)
-                err = float((out.detach().to(ref.dtype) - ref).abs().max() / scale) if ref.numel() else 0.0
-                if not err <= _tolerance(ref.dtype):
-                    raise ValueError(
-                        _not_reproducible(layer, f"its recomputed output differs by {err:.2g} (relative)")
-                    )
+            per_ex, how = _replay(engine, layer, params, pieces, b, how)
             for n, g in per_ex.items():
                 total[n] = g if n not in total else total[n] + g
     engine.record(layer.name, f"generic:{how}")
