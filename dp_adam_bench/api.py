@@ -22,7 +22,10 @@ Your objects:
   Batches are collated with ``torch.utils.data.default_collate``.
 * ``loss_fn(output, target)`` — one loss per example, shape ``(batch,)`` (e.g.
   ``nn.CrossEntropyLoss(reduction="none")``). For pairs, ``output = model(input)``; for dicts,
-  ``output = model(**inputs)`` with every key but ``target_key`` as input and ``target = batch[target_key]``.
+  ``output = model(**inputs)`` with every key but ``target_key`` as input and ``target = batch[target_key]``. An
+  encoder-decoder (T5, BART: ``config.is_encoder_decoder``) given the tokenizer's batch (``input_ids``,
+  ``attention_mask``, ``labels``) gets ``decoder_input_ids`` built from the labels as its own forward would
+  (:mod:`dp_adam_bench.engine.seq2seq`), and ``loss_fn`` the labels, aligned with the logits.
 
 Sampling follows the accountant: Poisson sampling with ``noise="independent"`` (DP-SGD's accountants), cyclic
 fixed-size batches (``sampler="single_pass"``) for correlated noise, accounted as one Gaussian mechanism without
@@ -45,6 +48,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from dp_adam_bench.engine.backends import refuse_half_precision
+from dp_adam_bench.engine.seq2seq import with_decoder_inputs
 from dp_adam_bench.engine.session import PrivateTraining
 from dp_adam_bench.errors import ConfigError
 from dp_adam_bench.paths import CONFIG_DIR
@@ -133,8 +137,10 @@ class UserTask(ModelTask):
         if self.pairs:
             output, target = forward(batch["inputs"]), batch["targets"]
         else:
-            output = forward(**{k: v for k, v in batch.items() if k != self.target_key})
             target = batch[self.target_key]
+            inputs = {k: v for k, v in batch.items() if k != self.target_key}
+            # an encoder-decoder fed the tokenizer's batch: its decoder reads the labels shifted (engine/seq2seq.py)
+            output = forward(**with_decoder_inputs(self.model, inputs, target))
         losses = self.loss_fn(output, target)
         n = len(target)
         if not isinstance(losses, torch.Tensor) or losses.shape != (n,):
