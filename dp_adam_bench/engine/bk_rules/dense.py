@@ -143,7 +143,7 @@ def held_operands(A: torch.Tensor, G: torch.Tensor) -> Operands:
     return Operands(G, A.shape[3], lambda i, j: A[i:j], lambda c: weighted_sum(G, A, c), held)
 
 
-def _chunk(b: int, per_example: int) -> int:
+def examples_per_chunk(b: int, per_example: int) -> int:
     """Examples per chunk so that a temporary of ``per_example`` numbers per example stays under _GRAM_CHUNK."""
     return max(1, min(b, _GRAM_CHUNK // max(1, per_example)))
 
@@ -181,7 +181,7 @@ def dense(engine, name: str, ops: Operands, *, weight: bool, bias: bool, sw=None
         if not gram and sw is None:
             W = torch.empty(b, k, p, d, dtype=dt, device=G.device)  # kept for the clipped sum
             engine.kept(W)
-        step = _chunk(b, k * max(T * d, T * T if gram else p * d))
+        step = examples_per_chunk(b, k * max(T * d, T * T if gram else p * d))
         buf = None
         if sw is not None:  # scaled gradients are only normed: cache-sized chunks, one buffer (_SCALED_CHUNK)
             step = max(1, min(b, _SCALED_CHUNK // max(1, k * p * d)))

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dp_adam_bench.engine.bk_rules.dense import _GRAM_CHUNK, GRAM_FACTOR
+from dp_adam_bench.engine.bk_rules.dense import GRAM_FACTOR, examples_per_chunk
 
 
 @dataclass
@@ -91,7 +91,7 @@ def _outer(u: Use, v: Use, i: int, j: int, dtype) -> torch.Tensor:
 
 def _gram_cross(u: Use, v: Use, b: int, dtype) -> torch.Tensor:
     """``<L_u^T R_u, L_v^T R_v>`` per example by the two-layer Gram form (module docstring)."""
-    step = max(1, _GRAM_CHUNK // max(1, u.T * v.T))
+    step = examples_per_chunk(b, u.T * v.T)
     out = []
     for i in range(0, b, step):
         j = min(b, i + step)
@@ -102,8 +102,7 @@ def _gram_cross(u: Use, v: Use, b: int, dtype) -> torch.Tensor:
 
 def _instantiated_cross(u: Use, v: Use, b: int, shape: tuple, dtype, s2: torch.Tensor | None) -> torch.Tensor:
     """``<S g^u_i, S g^v_i>`` per example from the instantiated gradients, a chunk of examples at a time."""
-    numel = max(1, int(torch.Size(shape).numel()))
-    step = max(1, _GRAM_CHUNK // numel)
+    step = examples_per_chunk(b, int(torch.Size(shape).numel()))
     out = []
     for i in range(0, b, step):
         j = min(b, i + step)
