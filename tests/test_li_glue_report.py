@@ -13,16 +13,18 @@ from dp_adam_bench.report import li_glue
 from dp_adam_bench.report.context import ReportContext
 
 
-def _cfg(objective, noise, target, seed):
+def _cfg(objective, noise, target, seed, finetune=None):
     return {
         "task": {
             "name": "glue_sst2",
             "profile": "cpu",
             "objective": objective,
+            "finetune": finetune,
             "max_length": 96,
             "pretrain": "minilm_mlm_head" if objective == "infilling" else None,
         },
-        "optimizer": {"name": "adam", "lr": 5e-4},
+        # the preset's: non-private full fine-tuning at the authors' launcher's 5e-5, the rest at 5e-4
+        "optimizer": {"name": "adam", "lr": 5e-5 if noise == "none" and finetune is None else 5e-4},
         "noise": {"kind": noise},
         "privacy": {"sigma": None, "clip": 0.1, "delta": 1.2207e-4, "target_epsilon": target},
         "train": {"batch_size": 256, "clipping": "bk", "lr_schedule": "linear"},
@@ -30,9 +32,25 @@ def _cfg(objective, noise, target, seed):
     }
 
 
+#: trainable counts and step-0 accuracies of each row
+D = {
+    ("classifier",): 22_713_986,
+    ("infilling",): 22_752_000,
+    ("classifier", "lora"): 74_498,
+    ("classifier", "rgp"): 300_000,
+}
+START = {
+    ("classifier",): 50.0,
+    ("infilling",): 56.0,
+    ("classifier", "lora"): 52.0,
+    ("classifier", "rgp"): 50.0,
+}
+
+
 def _store(root, accuracies: dict):
     """Runs of each (objective, noise, target), one a seed, with the given accuracies (loss = 1 - acc / 100)."""
-    for (objective, noise, target), per_seed in accuracies.items():
+    for key, per_seed in accuracies.items():
+        objective, noise, target, *finetune = key
         eps = (
             {"rdp": target, "gdp_clt": 0.8 * target, "prv": 0.9 * target, "pld": 0.9 * target}
             if target
@@ -42,15 +60,23 @@ def _store(root, accuracies: dict):
             write_run(
                 root,
                 "li_glue_cpu",
-                f"{objective}-{noise}-{target}-{seed}",
-                _cfg(objective, noise, target, seed),
+                f"{objective}-{noise}-{target}-{seed}-{finetune}",
+                _cfg(objective, noise, target, seed, *finetune),
                 {
                     "metrics": {"test_accuracy": acc, "test_loss": 1 - acc / 100},
                     "epsilon": eps,
+                    "finetune": {
+                        "method": finetune[0] if finetune else None,
+                        "trainable_params": D[(objective, *finetune)],
+                    },
                     "sigma": 0.7 if target else 0.0,
                     "steps": 24,
                     "data_note": "GLUE sst2 train (4096 subset) / dev (872); encoder MiniLM-L6-H384 instead of RoBERTa",
                 },
+                metrics=[
+                    {"step": 0, "test_accuracy": START[(objective, *finetune)]},
+                    {"step": 24, "test_accuracy": acc},
+                ],
             )
 
 
@@ -66,11 +92,22 @@ def test_cells_paper_numbers_and_orderings_with_welch(isolated_dirs):
             80.0,
         ),  # behind the classifier at eps = 8, and behind its eps = 3
         ("infilling", "none", None): (89.0, 91.0),
+        ("classifier", "independent", 3.0, "lora"): (84.0, 85.0),
+        ("classifier", "independent", 8.0, "lora"): (86.0, 87.0),
+        ("classifier", "none", None, "lora"): (88.0, 89.0),
+        ("classifier", "independent", 8.0, "rgp"): (
+            82.0,
+            83.0,
+        ),  # behind full at eps = 8, as the paper is not
     }
     _store(isolated_dirs / "runs", acc)
     li_glue.build(ReportContext())
     df = pd.read_csv(isolated_dirs / "results" / "li_glue.csv")
-    a = df[df.quantity == "accuracy"].set_index(["objective", "column"])
+    a = df[df.quantity == "accuracy"].set_index(["method", "column"])
+    assert a.loc[("lora", "eps8"), "ours"] == pytest.approx(86.5) and np.isnan(
+        a.loc[("lora", "eps8"), "paper"]
+    )
+    assert a.loc[("rgp", "eps8"), "paper"] == pytest.approx(91.6) and a.loc[("rgp", "eps3"), "n"] == 0
     assert a.loc[("classifier", "eps3"), "paper"] == pytest.approx(86.12)
     assert a.loc[("infilling", "eps8"), "paper"] == pytest.approx(92.09)
     assert np.isnan(
@@ -78,7 +115,7 @@ def test_cells_paper_numbers_and_orderings_with_welch(isolated_dirs):
     )  # the table prints no non-private GLUE numbers
     assert a.loc[("classifier", "eps3"), "ours"] == pytest.approx(81.0)
     assert a.loc[("classifier", "eps3"), "ours_sample_std"] == pytest.approx(np.std([80.0, 82.0], ddof=1))
-    gdp = df[df.quantity.str.contains("CLT")].set_index(["objective", "column"])
+    gdp = df[df.quantity.str.contains("CLT")].set_index(["method", "column"])
     assert gdp.loc[("infilling", "eps3"), "paper"] == pytest.approx(1.73)
     assert gdp.loc[("infilling", "eps3"), "ours"] == pytest.approx(2.4)
     md = (isolated_dirs / "results" / "li_glue.md").read_text()
@@ -94,6 +131,19 @@ def test_cells_paper_numbers_and_orderings_with_welch(isolated_dirs):
     assert "full + infilling: eps = 8 > eps = 3 (accuracy): **does not hold**" in md
     assert "full: non-private > eps = 8 (accuracy): **holds**" in md
     assert "paper: 91.86 vs 86.12 (RoBERTa-base)" in md
+    assert "LoRA: eps = 8 > eps = 3 (accuracy): **holds**" in md and "RGP: eps = 8 > eps = 3" not in md
+    assert (
+        "eps8: RGP beats full fine-tuning (both with the plain classifier) on SST-2 accuracy: **does not hold** "
+        "(82.50 vs 84.00" in md
+    )
+    # ||z|| / C = sigma sqrt(d) / B from the runs' own sigma (0.7), B (256) and d
+    assert f"LoRA eps3 (d = 74,498): {0.7 * np.sqrt(74_498) / 256:.3g}" in md
+    assert f"full eps8 (d = 22,713,986): {0.7 * np.sqrt(22_713_986) / 256:.3g}" in md
+    assert (
+        "Dev accuracy before training (step 0, train.eval_at_start): full 50.00 % (6 runs); full + infilling "
+        in md
+    )
+    assert "RGP 50.00 % (2 runs)" in md
     assert "MiniLM-L6 (22.7M parameters" in md and "Adam lr 0.0005 decayed linearly" in md
 
 
@@ -117,5 +167,5 @@ def test_cells_at_the_majority_class_rate_are_named(isolated_dirs):
     )
     assert (
         "full + infilling eps3. These models predict one class" in md
-        and "full eps8" not in md.split("majority")[1]
+        and "full eps8" not in md.split("majority")[1].split("\n")[0]
     )

@@ -1,18 +1,23 @@
 """Li, Tramer, Liang & Hashimoto (ICLR 2022, arXiv:2110.05679), table "Dataset: GLUE" on SST-2: full fine-tuning
-with the plain classifier ("full") against text infilling ("full + infilling"), at eps = 3, eps = 8 and non-private.
+with the plain classifier ("full") against text infilling ("full + infilling"), at eps = 3, eps = 8 and non-private,
+and the methods that train fewer parameters with the classifier (``task.finetune``: LoRA, which the table does not
+have, and RGP, which it prints at eps = 8).
 
-Reads ``runs/li_glue_<profile>`` (preset ``configs/experiment/li_glue.yaml``): one cell per (objective, privacy
+Reads ``runs/li_glue_<profile>`` (preset ``configs/experiment/li_glue.yaml``): one cell per (method, privacy
 column) over seeds, GLUE dev accuracy and loss beside the paper's RoBERTa-base numbers (``configs/paper/li.yaml``,
 glue.metrics), and each private run's epsilon under every accountant beside the table's (the exact re-derivation of
 those digits is ``results/li_glue_accounting.md``). Claims, each with Welch's t-test of its seeds
-(:mod:`dp_adam_bench.report.stats`): infilling beats the classifier at the same epsilon (the paper's claim), and
-each objective's non-private > eps = 8 > eps = 3 (the paper's own numbers do not order full's eps = 3 and 8).
+(:mod:`dp_adam_bench.report.stats`): infilling beats the classifier at the same epsilon (the paper's claim), RGP
+beats full fine-tuning at eps = 8 (the paper's numbers), and each method's non-private > eps = 8 > eps = 3 (the
+paper's own numbers do not order full's eps = 3 and 8).
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from dp_adam_bench.report.aggregate import get
@@ -33,8 +38,13 @@ TABLE_ID = "li_glue"
 TITLE = "Li et al. — SST-2 (GLUE dev): full fine-tuning, classifier against text infilling, at eps = 3, 8, non-private"
 STD = f"ours{STD_SUFFIX}"
 COLUMNS = ("eps3", "eps8", "nonprivate")
-OBJECTIVES = {"classifier": "full", "infilling": "full + infilling"}
-PAPER_ROWS = {"classifier": "full_roberta_base", "infilling": "infilling_roberta_base"}
+#: the table's rows: the objective with every parameter trained, then the methods that train fewer (classifier)
+METHODS = {"classifier": "full", "infilling": "full + infilling", "lora": "LoRA", "rgp": "RGP"}
+PAPER_ROWS = {
+    "classifier": "full_roberta_base",
+    "infilling": "infilling_roberta_base",
+    "rgp": "rgp_roberta_base",
+}
 METRICS = {"accuracy": "test_accuracy", "loss": "test_loss"}
 TASK = "SST-2"
 #: GLUE SST-2 dev has 444 positive and 428 negative sentences: the accuracy of predicting one class throughout
@@ -47,12 +57,14 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
     paper = load_paper("li")["glue"]
     command = f"make reproduce-table TABLE={TABLE_ID} PROFILE={ctx.profile}"
     found = complete_runs(ctx, TABLE_ID, command)
-    by_cell = cells_by(found.complete, lambda cfg: str(get(cfg, "task.objective") or "classifier"))
-    frame = pd.DataFrame(_metric_rows(by_cell, paper) + _privacy_rows(by_cell, paper))
+    by_cell = cells_by(found.complete, method_of)
+    methods = {**METHODS, **{g: g for g, _ in sorted(by_cell) if g not in METHODS}}
+    frame = pd.DataFrame(_metric_rows(by_cell, paper, methods) + _privacy_rows(by_cell, paper, methods))
     frame["ours_minus_paper"] = frame["ours"] - frame["paper"]
     frame["n"] = frame["n"].astype("Int64")
     claims = claims_from_frame(frame, paper)
-    notes = rule_notes(claims, WHAT) + _majority_note(frame) + _notes(found, ctx.profile)
+    notes = rule_notes(claims, WHAT) + _majority_note(frame) + _noise_note(by_cell) + _start_note(by_cell)
+    notes += _notes(found, ctx.profile)
     return Table(
         TABLE_ID,
         TITLE,
@@ -66,35 +78,51 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
     ).write(ctx.out)
 
 
-def _metric_rows(by_cell: dict, paper: dict) -> list[dict]:
-    def published(objective: str, metric: str, col: str):
-        value = (paper["metrics"].get(col) or {}).get(PAPER_ROWS[objective], {}).get(TASK)
-        return value if metric == "accuracy" else None
+def method_of(cfg) -> str:
+    """A run's row: its objective when every parameter trains (``task.finetune`` null or full), else the
+    fine-tuning method (with ``+infilling`` when it reads the label words)."""
+    objective = str(get(cfg, "task.objective") or "classifier")
+    finetune = get(cfg, "task.finetune")
+    if finetune in (None, "full"):
+        return objective
+    return str(finetune) if objective == "classifier" else f"{finetune}+{objective}"
 
-    return metric_rows(by_cell, OBJECTIVES, "objective", METRICS, published)
+
+def _published(paper: dict, method: str, col: str):
+    return (paper["metrics"].get(col) or {}).get(PAPER_ROWS.get(method, ""), {}).get(TASK)
 
 
-def _privacy_rows(by_cell: dict, paper: dict) -> list[dict]:
+def _metric_rows(by_cell: dict, paper: dict, methods: dict) -> list[dict]:
+    def published(method: str, metric: str, col: str):
+        return _published(paper, method, col) if metric == "accuracy" else None
+
+    return metric_rows(by_cell, methods, "method", METRICS, published)
+
+
+def _privacy_rows(by_cell: dict, paper: dict, methods: dict) -> list[dict]:
     def published(col: str, acc: str):
         value = paper["accounting"][col].get(acc)
         return value.get(TASK) if isinstance(value, dict) else value
 
     return [
-        row for objective in OBJECTIVES for row in epsilon_rows(by_cell, objective, "objective", published)
+        row
+        for method in methods
+        if any(g == method for g, _ in by_cell)
+        for row in epsilon_rows(by_cell, method, "method", published)
     ]
 
 
 def claims_from_frame(frame: pd.DataFrame, paper: dict) -> list[Claim]:
     """The orderings on the table's accuracy cells (its CSV holds everything they read)."""
     cells = {
-        (row["objective"], row["column"]): SeedStats.from_row(row, std=STD)
+        (row["method"], row["column"]): SeedStats.from_row(row, std=STD)
         for row in frame.to_dict("records")
         if row["quantity"] == "accuracy" and row["n"]
     }
-    pm = paper["metrics"]
+    ran = {method for method, _ in cells}
 
-    def printed(objective: str, col: str) -> str:
-        value = (pm.get(col) or {}).get(PAPER_ROWS[objective], {}).get(TASK)
+    def printed(method: str, col: str) -> str:
+        value = _published(paper, method, col)
         return "-" if value is None else f"{value:g}"
 
     orderings = [
@@ -106,7 +134,18 @@ def claims_from_frame(frame: pd.DataFrame, paper: dict) -> list[Claim]:
         )
         for col in ("eps3", "eps8")
     ]
-    for objective, name in OBJECTIVES.items():
+    if "rgp" in ran:
+        orderings.append(
+            Ordering(
+                ("rgp", "eps8"),
+                ("classifier", "eps8"),
+                "eps8: RGP beats full fine-tuning (both with the plain classifier) on SST-2 accuracy",
+                paper=f"{printed('rgp', 'eps8')} vs {printed('classifier', 'eps8')} (RoBERTa-base)",
+            )
+        )
+    for objective, name in METHODS.items():
+        if objective not in ran:
+            continue
         orderings += [
             Ordering(
                 (objective, "nonprivate"),
@@ -131,12 +170,58 @@ def _majority_note(frame: pd.DataFrame) -> list[str]:
     flat = acc[((acc.ours - MAJORITY).abs() < 1e-6) & (acc[STD].fillna(0.0) < 1e-6)]
     if flat.empty:
         return []
-    cells = ", ".join(f"{OBJECTIVES[r.objective]} {r.column}" for r in flat.itertuples())
+    cells = ", ".join(f"{METHODS.get(r.method, r.method)} {r.column}" for r in flat.itertuples())
     return [
         f"At the majority-class rate ({MAJORITY:.2f} %, 444 of 872 dev sentences are positive) on every seed: "
         f"{cells}. These models predict one class for every sentence: at this budget they have not learned the "
         "task, so their orderings say nothing about the objectives."
     ]
+
+
+def _noise_note(by_cell: dict) -> list[str]:
+    """Per private cell, the norm of the noise in the averaged update against the clipped mean gradient's, from the
+    runs' own sigma, expected batch B and trainable count d: ||z|| = sigma C sqrt(d) / B, while the average of
+    per-example gradients clipped to C has norm at most C (Li et al.'s gradient-SNR, read as an upper bound)."""
+    parts = []
+    for (method, col), runs in sorted(by_cell.items()):
+        if col == "nonprivate":
+            continue
+        ratios = []
+        for r in runs:
+            d = (r.summary.get("finetune") or {}).get("trainable_params")
+            sigma, b = r.summary.get("sigma"), get(r.config, "train.batch_size")
+            if d and sigma and b:
+                ratios.append(float(sigma) * math.sqrt(float(d)) / float(b))
+        if ratios:
+            d = (runs[0].summary.get("finetune") or {}).get("trainable_params")
+            parts.append(f"{METHODS.get(method, method)} {col} (d = {int(d):,}): {np.mean(ratios):.3g}")
+    if not parts:
+        return []
+    return [
+        "Noise against signal, from the runs' own sigma, B and trainable count d: ||z|| / C = sigma sqrt(d) / B, "
+        "the norm of the noise in the averaged update over the largest norm the averaged clipped gradient can have "
+        f"(C): {'; '.join(parts)}. Above 1 the update is mostly noise at every step."
+    ]
+
+
+def _start_note(by_cell: dict) -> list[str]:
+    """Dev accuracy of the untrained models (step 0, logged with ``train.eval_at_start``), per method: what the
+    pretrained checkpoint brings before any step (for infilling, the label words' prior)."""
+    at_start: dict[str, list[float]] = {}
+    for (method, _), runs in by_cell.items():
+        for r in runs:
+            first = next((m for m in r.metrics() if m.get("step") == 0 and "test_accuracy" in m), None)
+            if first is not None:
+                at_start.setdefault(method, []).append(float(first["test_accuracy"]))
+    if not at_start:
+        return []
+    parts = [
+        f"{METHODS.get(m, m)} {np.mean(v):.2f} % ({len(v)} runs)"
+        for m, v in sorted(
+            at_start.items(), key=lambda kv: list(METHODS).index(kv[0]) if kv[0] in METHODS else 99
+        )
+    ]
+    return [f"Dev accuracy before training (step 0, train.eval_at_start): {'; '.join(parts)}."]
 
 
 def _setting(complete, profile: str) -> str:
@@ -155,11 +240,13 @@ def _notes(found, profile: str) -> list[str]:
     if profile == "cpu":
         notes.append(
             "CPU profile: MiniLM-L6 (22.7M parameters, a sentence-embedding checkpoint) instead of RoBERTa-base "
-            "(125M), a 4,096-sentence subset of SST-2 train and 24 steps instead of 203 on all 67,349: compare the "
-            "orderings, not the accuracies. The infilling rows read the label words through a masked-LM head "
+            "(125M), 24 steps of B = 256 (0.09 epochs) instead of 203 of B = 1000 (3 epochs), both from all 67,349 "
+            "sentences: compare the orderings, not the accuracies. The non-private runs take lr 5e-5, the authors' "
+            "launcher's non-private default (private-transformers, examples/classification/run_wrapper.py); LoRA "
+            "takes 5e-4 in every column. The infilling rows read the label words through a masked-LM head "
             "that MiniLM lacks, fitted here non-privately on public arXiv abstracts with the encoder frozen "
             "(`dp-adam-bench pretrain minilm_mlm_head`), where RoBERTa brings the head it was pretrained with: the "
-            "prior that infilling exploits is weaker here."
+            "prior that infilling exploits is weaker here (its accuracy before training: the note above)."
         )
     notes.append(
         "GDP + CLT is an approximation, not a bound; PRV and PLD are numerical accountants of the same mechanism. "
