@@ -71,6 +71,7 @@ def portable(s: str) -> str:
 # (and train.moved_check, a config field added since, which messages listing train's fields name)
 NEW_NAMES = (
     "li_glue_accounting",
+    "li_dialog_accounting",
     "li_glue",
     "glue_sst2",
     "li_e2e_methods",

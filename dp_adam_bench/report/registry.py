@@ -88,6 +88,16 @@ _TABLES: tuple[tuple[str, ReportSpec], ...] = (
         ),
     ),
     (
+        "li_dialog_accounting",
+        ReportSpec(
+            _in("li_dialog_accounting"),
+            "Li et al. (Persona-Chat)",
+            "the Persona-Chat schedule (B, epochs) solved from the eps = 3 digits (GDP-CLT / PRV), the eps = 8 "
+            "digits predicted from it",
+            "~1 min",
+        ),
+    ),
+    (
         "li_e2e",
         ReportSpec(
             _in("li_e2e"),
@@ -380,6 +390,7 @@ GROUPS: dict[str, list[str]] = {
         "ganesh_mechanisms",
         "li_e2e_accounting",
         "li_glue_accounting",
+        "li_dialog_accounting",
         "tang_budget",
         "lecture_mechanisms",
     ],
