@@ -148,6 +148,7 @@ def _notes(found, profile: str) -> list[str]:
         )
     notes.append(
         "The paper's epsilon columns are for its own N, batch size and epochs, which it does not print: they are "
-        "shown, not re-derived. GDP + CLT is an approximation, not a bound."
+        "shown, not re-derived here (results/li_dialog_accounting.md solves the schedule they imply and tests "
+        "it). GDP + CLT is an approximation, not a bound."
     )
     return notes + incomplete_note(found.incomplete)
