@@ -48,10 +48,18 @@ Inputs broadcast over the batch (a hooked layer called with a leading size of 1,
 so each example's gradient through them is its own; T5's relative position bias, looked up with a table that has no
 batch dimension at all, has its own adapter (:mod:`dp_adam_bench.engine.bk_rules.t5`).
 
-Limitations: every other hooked layer needs the batch as the first dimension of its input (another leading size is
-refused naming the layer; a sequence-first input whose length happens to equal B cannot be told apart, as in Opacus;
-``nn.MultiheadAttention`` handles its own ``batch_first=False``); a hooked layer's output must not be modified in
-place afterwards (refused with a ValueError, as torch refuses it with full backward hooks).
+A hooked layer whose input leads with rows that are not one per example (OPT's (B·T, H) before its feed-forward
+block, Swin's (B·windows, tokens, C), the real tokens of a batch with its padding dropped) is *folded*: after the
+backward, each row's example is read off a second backward of the losses weighted by example
+(:mod:`dp_adam_bench.engine.folds`; skipped for a layer call and shape whose regular arrangement is already known),
+and the rows are gathered per example as more positions. The Linear, Embedding and norm rules and the generic rule
+take folded inputs; a convolution, ``nn.MultiheadAttention`` or ``EmbeddingBag`` with a folded input is refused
+naming the layer, and so is a row that carries the losses of several examples.
+
+Limitations: a sequence-first input whose length happens to equal B cannot be told apart from a batch-first one, as
+in Opacus (``nn.MultiheadAttention`` handles its own ``batch_first=False``; the self-check compares with the loop);
+a hooked layer's output must not be modified in place afterwards (refused with a ValueError, as torch refuses it
+with full backward hooks).
 """
 
 from __future__ import annotations
@@ -62,6 +70,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from dp_adam_bench.engine import folds
 from dp_adam_bench.engine.bk_rules import Rule, adapter_for, rule_for
 from dp_adam_bench.engine.bk_rules.dense import GRAM_FACTOR, use_gram  # noqa: F401  (re-exported)
 from dp_adam_bench.engine.bk_rules.generic import GENERIC
@@ -85,6 +94,13 @@ class _Call:
     grad: torch.Tensor | None = None
     output: torch.Tensor | None = None  # generic rule: the output it must reproduce
     group: int = 0  # generic rule: the forward call this piece belongs to
+    #: the output (generic rule) or primary input leads with rows that are not one per example (engine/folds.py)
+    folded: bool = False
+    #: generic rule: an output shared by every example, expanded to the rows of its parent's folded input
+    broadcast: bool = False
+    rows: torch.Tensor | None = None  # (B, k): each example's rows, once placed (engine/folds.py)
+    fold_kind: str | None = None  # "example", "position" or "irregular"
+    fold_inputs: frozenset = frozenset()  # generic rule: flat indices of the inputs gathered per example
 
 
 @dataclass
@@ -186,6 +202,38 @@ def _detach(t):
     return t.detach() if isinstance(t, torch.Tensor) else t
 
 
+#: rule kinds that take a folded input as more positions per example (engine/folds.py): their per-example gradient
+#: is a sum over rows, and they read only the primary input
+_FOLDABLE = ("linear", "embedding", "layernorm", "rmsnorm")
+
+
+def _unfolded(call: _Call) -> _Call:
+    """A folded call with its rows gathered per example (:mod:`dp_adam_bench.engine.folds`): the output gradient,
+    the output and every input leading with the same rows become (B, k, ...); an output shared by every example
+    (``broadcast``) gets its examples' row gradients summed, and is an ordinary per-example piece again."""
+    if not call.folded or call.rows is None:
+        return call
+    index = call.rows
+    R = call.grad.shape[0]
+    call.grad = folds.gather(call.grad, index)
+    if call.output is not None:
+        call.output = folds.gather(call.output, index)
+    if call.broadcast:
+        call.grad = call.grad.sum(1)
+        call.output = call.output[:, 0]
+        call.folded = False
+        return call
+    flat, spec = pytree.tree_flatten((call.args, call.kwargs))
+    gathered = set()
+    for k, t in enumerate(flat):
+        if isinstance(t, torch.Tensor) and t.dim() and t.shape[0] == R:
+            flat[k] = folds.gather(t, index)
+            gathered.add(k)
+    call.args, call.kwargs = pytree.tree_unflatten(flat, spec)
+    call.fold_inputs = frozenset(gathered)
+    return call
+
+
 class BKEngine(GradEngine):
     """Book-keeping clipping: per-example norms and the clipped sum from one forward and one backward.
 
@@ -237,6 +285,21 @@ class BKEngine(GradEngine):
         # set once a forward modified a captured output in place (Hugging Face's ResNet: `hidden += residual` on a
         # norm's output): from then on the captures return copies (one more activation-sized tensor per layer)
         self._clone = False
+        #: generic rule: each module's parent, and while recording the leading size of each such parent's input
+        self._parents: dict[str, nn.Module] = {}
+        self._rows_in: dict[nn.Module, int] = {}
+        #: engine/folds.py: per folded layer call and shape, a regular arrangement of its rows found before
+        self._folds: dict[tuple, tuple] = {}
+        modules = dict(model.named_modules())
+        for layer in self.layers:
+            if layer.rule is GENERIC and layer.name != "<root>":
+                parent = modules[layer.name.rpartition(".")[0]]
+                if parent not in self._rows_in:
+                    self._rows_in[parent] = 0
+                    pre = parent.register_forward_pre_hook(self._note_rows, with_kwargs=True)
+                    self._undo.append(pre.remove)
+                self._parents[layer.name] = parent
+        self._rows_in.clear()
         for layer in self.layers:
             if layer.rule.install is not None:
                 self._undo.append(layer.rule.install(self, layer))
@@ -257,23 +320,43 @@ class BKEngine(GradEngine):
         have the examples along dim 0); ``out`` itself when nothing is being recorded."""
         if not self.recording() or not isinstance(out, torch.Tensor) or not out.requires_grad:
             return out
+        folded = False
         if args:
             x = args[0]
-            if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[0] != self._batch:
+            own = ", ".join(own_trainable(layer.module))
+            if not isinstance(x, torch.Tensor) or x.dim() == 0:
                 shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-                own = ", ".join(own_trainable(layer.module))
                 raise ValueError(
                     f"bk clipping: layer {layer.name!r} ({type(layer.module).__name__}, parameters {own}) got an "
-                    f"input of shape {shape}, whose first dimension is neither the batch size {self._batch} nor 1 "
-                    "(broadcast): an input shared by all examples, so each example's gradient of the layer cannot "
-                    "be told apart; freeze the layer (requires_grad_(False)), feed it one row per example, or use "
-                    "clipping loop"
+                    f"input of shape {shape}, without the examples along a first dimension, so each example's "
+                    "gradient of the layer cannot be told apart; freeze the layer (requires_grad_(False)), feed it "
+                    "one row per example, or use clipping loop"
                 )
+            if x.shape[0] != self._batch:
+                if layer.kind not in _FOLDABLE:
+                    raise ValueError(
+                        f"bk clipping: layer {layer.name!r} ({type(layer.module).__name__}, parameters {own}) got "
+                        f"an input of shape {tuple(x.shape)}, whose first dimension is not the batch size "
+                        f"{self._batch}: the examples are folded into another dimension, which bk's "
+                        f"{layer.kind} rule cannot take apart (the Linear, Embedding and norm rules and the "
+                        "generic rule can); freeze the layer (requires_grad_(False)), feed it one row per "
+                        "example, or use clipping functorch / loop"
+                    )
+                folded = True  # its rows are placed after the backward (engine/folds.py)
         call = _Call(
             tuple(_detach(t) for t in args), {k: _detach(v) for k, v in (kwargs or {}).items()}, piece
         )
+        call.folded = folded
         layer.calls.append(call)
         return _Capture.apply(out, self._anchor, call, self._clone)
+
+    def _note_rows(self, module, args, kwargs):
+        """Pre-hook on a generic module's parent: the leading size of its first tensor input while recording."""
+        if self.recording():
+            first = next(
+                (t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor) and t.dim()), None
+            )
+            self._rows_in[module] = first.shape[0] if first is not None else self._batch
 
     def _expand_broadcast(self, module, args, kwargs):
         """Inputs broadcast over the batch (:mod:`dp_adam_bench.engine.broadcast`) expanded to one row per example."""
@@ -282,6 +365,8 @@ class BKEngine(GradEngine):
     def _make_generic_hook(self, layer: _Layer):
         """Capture for a module without a rule (:mod:`~dp_adam_bench.engine.bk_rules.generic`): its inputs as
         called (positional and keyword), and every floating output tensor that needs a gradient, with its value."""
+
+        parent = self._parents.get(layer.name)
 
         def hook(module, args, kwargs, output):
             if not self.recording():
@@ -293,16 +378,24 @@ class BKEngine(GradEngine):
             new = []
             for k, t in enumerate(leaves):
                 if isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point():
+                    folded = broadcast = False
                     if t.dim() > 0 and t.shape[0] == 1 and b > 1:
-                        t = t.expand(b, *t.shape[1:])  # broadcast over the batch: one row per example
-                    elif t.dim() == 0 or t.shape[0] != b:
+                        # broadcast over the batch: one row per example, or per row of the parent's input where
+                        # that folds the examples (Swin's relative position bias beside (B·windows, ...) scores)
+                        rows = max(self._rows_in.get(parent, b), b)
+                        broadcast = folded = rows != b
+                        t = t.expand(rows, *t.shape[1:])
+                    elif t.dim() == 0:
                         raise ValueError(
                             f"bk clipping: module {layer.name!r} ({type(module).__name__}) has parameters of its "
-                            f"own and returns an output of shape {tuple(t.shape)} without the batch ({b}) along "
-                            "dim 0, so no example's gradient of its parameters can be told apart; return a batched "
-                            "tensor (e.g. x + pos instead of pos) or use clipping functorch / loop"
+                            f"own and returns a 0-dim output, without the batch ({b}) along dim 0, so no example's "
+                            "gradient of its parameters can be told apart; return a batched tensor (e.g. x * s "
+                            "instead of s) or use clipping functorch / loop"
                         )
+                    elif t.shape[0] != b:
+                        folded = True  # its rows are placed after the backward (engine/folds.py)
                     call = _Call(*stored, piece=k, output=t.detach(), group=self._group)
+                    call.folded, call.broadcast = folded, broadcast
                     layer.calls.append(call)
                     t = _Capture.apply(t, self._anchor, call, self._clone)
                 new.append(t)
@@ -375,7 +468,66 @@ class BKEngine(GradEngine):
             raise ValueError(
                 f"bk clipping: loss_per_example returned shape {tuple(losses.shape)}, want ({b},)"
             )
-        torch.autograd.grad(losses.sum(), [anchor], allow_unused=True)
+        folded = [
+            (layer, i, call) for layer in self.layers for i, call in enumerate(layer.calls) if call.folded
+        ]
+        probe = b > 1 and any(self._fold_key(layer, i, call) not in self._folds for layer, i, call in folded)
+        torch.autograd.grad(losses.sum(), [anchor], allow_unused=True, retain_graph=probe)
+        if folded:
+            self._place_rows(folded, losses, anchor, b, probe)
+
+    def _fold_key(self, layer: _Layer, i: int, call: _Call) -> tuple:
+        rows = call.output if call.output is not None else call.args[0]
+        return (layer.name, i, self._batch, tuple(rows.shape))
+
+    def _place_rows(self, folded, losses, anchor, b: int, probe: bool) -> None:
+        """Each folded call's rows assigned to their examples (:mod:`dp_adam_bench.engine.folds`): a regular
+        arrangement found before for the same layer call and shape, else read off the probe backwards."""
+        weighted: dict[int, list] = {id(call): [] for _, _, call in folded}
+        base = 1
+        if probe:
+            calls = [call for layer in self.layers for call in layer.calls]
+            summed = [call.grad for call in calls]
+            dtype = next((c.grad.dtype for _, _, c in folded if c.grad is not None), losses.dtype)
+            base, digits = folds.digits_base(b, dtype)
+            for digit in range(digits):
+                w = folds.probe_weights(b, base, digit, losses.dtype, losses.device)
+                for call in calls:
+                    call.grad = None
+                torch.autograd.grad(
+                    (losses * w).sum(), [anchor], allow_unused=True, retain_graph=digit < digits - 1
+                )
+                for _, _, call in folded:
+                    weighted[id(call)].append(call.grad)
+            for call, g in zip(calls, summed, strict=True):
+                call.grad = g
+        for layer, i, call in folded:
+            if call.grad is None:
+                continue
+            R = call.grad.shape[0]
+            key = self._fold_key(layer, i, call)
+            if b == 1:
+                kind, index = "example", torch.arange(R, device=call.grad.device)[None]
+            elif key in self._folds:
+                kind, index = self._folds[key]
+            else:
+                gw = weighted[id(call)]
+                owner, ok = (
+                    (None, False) if any(g is None for g in gw) else folds.owners(call.grad, gw, base, b)
+                )
+                if not ok:
+                    raise ValueError(
+                        f"bk clipping: {'module' if layer.rule is GENERIC else 'layer'} {layer.name!r} "
+                        f"({type(layer.module).__name__}) sees {R} rows for a batch of {b} examples, and some rows "
+                        "carry the losses of several examples, so no example's gradient of its parameters can be "
+                        "told apart; keep the examples apart in the model's forward or use clipping functorch / "
+                        "loop"
+                    )
+                kind, index = folds.arrangement(owner, b)
+                if kind != "irregular":
+                    self._folds[key] = (kind, index)
+            call.rows, call.fold_kind = index, kind
+            self.record(f"{layer.name} (folded)", kind)
 
     def _clipped_sum(self, batch, clip, scale):
         b = batch_len(batch)
@@ -407,7 +559,7 @@ class BKEngine(GradEngine):
             # norms and the sums are computed here from the same captures
             with torch.autocast(ref.device.type, enabled=False), ieee_fp32():
                 for layer in self.layers:
-                    calls = [call for call in layer.calls if call.grad is not None]
+                    calls = [_unfolded(call) for call in layer.calls if call.grad is not None]
                     if layer.kind not in _CHUNKED_PRECISION:
                         calls = [_in_precision(call, ref.dtype) for call in calls]
                     if not calls:

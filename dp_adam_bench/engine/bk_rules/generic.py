@@ -82,19 +82,25 @@ def _batched(t, b: int) -> bool:
 
 
 def _per_example_vmap(module, params, flat, spec, batched, pieces):
+    """vmap over the examples; an input in ``batched`` is sliced to the example's row (kept with a leading 1), or
+    to its rows if it was gathered from a folded batch (``fold_inputs``, (k, ...)); a folded piece's output is
+    the example's k rows."""
     from torch.func import functional_call, grad, vmap
 
     dims = [0 if k in batched else None for k in range(len(flat))]
+    gathered = pieces[0].fold_inputs
+    lift = [d == 0 and k not in gathered for k, d in enumerate(dims)]
     grads = [c.grad for c in pieces]
     keys = [c.piece for c in pieces]
+    rows = [c.folded for c in pieces]
 
     def one(p, inputs, gs):
-        inputs = [t.unsqueeze(0) if d == 0 else t for t, d in zip(inputs, dims, strict=True)]
+        inputs = [t.unsqueeze(0) if up else t for t, up in zip(inputs, lift, strict=True)]
         a, kw = pytree.tree_unflatten(inputs, spec)
         leaves = pytree.tree_leaves(functional_call(module, p, a, kw))
         outs = [leaves[k] for k in keys]
-        total = sum((o * g.unsqueeze(0)).sum() for o, g in zip(outs, gs, strict=True))
-        return total, [o.squeeze(0) if o.shape[0] == 1 else o for o in outs]
+        total = sum((o * (g if r else g.unsqueeze(0))).sum() for o, g, r in zip(outs, gs, rows, strict=True))
+        return total, [o if r or o.shape[0] != 1 else o.squeeze(0) for o, r in zip(outs, rows, strict=True)]
 
     detached = {n: p.detach() for n, p in params.items()}
     fn = vmap(grad(one, has_aux=True), in_dims=(None, dims, [0] * len(grads)), randomness="error")
@@ -105,23 +111,27 @@ def _per_example_vmap(module, params, flat, spec, batched, pieces):
 def _per_example_loop(module, params, flat, spec, batched, pieces, b):
     names = list(params)
     rows, outs = [], [[] for _ in pieces]
+    gathered = pieces[0].fold_inputs
     for i in range(b):
-        inputs = [t[i : i + 1] if k in batched else t for k, t in enumerate(flat)]
+        inputs = [
+            (t[i] if k in gathered else t[i : i + 1]) if k in batched else t for k, t in enumerate(flat)
+        ]
         a, kw = pytree.tree_unflatten(inputs, spec)
         with torch.enable_grad():
             leaves = pytree.tree_leaves(module(*a, **kw))
             got_outs = [leaves[c.piece] for c in pieces]
-            for o, c in zip(got_outs, pieces, strict=True):
-                if o.shape != (1, *c.grad.shape[1:]):
+            grads = [c.grad[i] if c.folded else c.grad[i : i + 1] for c in pieces]
+            for o, g in zip(got_outs, grads, strict=True):
+                if o.shape != g.shape:
                     shape = tuple(o.shape[1:]) if o.dim() and o.shape[0] == 1 else tuple(o.shape)
                     return None, shape  # not this example's rows: the caller says so
-            total = sum((o * c.grad[i : i + 1]).sum() for o, c in zip(got_outs, pieces, strict=True))
+            total = sum((o * g).sum() for o, g in zip(got_outs, grads, strict=True))
             got = torch.autograd.grad(total, [params[n] for n in names], allow_unused=True)
         rows.append(
             [g if g is not None else torch.zeros_like(params[n]) for g, n in zip(got, names, strict=True)]
         )
-        for k, o in enumerate(got_outs):
-            outs[k].append(o.detach()[0])
+        for k, (o, c) in enumerate(zip(got_outs, pieces, strict=True)):
+            outs[k].append(o.detach() if c.folded else o.detach()[0])
     per_ex = {n: torch.stack([r[j] for r in rows]) for j, n in enumerate(names)}
     return per_ex, [torch.stack(o) for o in outs]
 
@@ -217,6 +227,7 @@ def generic(engine, layer, calls, b):
     how = "loop" if engine.choices.get(layer.name) == "generic:loop" else "vmap"
     with _ZeroDropoutOff(m):
         for pieces in _group(calls):
+            _refuse_irregular(layer, pieces)
             per_ex, how = _replay(engine, layer, params, pieces, b, how)
             for n, g in per_ex.items():
                 total[n] = g if n not in total else total[n] + g
@@ -224,6 +235,25 @@ def generic(engine, layer, calls, b):
     per_param = {params[n]: g.to(engine.dtype) for n, g in total.items()}
     share_instantiated(engine, layer, per_param)
     return from_per_example(engine.scaled(per_param), b, calls[0].grad.device)
+
+
+def _refuse_irregular(layer, pieces) -> None:
+    """A replay needs each example's rows, all of them: a folded call whose rows are not in a regular arrangement
+    (engine/folds.py), or whose outputs are arranged differently from one another, is refused."""
+    folded = [c for c in pieces if c.folded]
+    if not folded:
+        return
+    first = folded[0].rows
+    if any(c.fold_kind == "irregular" for c in folded) or any(
+        c.rows.shape != first.shape or not torch.equal(c.rows, first) for c in folded
+    ):
+        raise ValueError(
+            _not_reproducible(
+                layer,
+                "its outputs fold the examples into rows of no regular arrangement (B·k rows, example- or "
+                "position-major)",
+            )
+        )
 
 
 def _not_reproducible(layer, why: str) -> str:
