@@ -369,7 +369,7 @@ def test_an_input_shared_by_the_batch_without_a_batch_dim_is_refused():
     eng = BKEngine(Shared(), lambda forward, batch: forward(batch["x"]).sum((1, 2)))
     # issue 46: a folded input is placed row by row (engine/folds.py); these rows carry every example's loss
     with pytest.raises(
-        ValueError, match=r"'pos' \(Embedding\) sees 5 rows for a batch of 2 examples, and some rows carry"
+        ValueError, match=r"'pos' \(Embedding\) sees 5 rows for a batch of 2 examples, and a row carries"
     ):
         eng.clipped_sum({"x": torch.randn(2, 5, 5)}, 1.0)
 

@@ -100,11 +100,10 @@ def test_folded_rows_are_placed_and_exact(how):
         (3, 1),
     ):  # the same shape twice (the arrangement kept), then others
         _check(engine, model, _batch(b, seed))
-    kept = {key[:3]: kind for key, (kind, _) in engine._folds.items()}
     if how == "unpadded":  # read again on every batch
-        assert not kept
-    else:  # kept per layer call and batch size
-        assert kept == {(name, 0, b): how for name in ("fc", "norm", "scale") for b in (4, 3)}
+        assert not engine._folds
+    else:  # kept per layer call and rows per example, whatever the batch size
+        assert engine._folds == {(name, 0, T): how for name in ("fc", "norm", "scale")}
     engine.close()
 
 
@@ -164,3 +163,41 @@ def test_owners_are_read_off_the_weighted_gradients(dtype):
     mixed = [w.clone() for w in weighted]
     mixed[-1][7] = mixed[-1][7] + 0.5 * mixed[-1][8]  # row 7 now also carries row 8's example
     assert not folds.owners(grad, mixed, base, b)[1]
+
+
+class SharedTable(nn.Module):
+    """A table of biases computed once for all examples by a Linear on a (1, K, 2) buffer, then read as Swinv2
+    reads its position-bias MLP (``view(-1, H)`` and indexed: only row 0 of an expanded input is used) or as
+    DeBERTa reads its relative embeddings (reshaped with the size it expects: the expanded input breaks it)."""
+
+    def __init__(self, read):
+        super().__init__()
+        self.read = read
+        self.emb = nn.Embedding(V, H)
+        self.table = nn.Linear(2, H)
+        self.register_buffer("coords", torch.randn(1, T, 2, generator=torch.Generator().manual_seed(3)))
+        self.head = nn.Linear(H, 3)
+
+    def forward(self, ids, mask):
+        bias = self.table(self.coords)
+        if self.read == "view":
+            bias = bias.view(-1, H)[torch.arange(T)]  # (T, H): row 0 of an expansion
+        else:
+            bias = bias.reshape(T, H)  # fails on an expansion to B rows
+        return self.head((self.emb(ids) + bias).mean(1))
+
+
+@pytest.mark.parametrize("read", ["view", "reshape"])
+def test_a_shared_input_the_model_does_not_broadcast_is_refused_naming_the_layer(read):
+    """An input broadcast over the batch is expanded to one row per example only where each example then uses
+    its own row (checked as a fold's rows are); otherwise refused in one line, never silently all in row 0."""
+    torch.manual_seed(0)
+    model = SharedTable(read).double()
+    engine = BKEngine(model, _loss)
+    with pytest.raises(
+        ValueError, match=r"layer 'table' \(Linear\) sees (3|1) rows? for a batch of 3 examples, and a"
+    ):
+        engine.clipped_sum(_batch(3), CLIP)
+    assert engine._no_expand == ({"table"} if read == "reshape" else set())
+    _check(engine, model, _batch(1))  # one example: its gradient is the batch's
+    engine.close()

@@ -202,6 +202,9 @@ def _detach(t):
     return t.detach() if isinstance(t, torch.Tensor) else t
 
 
+#: how many layers' broadcast expansion a batch may undo (each: the forward once more) before its error stands
+_MAX_UNEXPANDED = 64
+
 #: rule kinds that take a folded input as more positions per example (engine/folds.py): their per-example gradient
 #: is a sum over rows, and they read only the primary input
 _FOLDABLE = ("linear", "embedding", "layernorm", "rmsnorm")
@@ -280,6 +283,11 @@ class BKEngine(GradEngine):
             if undo is not None:
                 self._undo.append(undo)
         self._group = 0
+        #: while recording: the layers whose broadcast input was expanded, in call order, and those whose call has
+        #: yet to be captured; the layers never to expand (their expansion broke the model's forward)
+        self._expanded: list[_Layer] = []
+        self._pending: set[int] = set()
+        self._no_expand: set[str] = set()
         #: generic rule: per module, the inputs (flat indices) its last replay took per example (bk_rules/generic.py)
         self.replay_splits: dict[str, frozenset] = {}
         # set once a forward modified a captured output in place (Hugging Face's ResNet: `hidden += residual` on a
@@ -307,7 +315,7 @@ class BKEngine(GradEngine):
                 handle = layer.module.register_forward_hook(self._make_generic_hook(layer), with_kwargs=True)
                 self._undo.append(handle.remove)
             else:
-                pre = layer.module.register_forward_pre_hook(self._expand_broadcast, with_kwargs=True)
+                pre = layer.module.register_forward_pre_hook(self._make_pre_hook(layer), with_kwargs=True)
                 handle = layer.module.register_forward_hook(self._make_hook(layer), with_kwargs=True)
                 self._undo += [pre.remove, handle.remove]
 
@@ -358,9 +366,23 @@ class BKEngine(GradEngine):
             )
             self._rows_in[module] = first.shape[0] if first is not None else self._batch
 
-    def _expand_broadcast(self, module, args, kwargs):
-        """Inputs broadcast over the batch (:mod:`dp_adam_bench.engine.broadcast`) expanded to one row per example."""
-        return expand_primary(args, kwargs, self._batch) if self.recording() else None
+    def _make_pre_hook(self, layer: _Layer):
+        """Inputs broadcast over the batch (:mod:`dp_adam_bench.engine.broadcast`) expanded to one row per example;
+        which row each example then uses is checked after the backward like a folded input's (engine/folds.py): a
+        model that reads row 0 for every example (Swinv2's position-bias MLP, viewed and indexed) is refused, not
+        silently given all examples' gradients in row 0. A layer whose expansion made the forward fail (a model
+        that reshapes with the size it expects) is called as the model calls it from then on."""
+
+        def pre(module, args, kwargs):
+            if not self.recording() or layer.name in self._no_expand:
+                return None
+            out = expand_primary(args, kwargs, self._batch)
+            if out is not None:
+                self._expanded.append(layer)
+                self._pending.add(id(layer))
+            return out
+
+        return pre
 
     def _make_generic_hook(self, layer: _Layer):
         """Capture for a module without a rule (:mod:`~dp_adam_bench.engine.bk_rules.generic`): its inputs as
@@ -407,9 +429,14 @@ class BKEngine(GradEngine):
         def hook(module, args, kwargs, output):
             if not self.recording():
                 return None
-            return self.capture(
+            expanded = id(layer) in self._pending
+            self._pending.discard(id(layer))
+            out = self.capture(
                 layer, output, tuple(args) if args else tuple(kwargs.values()), kwargs if args else None
             )
+            if expanded and layer.calls and out is not output:
+                layer.calls[-1].folded = True  # its rows are checked after the backward (engine/folds.py)
+            return out
 
         return hook
 
@@ -477,8 +504,10 @@ class BKEngine(GradEngine):
             self._place_rows(folded, losses, anchor, b, probe)
 
     def _fold_key(self, layer: _Layer, i: int, call: _Call) -> tuple:
-        rows = call.output if call.output is not None else call.args[0]
-        return (layer.name, i, self._batch, tuple(rows.shape))
+        """A folded call's key for a regular arrangement found before: the layer, the call's place among its calls
+        and its rows per example (not the batch size, which Poisson sampling varies)."""
+        R = (call.output if call.output is not None else call.args[0]).shape[0]
+        return (layer.name, i, R // self._batch if R % self._batch == 0 else -R)
 
     def _place_rows(self, folded, losses, anchor, b: int, probe: bool) -> None:
         """Each folded call's rows assigned to their examples (:mod:`dp_adam_bench.engine.folds`): a regular
@@ -509,7 +538,8 @@ class BKEngine(GradEngine):
             if b == 1:
                 kind, index = "example", torch.arange(R, device=call.grad.device)[None]
             elif key in self._folds:
-                kind, index = self._folds[key]
+                kind = self._folds[key]
+                index = folds.regular(kind, R, b, call.grad.device)
             else:
                 gw = weighted[id(call)]
                 owner, ok = (
@@ -518,14 +548,16 @@ class BKEngine(GradEngine):
                 if not ok:
                     raise ValueError(
                         f"bk clipping: {'module' if layer.rule is GENERIC else 'layer'} {layer.name!r} "
-                        f"({type(layer.module).__name__}) sees {R} rows for a batch of {b} examples, and some rows "
-                        "carry the losses of several examples, so no example's gradient of its parameters can be "
-                        "told apart; keep the examples apart in the model's forward or use clipping functorch / "
-                        "loop"
+                        f"({type(layer.module).__name__}) sees {R} rows for a batch of {b} examples, and a row "
+                        "carries the losses of several examples (an input shared by the batch, such as a "
+                        "position-bias table computed once for all examples, or rows that mix examples), so no "
+                        "example's gradient of its parameters can be told apart; freeze the layer "
+                        "(requires_grad_(False)), keep the examples apart in the model's forward, or use clipping "
+                        "functorch / loop"
                     )
                 kind, index = folds.arrangement(owner, b)
                 if kind != "irregular":
-                    self._folds[key] = (kind, index)
+                    self._folds[key] = kind
             call.rows, call.fold_kind = index, kind
             self.record(f"{layer.name} (folded)", kind)
 
@@ -537,15 +569,27 @@ class BKEngine(GradEngine):
         self.dtype = ref.dtype  # the precision of norms, clip factors and sums (rules read it)
         anchor = torch.zeros((), dtype=ref.dtype, device=ref.device, requires_grad=True)
         try:
-            for _ in range(2):
+            unexpanded = 0
+            while True:
+                self._expanded, self._pending = [], set()
                 try:
                     self._record(batch, b, anchor)
                     break
                 except RuntimeError as err:
-                    if self._clone or not _in_place(err):
-                        _refuse_in_place(err)
-                        raise
-                    self._clone = True  # and once more, with copies of the captured outputs
+                    if not self._clone and _in_place(err):
+                        self._clone = True  # and once more, with copies of the captured outputs
+                        continue
+                    last = self._expanded[-1].name if self._expanded else None
+                    if last is not None and last not in self._no_expand and unexpanded < _MAX_UNEXPANDED:
+                        # the model reshapes what the expanded layer returned: call it as the model does (its
+                        # input then leads with 1, a fold engine/folds.py checks) and run the batch again
+                        self._no_expand.add(last)
+                        unexpanded += 1
+                        continue
+                    _refuse_in_place(err)
+                    raise
+                finally:
+                    self._pending = set()
             self._shared = self._shared_in_forward()
             sq = torch.zeros(b, dtype=ref.dtype, device=ref.device)
             finishers = []

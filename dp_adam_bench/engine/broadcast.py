@@ -6,8 +6,11 @@ row. Engines that compute per-example gradients layer by layer (bk, Opacus' hook
 layer's input with one row per example. :func:`expand_primary` expands the layer's primary input (its first
 positional argument, or its first keyword argument) to B rows: a view, no copy. The layer's output then has one row
 per example, which the model's broadcasting op combines exactly as it combined the single row, and each example's
-gradient through the layer is its own row's. (A model that used the single row in a way that mixes the examples
-would be caught by the engine self-check.)
+gradient through the layer is its own row's. bk checks that each example did use its own row (a model that views
+the expanded output and reads row 0 for everyone, as Swinv2 reads its position-bias MLP, is refused naming the
+layer; one whose forward fails on the expansion, as DeBERTa's relative embeddings, gets the layer called as the model
+calls it: :mod:`dp_adam_bench.engine.folds`); for Opacus' hooks and ghost clipping the engine self-check compares
+with the size-one loop.
 """
 
 from __future__ import annotations

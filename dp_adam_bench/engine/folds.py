@@ -78,6 +78,12 @@ def owners(g: torch.Tensor, weighted: list[torch.Tensor], base: int, b: int) -> 
     return torch.where(live, owner, torch.full_like(owner, -1)), ok
 
 
+def regular(kind: str, R: int, b: int, device) -> torch.Tensor:
+    """The (B, k) row index of a regular arrangement of ``R`` rows."""
+    rows = torch.arange(R, device=device)
+    return rows.reshape(b, R // b) if kind == "example" else rows.reshape(R // b, b).t()
+
+
 def arrangement(owner: torch.Tensor, b: int) -> tuple[str, torch.Tensor]:
     """``(kind, index)``: ``example`` / ``position`` (regular, every row placed) or ``irregular``, and the (B, k)
     row index of each example's rows (``R`` = a zero row appended for padding)."""
@@ -87,9 +93,9 @@ def arrangement(owner: torch.Tensor, b: int) -> tuple[str, torch.Tensor]:
     if R % b == 0:
         k = R // b
         if bool((owner[live] == rows[live] // k).all()):
-            return "example", rows.reshape(b, k)
+            return "example", regular("example", R, b, owner.device)
         if bool((owner[live] == rows[live] % b).all()):
-            return "position", rows.reshape(k, b).t()
+            return "position", regular("position", R, b, owner.device)
     counts = torch.bincount(owner[live], minlength=b)
     k = int(counts.max()) if counts.numel() else 0
     index = torch.full((b, max(k, 1)), R, dtype=torch.long, device=owner.device)
