@@ -187,6 +187,7 @@ def _replay(engine, layer, params, pieces, b, how):
     why = None
     for split in _splits(flat, b, known):
         per_ex = None
+        by = how
         if how == "vmap":
             try:
                 per_ex, outs = _per_example_vmap(m, params, flat, spec, split, pieces)
@@ -195,7 +196,9 @@ def _replay(engine, layer, params, pieces, b, how):
                     raise ValueError(
                         _not_reproducible(layer, "it draws random numbers (dropout with p > 0)")
                     ) from err
-                how = "loop"  # data-dependent control flow or an op vmap does not take: one example at a time
+                # data-dependent control flow or an op vmap does not take, or inputs split wrongly: this split
+                # one example at a time; the loop is kept only if it is what reproduces the batch
+                by = "loop"
         if per_ex is None:
             try:
                 per_ex, outs = _per_example_loop(m, params, flat, spec, split, pieces, b)
@@ -213,7 +216,7 @@ def _replay(engine, layer, params, pieces, b, how):
         differs = _differs(pieces, outs)
         if differs is None:
             engine.replay_splits[layer.name] = split
-            return per_ex, how
+            return per_ex, by
         why = why or differs
     raise ValueError(_not_reproducible(layer, why))
 
