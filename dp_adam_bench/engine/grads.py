@@ -292,6 +292,23 @@ class FunctorchEngine(GradEngine):
         return [grads[n] for n in self.names]
 
 
+def _refuse_tied(model: nn.Module) -> None:
+    """One line, before Opacus raises its NotImplementedError, for a trainable parameter registered in two modules
+    (tied embeddings), which Opacus' ghost clipping does not take."""
+    owner: dict[int, str] = {}
+    for mname, m in model.named_modules():
+        for pname, p in m._parameters.items():
+            if p is None or not p.requires_grad:
+                continue
+            full = f"{mname}.{pname}" if mname else pname
+            first = owner.setdefault(id(p), full)
+            if first != full:
+                raise ValueError(
+                    f"train.clipping=ghost: {first!r} and {full!r} are one parameter (tied weights), which Opacus' "
+                    "ghost clipping does not support; use train.clipping=bk (exact on tied weights), hooks or loop"
+                )
+
+
 class GhostEngine(GradEngine):
     """Opacus ghost clipping: per-example norms without per-example gradients, clipped sum by a second backward."""
 
@@ -302,6 +319,7 @@ class GhostEngine(GradEngine):
         from opacus.grad_sample import GradSampleModuleFastGradientClipping
 
         super().__init__(model, loss_per_example)
+        _refuse_tied(model)
         self.gsm = GradSampleModuleFastGradientClipping(
             model, batch_first=True, loss_reduction="sum", max_grad_norm=1.0, use_ghost_clipping=True
         )
