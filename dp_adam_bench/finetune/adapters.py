@@ -3,10 +3,11 @@
 * ``lora`` (Hu et al. 2021, arXiv 2106.09685): ``peft.inject_adapter_in_model`` puts a rank-r update
   B A x (alpha / r) beside each target linear layer, B = 0 at the start. Targets by default: GPT-2's fused query-key-
   value projection ``c_attn``, as Li et al.'s code does (private-transformers' ``convert_gpt2_attention_to_lora``);
-  BERT / RoBERTa's ``query`` and ``value``, and ``q_proj`` / ``v_proj`` in models that name them so (Hu et al.'s
-  choice of W_q and W_v). Settings (``task.finetune_args``): ``r``, ``alpha``, ``dropout``, ``targets``. Defaults: Hu
-  et al.'s hyper-parameters in their appendix, GPT-2 on E2E: r = 4, alpha = 32, dropout 0.1; RoBERTa-base on GLUE:
-  r = 8, alpha = 8, dropout 0.1. Li et al. do not print theirs.
+  BERT / RoBERTa's ``query`` and ``value``, ``q_proj`` / ``v_proj`` in models that name them so (Llama, OPT,
+  BART), DistilBERT's ``q_lin`` / ``v_lin`` and T5's ``q`` / ``v`` (Hu et al.'s choice of W_q and W_v). Settings
+  (``task.finetune_args``): ``r``, ``alpha``, ``dropout``, ``targets``. Defaults: Hu et al.'s hyper-parameters in
+  their appendix, GPT-2 on E2E: r = 4, alpha = 32, dropout 0.1; RoBERTa-base on GLUE: r = 8, alpha = 8, dropout
+  0.1. Li et al. do not print theirs.
 * ``prefix`` (Li & Liang 2021, arXiv 2101.00190): ``peft.get_peft_model`` with ``PrefixTuningConfig``: a prefix of
   ``length`` virtual tokens, reparametrized by an MLP of width ``mid_dim`` (``prefix_projection``), gives every
   layer's keys and values (Li et al.'s ``PrefixTuner`` in private-transformers builds the same net). Defaults: 10
@@ -39,6 +40,8 @@ LORA_FAMILIES = (
     ("c_attn", ["c_attn"], 4, 32.0),
     ("query", ["query", "value"], 8, 8.0),
     ("q_proj", ["q_proj", "v_proj"], 8, 8.0),
+    ("q_lin", ["q_lin", "v_lin"], 8, 8.0),  # DistilBERT
+    ("q", ["q", "v"], 8, 8.0),  # T5, mT5
 )
 LORA_DROPOUT = 0.1
 PREFIX_LENGTH = 10
