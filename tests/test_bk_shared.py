@@ -73,9 +73,13 @@ def seq2seq_loss(model, batch):
 class Mixed(nn.Module):
     """One (V, 6) table used four ways: looked up twice by two Embedding modules (one of them twice), as a Linear
     head's weight, and by a module without a rule (the generic rule: instantiated per-example gradients), beside a
-    LayerNorm whose weight a second LayerNorm shares (instantiated by the norm rule)."""
+    LayerNorm whose weight a second LayerNorm shares (instantiated by the norm rule), and a square weight a Linear
+    (y = x W^T) and transformers' Conv1D (y = x W) share, with their biases (dense factors against dense factors,
+    one of them transposed)."""
 
     def __init__(self):
+        from transformers.pytorch_utils import Conv1D
+
         super().__init__()
         self.a = nn.Embedding(V, 6)
         self.b = nn.Embedding(V, 6, padding_idx=0)
@@ -85,10 +89,13 @@ class Mixed(nn.Module):
         self.custom = _Custom(self.a.weight)
         self.n1, self.n2 = nn.LayerNorm(6), nn.LayerNorm(6)
         self.n2.weight = self.n1.weight
+        self.sq1, self.sq2 = nn.Linear(6, 6), Conv1D(6, 6)
+        self.sq2.weight, self.sq2.bias = self.sq1.weight, self.sq1.bias
 
     def forward(self, input_ids, attention_mask):
         h = self.a(input_ids) + self.b(input_ids.flip(1)) + self.a(input_ids.roll(1, 1))
         h = self.n2(torch.tanh(self.n1(h)))
+        h = self.sq2(torch.tanh(self.sq1(h)))
         return self.head(h) + self.custom(h)
 
 
@@ -190,6 +197,7 @@ def test_mixed_takes_every_path():
     engine.close()
     assert engine.choices["a.weight (shared)"] == "gram+instantiate"
     assert engine.choices["n1.weight (shared)"] == "instantiate"
+    assert engine.choices["sq1.weight (shared)"] == "gram" and engine.choices["sq1.bias (shared)"] == "instantiate"
     assert engine.choices["custom"].startswith("generic")
 
 
