@@ -486,6 +486,7 @@ class BKEngine(GradEngine):
         """Steps 1-2 of the module docstring: the forward with captures and the one backward."""
         for layer in self.layers:
             layer.calls = []
+        self._rows_in.clear()  # filled again by the parents' pre-hooks in this forward
         self._anchor, self._batch = anchor, b
         try:
             losses = self.loss_per_example(self.model, batch)
