@@ -197,7 +197,10 @@ def test_mixed_takes_every_path():
     engine.close()
     assert engine.choices["a.weight (shared)"] == "gram+instantiate"
     assert engine.choices["n1.weight (shared)"] == "instantiate"
-    assert engine.choices["sq1.weight (shared)"] == "gram" and engine.choices["sq1.bias (shared)"] == "instantiate"
+    assert (
+        engine.choices["sq1.weight (shared)"] == "gram"
+        and engine.choices["sq1.bias (shared)"] == "instantiate"
+    )
     assert engine.choices["custom"].startswith("generic")
 
 
