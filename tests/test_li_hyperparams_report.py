@@ -85,5 +85,20 @@ def test_grid_sigma_eff_snr_and_claims(isolated_dirs):
         if line.startswith("| 8 |") or line.startswith("| 1024 | 16 |")
     ]
     assert ratios[0] > 2 and ratios[1] == pytest.approx(1.0)
+    # the best lr per B: 2e-3 at 64 and 256, 5e-4 at 1024; none at the grid's edge (8e-3)
+    assert "Best learning rate per batch size: B = 64: 0.002, B = 256: 0.002, B = 1024: 0.0005" in md
+    assert "lower bound" not in md
     assert "One seed a cell" in md and (isolated_dirs / "results" / "li_hyperparams.png").is_file()
     assert np.isfinite(df["gradient_snr"]).all()
+
+
+def test_a_best_lr_at_the_grid_edge_is_called_a_lower_bound():
+    frame = pd.DataFrame(
+        {
+            "batch_size": [64, 64, 1024, 1024],
+            "lr": [5e-4, 8e-3, 5e-4, 8e-3],
+            "bleu": [20.0, 18.0, 10.0, 15.0],
+        }
+    )
+    (note,) = li_hyperparams.best_lr_note(frame)
+    assert "B = 64: 0.0005, B = 1024: 0.008" in note and "At B = 1024 the best is the largest lr tried" in note

@@ -65,6 +65,7 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
         .sort_values(["batch_size", "lr"])
     )
     frame["sigma_sqrt_rule"] = sqrt_rule(frame)
+    frame = frame.astype({"batch_size": "Int64", "steps": "Int64", "n": "Int64"})
     curve = sqrt_rule_curve(found.complete)
     claims = claims_from_frame(frame)
     figure = _figure(frame, curve, ctx.out)
@@ -267,8 +268,32 @@ def _setting(complete, profile: str) -> str:
     )
 
 
+def best_lr_note(frame: pd.DataFrame) -> list[str]:
+    """Which learning rate scored best at each batch size, and whether it sits at the grid's edge: the linear
+    scaling rule (lr proportional to B) asks a larger batch for a larger lr, and a best lr at the largest value
+    tried means that batch size's best BLEU is a lower bound."""
+    lrs = sorted(frame["lr"].unique())
+    if len(lrs) < 2:
+        return []
+    parts, edge = [], []
+    for b, cell in frame.groupby("batch_size"):
+        if cell["bleu"].notna().any():
+            best = float(cell.loc[cell["bleu"].idxmax(), "lr"])
+            parts.append(f"B = {b}: {best:g}")
+            if best == lrs[-1]:
+                edge.append(str(b))
+    note = f"Best learning rate per batch size: {', '.join(parts)} (grid {', '.join(f'{x:g}' for x in lrs)})."
+    if edge:
+        note += (
+            f" At B = {', '.join(edge)} the best is the largest lr tried, so that batch size's best BLEU is a lower "
+            "bound: the linear scaling rule (Li et al.) would scale the lr with B, beyond this grid, and the "
+            "ordering of the best BLEU over batch sizes is not settled by it."
+        )
+    return [note]
+
+
 def _notes(frame: pd.DataFrame, found, profile: str) -> list[str]:
-    notes = []
+    notes = best_lr_note(frame)
     if int(frame["n"].max()) < 2:
         notes.append(
             "One seed a cell: the orderings are read from single runs, not tested against seed noise; a cell's "

@@ -114,10 +114,11 @@ _TABLES: tuple[tuple[str, ReportSpec], ...] = (
         ReportSpec(
             _in("li_glue"),
             "Li et al. (GLUE table, SST-2)",
-            "full fine-tuning, classifier vs text infilling, at eps = 3, 8, non-private (MiniLM-L6 on the CPU)",
-            "~40 min (12 runs, LAUNCHER=joblib JOBS=2; + ~3 min once to fit the MLM head)",
+            "full fine-tuning, classifier vs text infilling, and LoRA / RGP, at eps = 3, 8, non-private (MiniLM-L6 on "
+            "the CPU)",
+            "~60 min (18 runs, LAUNCHER=joblib JOBS=2; + ~3 min once to fit the MLM head)",
             experiment="li_glue",
-            runtime_paper="6 GPU runs of 203 steps (RoBERTa-base, B = 1000)",
+            runtime_paper="10 GPU runs of 203 steps (RoBERTa-base, B = 1000)",
         ),
     ),
     (
@@ -151,7 +152,7 @@ _TABLES: tuple[tuple[str, ReportSpec], ...] = (
             "Li et al. (batch size, learning rate)",
             "E2E BLEU at eps = 3 over a batch-size x learning-rate grid at fixed epochs (heatmap), sigma_eff = "
             "sigma N / B, the gradient-SNR against B",
-            "not run yet (9 runs; estimated ~60 min; + ~24 min once to pretrain, shared with li_e2e)",
+            "~60 min (9 runs, LAUNCHER=joblib JOBS=2; + ~24 min once to pretrain, shared with li_e2e)",
             experiment="li_hyperparams",
             runtime_paper="12 GPU runs (GPT-2 124M, 10 epochs each)",
         ),
