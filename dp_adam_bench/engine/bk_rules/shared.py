@@ -97,7 +97,7 @@ def _gram_cross(u: Use, v: Use, b: int, dtype) -> torch.Tensor:
         j = min(b, i + step)
         rr = torch.bmm(u.R[i:j].to(dtype), v.R[i:j].to(dtype).transpose(1, 2))
         out.append((_outer(u, v, i, j, dtype) * rr).sum((1, 2)))
-    return torch.cat(out) if out else torch.zeros(0, dtype=dtype)
+    return torch.cat(out)  # b >= 1: an empty batch never reaches the engine's rules
 
 
 def _instantiated_cross(u: Use, v: Use, b: int, shape: tuple, dtype, s2: torch.Tensor | None) -> torch.Tensor:
@@ -110,7 +110,7 @@ def _instantiated_cross(u: Use, v: Use, b: int, shape: tuple, dtype, s2: torch.T
         if s2 is not None:
             prod = prod * s2
         out.append(prod.reshape(j - i, -1).sum(1))
-    return torch.cat(out) if out else torch.zeros(0, dtype=dtype)
+    return torch.cat(out)
 
 
 def _gram_cheaper(u: Use, v: Use, shape: tuple) -> bool:
