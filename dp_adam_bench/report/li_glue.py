@@ -186,15 +186,16 @@ def _noise_note(by_cell: dict) -> list[str]:
     for (method, col), runs in sorted(by_cell.items()):
         if col == "nonprivate":
             continue
-        ratios = []
+        ratios, dims = [], set()
         for r in runs:
             d = (r.summary.get("finetune") or {}).get("trainable_params")
             sigma, b = r.summary.get("sigma"), get(r.config, "train.batch_size")
             if d and sigma and b:
                 ratios.append(float(sigma) * math.sqrt(float(d)) / float(b))
+                dims.add(int(d))
         if ratios:
-            d = (runs[0].summary.get("finetune") or {}).get("trainable_params")
-            parts.append(f"{METHODS.get(method, method)} {col} (d = {int(d):,}): {np.mean(ratios):.3g}")
+            d = " / ".join(f"{x:,}" for x in sorted(dims))
+            parts.append(f"{METHODS.get(method, method)} {col} (d = {d}): {np.mean(ratios):.3g}")
     if not parts:
         return []
     return [
