@@ -293,3 +293,26 @@ def test_bench_gpu_imports_opacus_only_for_its_modes(monkeypatch):
     assert bench_gpu.device_info(torch.device("cpu"), ["nonprivate", "bk", "ghost"])["opacus_version"] == ""
     with pytest.raises(ImportError):
         bench_gpu.device_info(torch.device("cpu"), ["bk", "opacus_hooks"])
+
+
+def test_a_part_past_its_limit_stops_on_sigint_when_launched_with_sigint_ignored(tmp_path):
+    """``nohup make gpu-check &`` starts the runner with SIGINT ignored, which its children inherit; a part past its
+    limit must still stop on the SIGINT (and not wait the grace period for SIGKILL)."""
+    import signal
+
+    ctx = _ctx(tmp_path)
+    part = Part("hang", "sleeps past its limit", 1, _py("import time; time.sleep(30)"), _says("never"))
+    header = {
+        "device_name": "CPU",
+        "torch": "-",
+        "commit": "-",
+        "started": "-",
+        "budget_s": 60,
+        "command": "t",
+    }
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        (result,) = run_parts([part], ctx, 60, header)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert result.status == "TIMED OUT" and result.seconds < 10

@@ -86,11 +86,24 @@ def _run_commands(cmds: list[list[str]], res: Result, env: dict, log, start: flo
             return
 
 
+def _default_sigint() -> None:
+    """The child takes SIGINT again: a command started in the background (``nohup make gpu-check &``) inherits
+    SIGINT ignored, and Python then never raises KeyboardInterrupt, so a part past its limit would not stop on
+    SIGINT (nor write what it got done) and would wait the whole grace period for SIGKILL."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _run(cmd: list[str], env: dict, log, timeout: float) -> int | None:
     """Run ``cmd`` in its own process group, output to ``log``; its exit code, or None if it outran ``timeout``
     (then the group gets SIGINT, and SIGKILL :data:`GRACE_S` seconds later if still there)."""
     proc = subprocess.Popen(
-        cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        cmd,
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=_default_sigint,
     )
     try:
         return proc.wait(timeout=max(timeout, 1))
