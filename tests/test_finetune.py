@@ -343,3 +343,26 @@ def test_the_paper_plan_counts_what_each_method_trains():
     assert trainable("lora") == 12 * 4 * (768 + 2304)
     block = 2 * 768 * 2 + (768 * 2304 + 2304) + (768 * 768 + 768) + (768 * 3072 + 3072) + (3072 * 768 + 768)
     assert trainable("top2") == 2 * block + 2 * 768
+
+
+def test_moved_check_counts_only_steps_that_can_move_a_tensor():
+    """A noiseless step on an empty batch updates nothing: it does not count toward the check's steps, and a run
+    whose every step was one is recorded as not checked instead of stopped."""
+    from dp_adam_bench.finetune.moved import MovedCheck
+
+    w = torch.zeros(3)
+    check = MovedCheck(lambda: [("w", w)], after=2)
+    check.after_step(1, 10, counts=False)
+    check.after_step(2, 10, counts=False)
+    assert check.result is None  # nothing counted yet: an unmoved w is no evidence
+    check.after_step(3, 10, counts=True)
+    with pytest.raises(NotTraining, match="1 of 1 trainable tensors did not move in the first 4 steps"):
+        check.after_step(4, 10, counts=True)
+
+    idle = MovedCheck(lambda: [("w", w)], after=3)
+    idle.after_step(1, 2, counts=False)
+    idle.after_step(2, 2, counts=False)  # the run's last step, none counted
+    assert idle.result["not_checked"] == "no step drew an example"
+    resumed = MovedCheck(lambda: [("w", w)], after=2)
+    resumed.load_state_dict({**check.state_dict(), "result": None})
+    assert resumed.counted == 2

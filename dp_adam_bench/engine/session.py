@@ -272,7 +272,8 @@ class PrivateTraining:
                 scale_eps=getattr(variant, "eps_s1", None),
             )
         if self.moved_check is not None:  # may stop the run (NotTraining) after this step
-            self.moved_check.after_step(self.steps_done, self.plan.steps)
+            counts = self.last_batch_size > 0 or (self.plan.noisy and self.plan.sigma > 0)
+            self.moved_check.after_step(self.steps_done, self.plan.steps, counts)
         if self.watch is not None:
             self.watch.after_step(self.steps_done, time.perf_counter() - started)
         return StepResult(self.steps_done, self.last_batch_size, diag or {}, norms, self.clip)

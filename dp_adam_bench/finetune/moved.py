@@ -11,6 +11,10 @@ With noise every trainable coordinate receives noise each step, so a tensor that
 the optimizer does not hold it, or its update is written somewhere the forward pass does not read. Without noise a
 tensor also stays put when the loss never reaches it (a layer the forward pass skips); freeze it, or fix the model.
 
+Only steps that can move a tensor count: a step that drew at least one example, or added noise. A noiseless step
+on an empty Poisson batch (an expected batch below one, as in a smoke run on little data) updates nothing, and a
+run whose every step was such a one is recorded as not checked, never stopped.
+
 What it cannot see: a tensor that moves but is not used by the loss (noise moves it); the engine probe and the
 watch (:mod:`dp_adam_bench.engine.watch`) list those as never verified. And a tensor that moves only through weight
 decay.
@@ -43,11 +47,23 @@ class MovedCheck:
         self.after = int(after)
         self.start = {n: digest(t) for n, t in tensors()} if self.after > 0 else {}
         self.result: dict | None = None
+        self.counted = 0  # steps that could move a tensor: an example drawn, or noise added
 
-    def after_step(self, step: int, total: int) -> None:
-        """At step ``after`` (or the run's last step if it is shorter): :class:`NotTraining` naming the tensors
-        that did not move."""
-        if self.result is not None or self.after <= 0 or step < min(self.after, total):
+    def after_step(self, step: int, total: int, counts: bool = True) -> None:
+        """At the ``after``-th step that ``counts`` (drew an example or added noise), or at the run's last step
+        if fewer counted: :class:`NotTraining` naming the tensors that did not move."""
+        if self.result is not None or self.after <= 0:
+            return
+        self.counted += bool(counts)
+        if self.counted < self.after and step < total:
+            return
+        if self.counted == 0:
+            self.result = {
+                "step": step,
+                "tensors": None,
+                "unmoved": None,
+                "not_checked": "no step drew an example",
+            }
             return
         named = list(self.tensors())
         still = [n for n, t in named if n in self.start and digest(t) == self.start[n]]
@@ -60,7 +76,8 @@ class MovedCheck:
             )
 
     def state_dict(self) -> dict:
-        return {"start": self.start, "result": self.result}
+        return {"start": self.start, "result": self.result, "counted": self.counted}
 
     def load_state_dict(self, state: dict) -> None:
         self.start, self.result = dict(state["start"]), state["result"]
+        self.counted = int(state.get("counted", 0))  # checkpoints written before it counted steps
