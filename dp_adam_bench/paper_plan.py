@@ -31,7 +31,8 @@ from pathlib import Path
 #: CIFAR-10 train: 50,000 (Krizhevsky 2009). SNLI train: 550,152 pairs of which 785 have no gold label and are
 #: dropped (Bowman et al. 2015), 549,367. E2E train: 42,061 pairs (Novikova et al. 2017). arXiv abstracts: the
 #: preset's train_subset (666 x 2,048, Ganesh et al. §5.2).
-PAPER_EXAMPLES = {"cifar10_cnn": 50_000, "snli_bert": 549_367, "e2e_gpt2": 42_061}
+#: dialog: the utterances of Persona-Chat's train split (configs/experiment/li_dialog.yaml, delta = 1 / (2N))
+PAPER_EXAMPLES = {"cifar10_cnn": 50_000, "snli_bert": 549_367, "e2e_gpt2": 42_061, "dialog": 131_438}
 
 #: Device the GPU-hours assume: an NVIDIA A100 (80 GB) in float32 without TF32 (PyTorch's default for matmuls),
 #: 19.5 TFLOP/s peak, at 40 % utilisation.

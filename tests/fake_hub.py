@@ -272,6 +272,33 @@ def _arxiv(root: Path, rng) -> None:
     _cache_dataset(root, "gfissore/arxiv-abstracts-2021", "default", {"train": data}, feats)
 
 
+#: the local data folder the smokes read (``DP_ADAM_BENCH_DATA``): only what no hub name serves, Persona-Chat (the
+#: dialog task reads ``personachat_self_original.json`` from a folder, as a user who has it provides it)
+LOCAL_DATA = "local_data"
+
+
+def _persona_chat(root: Path, rng) -> None:
+    """``<root>/local_data/persona_chat/personachat_self_original.json`` in TransferTransfo's layout: per dialog its
+    ``personality`` and ``utterances``, each with the ``history`` so far and ``candidates`` ending in the gold reply."""
+
+    def dialogs(n):
+        out = []
+        for _ in range(n):
+            history, utterances = [_sentence(rng, 4, 10)], []
+            for _ in range(3):
+                reply = _sentence(rng, 4, 12)
+                utterances.append({"candidates": [_sentence(rng, 4, 12), reply], "history": list(history)})
+                history += [reply, _sentence(rng, 4, 10)]
+            out.append({"personality": [_sentence(rng, 4, 8) for _ in range(4)], "utterances": utterances})
+        return out
+
+    folder = root / LOCAL_DATA / "persona_chat"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "personachat_self_original.json").write_text(
+        json.dumps({"train": dialogs(400), "valid": dialogs(10)})
+    )
+
+
 def build_fake_hub(root: Path, seed: int = 0) -> Path:
     """Build the fake hub under ``root`` (call with the environment of :func:`hub_env` set, or not: the paths are
     explicit); returns ``root``."""
@@ -290,5 +317,6 @@ def build_fake_hub(root: Path, seed: int = 0) -> Path:
     _arxiv(root, rng)
     _roberta(root)
     _glue_sst2(root, rng)
+    _persona_chat(root, rng)
     (root / "FAKE_HUB.json").write_text(json.dumps({"models": MODELS, "datasets": DATASETS}))
     return root

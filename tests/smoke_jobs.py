@@ -19,7 +19,7 @@ import threading
 from collections import deque
 from pathlib import Path
 
-from fake_hub import hub_env
+from fake_hub import LOCAL_DATA, hub_env
 
 REPO = Path(__file__).resolve().parents[1]
 # the presets whose paper profile loads from the hub, and the paper's numbers their plan must show
@@ -30,6 +30,9 @@ HUB_TABLES = (
     "tang_fig3_snli",
     "li_e2e",
     "li_glue",
+    "li_e2e_methods",
+    "li_dialog",
+    "li_hyperparams",
     "ganesh_fig3",
     "mf_amplified",
 )
@@ -55,14 +58,15 @@ def smoke_order() -> list[str]:
 
 def cli_env(hub: Path, tmp: Path, base: dict | None = None) -> dict[str, str]:
     """The environment of a ``python -m dp_adam_bench`` child: the fake hub at ``hub``, run store and results under
-    ``tmp``, no local data (only the hub: the paper profile's loaders), one thread."""
+    ``tmp``, no local data but the fake hub's Persona-Chat file (the hub for everything it serves: the paper profile's
+    loaders), one thread."""
     return {
         **(os.environ if base is None else base),
         **hub_env(hub),
         "PYTHONPATH": str(REPO),
         "DP_ADAM_BENCH_RUNS": str(tmp / "runs"),
         "DP_ADAM_BENCH_RESULTS": str(tmp / "results"),
-        "DP_ADAM_BENCH_DATA": str(tmp / "no_local_data"),
+        "DP_ADAM_BENCH_DATA": str(hub / LOCAL_DATA),
         "OMP_NUM_THREADS": "1",
     }
 
