@@ -146,6 +146,7 @@ def test_cells_paper_numbers_and_orderings_with_welch(isolated_dirs):
         in md
     )
     assert "RGP 50.00 % (2 runs)" in md
+    assert "stays there without noise too" not in md  # no cell sits at the majority class
     assert "MiniLM-L6 (22.7M parameters" in md and "Adam lr 0.0005 decayed linearly" in md
 
 
@@ -159,6 +160,7 @@ def test_cells_at_the_majority_class_rate_are_named(isolated_dirs):
         ("infilling", "independent", 3.0): (majority, majority),
         ("infilling", "independent", 8.0): (70.0, 72.0),
         ("infilling", "none", None): (92.0, 93.0),
+        ("classifier", "none", None, "lora"): (majority, majority),
     }
     _store(isolated_dirs / "runs", acc)
     li_glue.build(ReportContext())
@@ -168,6 +170,8 @@ def test_cells_at_the_majority_class_rate_are_named(isolated_dirs):
         in md
     )
     assert (
-        "full + infilling eps3. These models predict one class" in md
+        "full + infilling eps3, LoRA nonprivate. These models predict one class" in md
         and "full eps8" not in md.split("majority")[1].split("\n")[0]
     )
+    # LoRA's non-private cell did not learn either: the note says its failure is not the noise's
+    assert "LoRA stays there without noise too" in md

@@ -171,11 +171,19 @@ def _majority_note(frame: pd.DataFrame) -> list[str]:
     if flat.empty:
         return []
     cells = ", ".join(f"{METHODS.get(r.method, r.method)} {r.column}" for r in flat.itertuples())
-    return [
+    note = (
         f"At the majority-class rate ({MAJORITY:.2f} %, 444 of 872 dev sentences are positive) on every seed: "
         f"{cells}. These models predict one class for every sentence: at this budget they have not learned the "
         "task, so their orderings say nothing about the objectives."
-    ]
+    )
+    flat_np = [r.method for r in flat.itertuples() if r.column == "nonprivate"]
+    if flat_np:
+        names = ", ".join(METHODS.get(m, m) for m in flat_np)
+        note += (
+            f" {names} stays there without noise too: its private cells fail for lack of steps at this learning "
+            "rate, not for the noise."
+        )
+    return [note]
 
 
 def _noise_note(by_cell: dict) -> list[str]:
