@@ -140,7 +140,7 @@ _TABLES: tuple[tuple[str, ReportSpec], ...] = (
             "Li et al. (Persona-Chat table)",
             "F1 / perplexity of GPT-2 on dialog at eps = 3, 8, non-private (the Synthetic-Persona-Chat stand-in on "
             "the CPU)",
-            "~11 min (6 runs, LAUNCHER=joblib JOBS=2; + ~24 min once to pretrain, shared with li_e2e)",
+            "~24 min (12 runs, LAUNCHER=joblib JOBS=2; + ~24 min once to pretrain, shared with li_e2e)",
             experiment="li_dialog",
             runtime_paper="3 GPU runs of 2,567 steps (GPT-2 124M, Persona-Chat from task.data_dir)",
         ),
