@@ -41,6 +41,10 @@ def _ctx(tmp_path, device="cpu") -> Ctx:
     return Ctx(device, True, tmp_path / "out", tmp_path / "work", 1, False)
 
 
+#: the report header run_parts writes (a CPU run of the parts above)
+HEADER = {"device_name": "CPU", "torch": "-", "commit": "-", "started": "-", "budget_s": 60, "command": "t"}
+
+
 def _says(word: str):
     def verify(ctx, log):
         if word not in log:
@@ -60,15 +64,7 @@ def test_a_failing_or_hanging_part_is_recorded_and_the_next_parts_still_run(tmp_
         Part("gpu", "needs CUDA", 30, _py("print('x')"), _says("x"), cuda_only=True),
         Part("last", "still runs", 30, _py("print('hello')"), _says("hello")),
     ]
-    header = {
-        "device_name": "CPU",
-        "torch": "-",
-        "commit": "-",
-        "started": "-",
-        "budget_s": 60,
-        "command": "t",
-    }
-    results = run_parts(parts, ctx, 60, header)
+    results = run_parts(parts, ctx, 60, HEADER)
     status = {r.name: r.status for r in results}
     assert status == {
         "first": "passed",
@@ -302,17 +298,9 @@ def test_a_part_past_its_limit_stops_on_sigint_when_launched_with_sigint_ignored
 
     ctx = _ctx(tmp_path)
     part = Part("hang", "sleeps past its limit", 1, _py("import time; time.sleep(30)"), _says("never"))
-    header = {
-        "device_name": "CPU",
-        "torch": "-",
-        "commit": "-",
-        "started": "-",
-        "budget_s": 60,
-        "command": "t",
-    }
     before = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        (result,) = run_parts([part], ctx, 60, header)
+        (result,) = run_parts([part], ctx, 60, HEADER)
     finally:
         signal.signal(signal.SIGINT, before)
     assert result.status == "TIMED OUT" and result.seconds < 10

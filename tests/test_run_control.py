@@ -66,7 +66,16 @@ def test_ctrl_c_stops_a_run_with_one_line_and_exit_130(tmp_path):
            "logger.wandb.mode=disabled"]  # fmt: skip
     env = {**os.environ, "DP_ADAM_BENCH_RUNS": str(tmp_path / "runs"), "DP_ADAM_BENCH_PROGRESS": "off"}
     with open(err, "w") as fh:
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=fh, cwd=tmp_path)
+        # the child takes SIGINT as a terminal's Ctrl-C delivers it, even when this session was started in the
+        # background (nohup ... &), whose children inherit SIGINT ignored
+        proc = subprocess.Popen(
+            cmd,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=fh,
+            cwd=tmp_path,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
         deadline = time.time() + 120
         while "run folder:" not in err.read_text() and proc.poll() is None and time.time() < deadline:
             time.sleep(0.05)
