@@ -101,4 +101,6 @@ def test_a_best_lr_at_the_grid_edge_is_called_a_lower_bound():
         }
     )
     (note,) = li_hyperparams.best_lr_note(frame)
-    assert "B = 64: 0.0005, B = 1024: 0.008" in note and "At B = 1024 the best is the largest lr tried" in note
+    assert (
+        "B = 64: 0.0005, B = 1024: 0.008" in note and "At B = 1024 the best is the largest lr tried" in note
+    )
