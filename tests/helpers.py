@@ -105,3 +105,37 @@ def tiny_model(seed: int = 0) -> nn.Module:
     """The model the CLI trainer builds for the tiny task (same seed stream)."""
     torch.manual_seed(RunSeeds.derive(seed, secure=False).model)
     return TinyTask({}, trials=1, seed=seed).build_model()
+
+
+def release_in_micro_batch_order(task, model, idx: torch.Tensor, ordered: bool, physical: int = 3, clip=0.05):
+    """(the clipped sum the backend releases for the logical batch ``idx``, the padded width summed over its
+    micro-batches), split in the task's ``micro_batch_order`` when ``ordered``, else in sampling order. A sum of
+    clipped per-example gradients must not depend on the order."""
+    from dp_adam_bench.engine.backends import ModelBackend
+    from dp_adam_bench.engine.distributed import DistContext
+
+    class Counting:  # the task, recording the padded width of each micro-batch
+        def __init__(self):
+            self.widths = []
+            self.loss_per_example = task.loss_per_example
+            if ordered:
+                self.micro_batch_order = task.micro_batch_order
+
+        def get_batch(self, i):
+            batch = task.get_batch(i)
+            self.widths.append(batch["input_ids"].shape[1])
+            return batch
+
+    class Summed:  # a privatizer that releases the clipped sum as it is
+        def __init__(self):
+            self.clip = clip
+
+        def release_sum(self, summed, scale):
+            return summed
+
+    counting = Counting()
+    backend = ModelBackend(counting, model, "bk", physical, DistContext(), torch.device("cpu"))
+    try:
+        return backend.release(idx, Summed(), None), sum(counting.widths)
+    finally:
+        backend.engine.close()

@@ -32,7 +32,7 @@ from dp_adam_bench.tasks.e2e_gpt2 import (
     read_e2e_csv,
 )
 
-from helpers import compose_cfg, two_private_steps
+from helpers import compose_cfg, release_in_micro_batch_order, two_private_steps
 
 torch.set_num_threads(1)
 
@@ -309,40 +309,13 @@ def test_clipping_engines_match_the_loop_oracle(task, swap):
 def test_micro_batches_by_length_change_no_clipped_sum(task):
     """The backend splits a logical batch in the task's ``micro_batch_order`` (by length: less padding); the sum of
     clipped per-example gradients is the one of the unsorted split, and the sorted micro-batches pad less."""
-    from dp_adam_bench.engine.backends import ModelBackend
-    from dp_adam_bench.engine.distributed import DistContext
-
     idx = torch.tensor([3, 38, 0, 21, 9, 14, 27, 33, 5, 11])
     n = task.train_mr_ids.lengths()[task.train_mr_of_row] + task.train_ref_ids.lengths()
     ordered = task.micro_batch_order(idx)
     assert sorted(ordered.tolist()) == sorted(idx.tolist())
     assert list(n[ordered.numpy()]) == sorted(n[idx.numpy()])
-
-    class Counting:  # the task, recording the padded width of each micro-batch; ordered or not
-        def __init__(self, ordered: bool):
-            self.widths = []
-            self.loss_per_example = task.loss_per_example
-            if ordered:
-                self.micro_batch_order = task.micro_batch_order
-
-        def get_batch(self, i):
-            batch = task.get_batch(i)
-            self.widths.append(batch["input_ids"].shape[1])
-            return batch
-
-    class Summed:  # a privatizer that releases the clipped sum as it is
-        clip = 0.05
-
-        def release_sum(self, summed, scale):
-            return summed
-
     model = fresh(task)
-    out = {}
-    for ordered in (True, False):
-        counting = Counting(ordered)
-        backend = ModelBackend(counting, model, "bk", 3, DistContext(), torch.device("cpu"))
-        out[ordered] = backend.release(idx, Summed(), None), sum(counting.widths)
-        backend.engine.close()
+    out = {o: release_in_micro_batch_order(task, model, idx, o) for o in (True, False)}
     for a, b in zip(out[True][0], out[False][0], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
     assert out[True][1] < out[False][1]

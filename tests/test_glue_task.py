@@ -25,7 +25,7 @@ from dp_adam_bench.tasks.glue import (
     render_template,
 )
 
-from helpers import compose_cfg, two_private_steps, wordpiece_tokenizer
+from helpers import compose_cfg, release_in_micro_batch_order, two_private_steps, wordpiece_tokenizer
 
 torch.set_num_threads(1)
 
@@ -253,6 +253,29 @@ def test_the_hubs_glue_columns_and_integer_labels_become_ours(fixtures, monkeypa
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("objective", ["classifier", "infilling"])
+def test_micro_batches_by_length_change_no_clipped_sum(fixtures, objective):
+    """The backend splits a logical batch in the task's ``micro_batch_order`` (by token count); the clipped sum is
+    the one of the sampling order, and the sorted micro-batches' longest rows add up to less (the fixtures' batches
+    all pad to 8, a multiple of 8, so their widths cannot show it)."""
+    task = GlueTask(glue_cfg(fixtures, objective=objective, model=str(fixtures / "mlm")), trials=1, seed=0)
+    idx = torch.tensor([4, 2, 6, 0, 3, 1, 5, 7])  # the longest sentence among the shortest
+    ordered = task.micro_batch_order(idx)
+    n = task.train_ids.lengths()
+    assert sorted(ordered.tolist()) == sorted(idx.tolist())
+    assert list(n[ordered.numpy()]) == sorted(n[idx.numpy()])
+    torch.manual_seed(0)
+    model = task.build_model().train()
+    out = {o: release_in_micro_batch_order(task, model, idx, o) for o in (True, False)}
+    for a, b in zip(out[True][0], out[False][0], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+    def longest(order):
+        return sum(int(n[c.numpy()].max()) for c in order.split(3))
+
+    assert longest(ordered) < longest(idx)
+
+
 def test_two_dp_steps_of_infilling_through_train(fixtures, isolated_dirs):
     from dp_adam_bench.train import train
 

@@ -392,6 +392,7 @@ class GlueTask(text.ClassifierLoss, LabelledTask):
         te = subset_indices(len(test.labels), cfg.get("test_subset"), rng, "test_subset")
         self.train_ids, self.train_seg, self.train_mask, self.y_train = self._encode(train, tr)
         self.test_ids, self.test_seg, self.test_mask, self.y_test = self._encode(test, te)
+        self.train_lengths = self.train_ids.lengths()  # the sort key of micro_batch_order
         self.data_note = self._data_note(train_split, tr, te)
         log.info("glue %s (%s): %s, %s; %s", self.glue, self.objective, self.train_source, self.test_source,
                  self.data_note)  # fmt: skip
@@ -512,6 +513,13 @@ class GlueTask(text.ClassifierLoss, LabelledTask):
         batch = self._batch("train", indices, self.pad_to)
         batch["labels"] = self.y_train[torch.as_tensor(indices, dtype=torch.long).cpu()]
         return batch
+
+    def micro_batch_order(self, idx: torch.Tensor) -> torch.Tensor:
+        """The examples of a logical batch by token count, so that each physical micro-batch pads little (the sum
+        of clipped per-example gradients does not depend on the order). SST-2's training sentences have up to 52
+        words (median 7): B = 256 in micro-batches of 64 pads ~2.4x fewer words sorted than in sampling order."""
+        key = torch.as_tensor(self.train_lengths[idx.cpu().numpy()], dtype=torch.long)
+        return idx[torch.argsort(key, stable=True).to(idx.device)]
 
     def logits(self, forward: Callable[..., torch.Tensor], batch: dict[str, torch.Tensor]) -> torch.Tensor:
         inputs = text.bert_inputs(batch)
