@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from bk_oracle import assert_matches_loop
 from torch import nn
 from torch.nn import functional as F
 
 from dp_adam_bench.engine.bk import BKEngine
-from dp_adam_bench.engine.grads import loop_grads
 
 H = 4
 
@@ -66,17 +66,10 @@ def _batch(b, T, seed=0):
 
 
 def _check(model, loss, batch, clip=0.7):
-    b = batch_size = len(next(iter(batch.values())))
     engine = BKEngine(model, loss)
     got = engine.clipped_sum(batch, clip)
     engine.close()
-    per_ex = loop_grads(model, loss, engine.params, batch)
-    norms = torch.sqrt(sum(g.reshape(b, -1).square().sum(1) for g in per_ex))
-    torch.testing.assert_close(got.norms, norms, rtol=1e-10, atol=0)
-    f = clip / norms.clamp(min=clip)
-    for s, g in zip(got.summed, per_ex, strict=True):
-        torch.testing.assert_close(s, torch.einsum("b,b...->...", f, g), rtol=1e-10, atol=1e-14)
-    assert batch_size
+    assert_matches_loop(got, model, loss, engine.params, batch, clip)
     return engine
 
 
