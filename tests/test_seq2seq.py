@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from dp_adam_bench.engine.seq2seq import shift_right, with_decoder_inputs
+from dp_adam_bench.engine.seq2seq import decoder_input_ids, with_decoder_inputs
+from dp_adam_bench.errors import ConfigError
 
 SOURCES = [
     "translate english to german : the house is small",
@@ -96,11 +97,18 @@ def test_decoder_inputs_are_the_models_own(family):
     torch.testing.assert_close(mean, own.loss)
 
 
-def test_shift_right_fallback_is_transformers_shift_tokens_right():
-    from transformers.models.bart.modeling_bart import shift_tokens_right
+def test_a_model_without_its_own_shift_gets_labels_shifted_by_its_config():
+    """A model without ``prepare_decoder_input_ids_from_labels`` is fed the labels shifted right, its
+    decoder_start_token_id first and -100 as its pad; one without those ids is refused in one line."""
+    from types import SimpleNamespace
 
     labels = torch.tensor([[5, 6, -100, -100], [7, 8, 9, 1]])
-    torch.testing.assert_close(shift_right(labels, 2, 0), shift_tokens_right(labels, 0, 2))
+    bare = SimpleNamespace(config=SimpleNamespace(decoder_start_token_id=2, pad_token_id=0))
+    want = torch.tensor([[2, 5, 6, 0], [2, 7, 8, 9]])
+    torch.testing.assert_close(decoder_input_ids(bare, labels), want)
+    with pytest.raises(ConfigError, match="decoder_start_token_id") as err:
+        decoder_input_ids(SimpleNamespace(config=SimpleNamespace(pad_token_id=0)), labels)
+    assert "\n" not in str(err.value)
 
 
 def test_classifier_labels_and_given_decoder_inputs_are_left_alone():

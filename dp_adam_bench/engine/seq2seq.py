@@ -9,7 +9,7 @@ would get no input ("You must specify exactly one of input_ids or inputs_embeds"
 
 :func:`with_decoder_inputs` builds ``decoder_input_ids`` from the labels as the model itself would, with its own
 ``prepare_decoder_input_ids_from_labels`` (T5's ``_shift_right``, BART's ``shift_tokens_right``: ``-100`` becomes
-the pad id), or, for a model without that method, ``shift_tokens_right`` semantics from its config's
+the pad id), or, for a model without that method, transformers' ``shift_tokens_right`` with its config's
 ``decoder_start_token_id`` and ``pad_token_id``. Each example's decoder inputs are its own labels shifted, so
 per-example gradients stay per example. Labels that are not token ids per position (a classifier's (B,) labels;
 ``BartForSequenceClassification`` feeds its decoder from ``input_ids`` itself), or a batch that already has
@@ -48,15 +48,6 @@ def needs_decoder_inputs(model: nn.Module, inputs: Mapping, labels) -> bool:
     )
 
 
-def shift_right(labels: torch.Tensor, start: int, pad: int) -> torch.Tensor:
-    """``labels`` shifted one position right with ``start`` first, ``-100`` replaced by ``pad`` (transformers'
-    ``shift_tokens_right``)."""
-    out = labels.new_empty(labels.shape)
-    out[:, 1:] = labels[:, :-1]
-    out[:, 0] = start
-    return out.masked_fill(out == IGNORE_INDEX, pad)
-
-
 def decoder_input_ids(model: nn.Module, labels: torch.Tensor) -> torch.Tensor:
     """The ``decoder_input_ids`` ``model`` builds from ``labels`` in its own forward (module docstring)."""
     base = _base(model)
@@ -72,7 +63,10 @@ def decoder_input_ids(model: nn.Module, labels: torch.Tensor) -> torch.Tensor:
             "config has no decoder_start_token_id / pad_token_id to shift the labels with: set them in the config "
             "or put decoder_input_ids in the batch"
         )
-    return shift_right(labels, int(start), int(pad))
+    # transformers' own shift (BART's module holds the generic one that Marian, Pegasus and mBART copy)
+    from transformers.models.bart.modeling_bart import shift_tokens_right
+
+    return shift_tokens_right(labels, int(pad), int(start))
 
 
 def with_decoder_inputs(model: nn.Module, inputs: dict, labels) -> dict:
