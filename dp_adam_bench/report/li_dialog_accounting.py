@@ -115,21 +115,41 @@ def gdp_curve_steps(gdp: float, q: float, delta: float, rdp: float = 3.0) -> int
     return _first_integer(excess, lo, f_lo, hi, f_hi)
 
 
-def _first_integer(f: Callable[[int], float], lo: int, f_lo: float, hi: int, f_hi: float) -> int:
-    """The smallest integer t in (lo, hi] with f(t) <= 0, given f(lo) > 0 >= f(hi) and f decreasing."""
-    last = 0
-    while hi - lo > 1:
-        x = math.exp(math.log(lo) + math.log(hi / lo) * f_lo / (f_lo - f_hi))
-        mid = min(max(round(x), lo + 1), hi - 1)
-        f_mid = f(mid)
-        if f_mid > 0:
-            lo, f_lo = mid, f_mid
-            f_hi = f_hi / 2 if last == 1 else f_hi
-            last = 1
+@dataclass
+class _Bracket:
+    """Regula falsi between ``a`` and ``b`` (``fa``, ``fb`` of opposite signs) with the Illinois modification: the
+    stored f of an end kept twice in a row is halved, so that a convex f does not pin one end (Dowell & Jarratt
+    1971). The two searches of this module step with it."""
+
+    a: float
+    fa: float
+    b: float
+    fb: float
+    last: int = 0  # +1: a moved last, -1: b moved last
+
+    def secant(self) -> float:
+        return self.a + (self.b - self.a) * self.fa / (self.fa - self.fb)
+
+    def update(self, x: float, fx: float) -> None:
+        if (fx > 0) == (self.fa > 0):
+            self.a, self.fa = x, fx
+            self.fb = self.fb / 2 if self.last == 1 else self.fb
+            self.last = 1
         else:
-            hi, f_hi = mid, f_mid
-            f_lo = f_lo / 2 if last == -1 else f_lo
-            last = -1
+            self.b, self.fb = x, fx
+            self.fa = self.fa / 2 if self.last == -1 else self.fa
+            self.last = -1
+
+
+def _first_integer(f: Callable[[int], float], lo: int, f_lo: float, hi: int, f_hi: float) -> int:
+    """The smallest integer t in (lo, hi] with f(t) <= 0, given f(lo) > 0 >= f(hi) and f decreasing (regula falsi
+    in log t)."""
+    bracket = _Bracket(math.log(lo), f_lo, math.log(hi), f_hi)
+    while hi - lo > 1:
+        mid = min(max(round(math.exp(bracket.secant())), lo + 1), hi - 1)
+        f_mid = f(mid)
+        bracket.update(math.log(mid), f_mid)
+        lo, hi = (mid, hi) if f_mid > 0 else (lo, mid)
     return hi
 
 
@@ -190,22 +210,15 @@ def root_in_log_q(
             edge = "above" if b == math.log(hi_q) else "below"
             return CurvePoint(pb.q, pb.steps, pb.delta, pb.eps3, f"q {edge} the search range")
         a, fa = b, fb
-    last = 0
+    bracket = _Bracket(a, fa, b, fb)
     for _ in range(30):
-        x = a + (b - a) * fa / (fa - fb)
+        x = bracket.secant()
         vx, px = value(math.exp(x))
         best = min(best, (abs(vx - target), px), key=lambda t: t[0])
         fx = vx - target
-        if abs(fx) <= ROOT_TOL or abs(b - a) < 1e-4:
+        if abs(fx) <= ROOT_TOL or abs(bracket.b - bracket.a) < 1e-4:
             break
-        if (fx > 0) == (fa > 0):
-            a, fa = x, fx
-            fb = fb / 2 if last == 1 else fb
-            last = 1
-        else:
-            b, fb = x, fx
-            fa = fa / 2 if last == -1 else fa
-            last = -1
+        bracket.update(x, fx)
     return best[1]
 
 
