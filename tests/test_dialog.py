@@ -107,12 +107,15 @@ def test_prompt_keeps_the_persona_and_the_last_turns(stand_in):
     assert "STAND-IN DATA: Synthetic-Persona-Chat" in task.data_note
 
 
-def test_a_private_run_end_to_end(stand_in, isolated_dirs):
+@pytest.mark.parametrize("finetune", [None, "lora", "prefix", "rgp"])
+def test_a_private_run_end_to_end(stand_in, isolated_dirs, finetune):
+    """Two private steps, full fine-tuning and each method of Li et al.'s E2E table that trains fewer parameters."""
     from dp_adam_bench.train import train
 
     c = compose_cfg(
         [
             "task=dialog",
+            *([f"task.finetune={finetune}"] if finetune else []),
             f"task.data_dir={stand_in}",
             "task.n_layer=1",
             "task.n_embd=32",
@@ -126,6 +129,7 @@ def test_a_private_run_end_to_end(stand_in, isolated_dirs):
     s = train(c)
     m = s["metrics"]
     assert s["steps"] == 2 and s["epsilon"]["rdp"] > 0
+    assert (s.get("finetune") or {}).get("method") == finetune
     assert 0 <= m["test_f1"] <= 100 and np.isfinite(m["test_perplexity"])
     assert m["test_perplexity"] == pytest.approx(np.exp(m["test_loss"]))
 

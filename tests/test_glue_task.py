@@ -276,6 +276,35 @@ def test_micro_batches_by_length_change_no_clipped_sum(fixtures, objective):
     assert longest(ordered) < longest(idx)
 
 
+@pytest.mark.parametrize("finetune", ["lora", "rgp", "head", "prefix"])
+def test_each_method_that_trains_fewer_parameters_takes_two_dp_steps(fixtures, isolated_dirs, finetune):
+    """LoRA, RGP and the head train the classifier privately; prefix-tuning, which peft builds for generation
+    only, is refused in one line before any step."""
+    from dp_adam_bench.errors import ConfigError
+    from dp_adam_bench.train import train
+
+    cfg = compose_cfg(
+        [
+            "task=glue_sst2",
+            f"task.finetune={finetune}",
+            f"task.model={fixtures / 'mlm'}",
+            f"task.data_dir={fixtures / 'data'}",
+            "task.max_length=24",
+            *two_private_steps("glue", batch=4, physical=3),
+        ]
+    )
+    if finetune == "prefix":
+        with pytest.raises(ConfigError, match="peft cannot prefix-tune BertForSequenceClassification") as err:
+            train(cfg)
+        assert "\n" not in str(err.value)
+        return
+    s = train(cfg)
+    total = sum(p.numel() for p in GlueTask(cfg.task, trials=1, seed=0).build_model().parameters())
+    assert s["steps"] == 2 and s["finetune"]["method"] == finetune
+    assert 0 < s["finetune"]["trainable_params"] < total
+    assert s["self_check"]["max_rel_error"] < 1e-3 and 0 <= s["metrics"]["test_accuracy"] <= 100
+
+
 def test_two_dp_steps_of_infilling_through_train(fixtures, isolated_dirs):
     from dp_adam_bench.train import train
 
