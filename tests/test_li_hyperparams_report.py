@@ -18,33 +18,37 @@ N, C, D = 16_384, 0.1, 2_900_000
 SIGMA = {64: 0.9, 256: 1.4, 1024: 3.5}  # calibrated sigma grows with q, sigma / q falls
 
 
-def _store(root, bleu: dict):
-    for (b, lr), value in bleu.items():
-        q = b / N
-        write_run(
-            root,
-            "li_hyperparams_cpu",
-            f"b{b}-lr{lr}",
-            {
-                "task": {"name": "e2e_gpt2", "train_subset": N},
-                "optimizer": {"name": "adam", "lr": lr},
-                "noise": {"kind": "independent"},
-                "privacy": {"clip": C, "delta": 3.05e-5, "target_epsilon": 3.0},
-                "train": {"batch_size": b, "steps": N // b},
-                "seed": 0,
-            },
-            {
-                "metrics": {"test_bleu": value, "test_rougeL": value + 3},
-                "sigma": SIGMA[b],
-                "steps": N // b,
-                "ledger": {
-                    "events": [{"kind": "poisson_gaussian", "sigma": SIGMA[b], "q": q, "count": N // b}]
-                },
-                "finetune": {"method": None, "trainable_params": D},
-                "data_note": "E2E subset",
-            },
-            metrics=[{"step": 4 * k, "diag/grad_norm_over_clip": 0.1 * k * math.sqrt(b)} for k in (1, 2, 3)],
-        )
+def _store(root, bleu: dict, spread: float = 0.5):
+    """Two seeds a cell (the preset's), at the cell's BLEU -/+ ``spread``."""
+    for (b, lr), mean in bleu.items():
+        for seed, value in enumerate((mean - spread, mean + spread)):
+            _store_run(root, b, lr, seed, value)
+
+
+def _store_run(root, b, lr, seed, value):
+    q = b / N
+    write_run(
+        root,
+        "li_hyperparams_cpu",
+        f"b{b}-lr{lr}-s{seed}",
+        {
+            "task": {"name": "e2e_gpt2", "train_subset": N},
+            "optimizer": {"name": "adam", "lr": lr},
+            "noise": {"kind": "independent"},
+            "privacy": {"clip": C, "delta": 3.05e-5, "target_epsilon": 3.0},
+            "train": {"batch_size": b, "steps": N // b},
+            "seed": seed,
+        },
+        {
+            "metrics": {"test_bleu": value, "test_rougeL": value + 3},
+            "sigma": SIGMA[b],
+            "steps": N // b,
+            "ledger": {"events": [{"kind": "poisson_gaussian", "sigma": SIGMA[b], "q": q, "count": N // b}]},
+            "finetune": {"method": None, "trainable_params": D},
+            "data_note": "E2E subset",
+        },
+        metrics=[{"step": 4 * k, "diag/grad_norm_over_clip": 0.1 * k * math.sqrt(b)} for k in (1, 2, 3)],
+    )
 
 
 def test_grid_sigma_eff_snr_and_claims(isolated_dirs):
@@ -63,14 +67,24 @@ def test_grid_sigma_eff_snr_and_claims(isolated_dirs):
     li_hyperparams.build(ReportContext())
     df = pd.read_csv(isolated_dirs / "results" / "li_hyperparams.csv").set_index(["batch_size", "lr"])
     assert df.loc[(256, 2e-3), "bleu"] == 30.0 and df.loc[(64, 5e-4), "steps"] == 256
+    assert df.loc[(256, 2e-3), "n"] == 2 and df.loc[(256, 2e-3), "bleu_sample_std"] == pytest.approx(
+        math.sqrt(0.5)
+    )
     assert df.loc[(64, 5e-4), "sigma_eff"] == pytest.approx(0.9 * N / 64)
     # median over the logged steps of (||g|| / C) C / (sigma C sqrt(d) / B): the middle step, k = 2
     want = 0.2 * math.sqrt(256) * C / (1.4 * C * math.sqrt(D) / 256)
     assert df.loc[(256, 5e-4), "gradient_snr"] == pytest.approx(want)
     md = (isolated_dirs / "results" / "li_hyperparams.md").read_text()
+    # 22 < 30 > 28, each cell's seeds at -/+ 0.5: both gaps decided by Welch's t
     assert (
-        "the best BLEU over learning rates grows with the batch size: **does not hold**" in md
-    )  # 22 < 30 > 28
+        "the best BLEU over learning rates is higher at B = 256 (lr 0.002) than at B = 64 (lr 0.002): **holds** "
+        "(30.00 vs 22.00 BLEU, margin +8.00" in md
+    )
+    assert (
+        "the best BLEU over learning rates is higher at B = 1024 (lr 0.0005) than at B = 256 (lr 0.002): "
+        "**does not hold** (28.00 vs 30.00" in md
+    )
+    assert "larger batches do better at a fixed eps and number of epochs" in md and "Welch" in md
     assert "sigma_eff = sigma N / B falls as the batch size grows: **holds**" in md
     assert "the gradient-SNR grows with the batch size (diagnostic): **holds**" in md
     # sqrt rule anchored at B = 1024: 3.5 sqrt(64 / 1024) = 0.875 < 0.9, the sigma B = 64 was calibrated to
@@ -88,7 +102,8 @@ def test_grid_sigma_eff_snr_and_claims(isolated_dirs):
     # the best lr per B: 2e-3 at 64 and 256, 5e-4 at 1024; none at the grid's edge (8e-3)
     assert "Best learning rate per batch size: B = 64: 0.002, B = 256: 0.002, B = 1024: 0.0005" in md
     assert "lower bound" not in md
-    assert "One seed a cell" in md and (isolated_dirs / "results" / "li_hyperparams.png").is_file()
+    assert "picked on the same seeds it is scored on" in md
+    assert (isolated_dirs / "results" / "li_hyperparams.png").is_file()
     assert np.isfinite(df["gradient_snr"]).all()
 
 
