@@ -85,6 +85,8 @@ def test_grid_sigma_eff_snr_and_claims(isolated_dirs):
         "**does not hold** (28.00 vs 30.00" in md
     )
     assert "larger batches do better at a fixed eps and number of epochs" in md and "Welch" in md
+    # B = 1024's best is not higher: the note gives each batch size's step count at one epoch
+    assert "(Adam steps per run: B = 64: 256, B = 256: 64, B = 1024: 16)" in md
     assert "sigma_eff = sigma N / B falls as the batch size grows: **holds**" in md
     assert "the gradient-SNR grows with the batch size (diagnostic): **holds**" in md
     # sqrt rule anchored at B = 1024: 3.5 sqrt(64 / 1024) = 0.875 < 0.9, the sigma B = 64 was calibrated to
@@ -119,3 +121,13 @@ def test_a_best_lr_at_the_grid_edge_is_called_a_lower_bound():
     assert (
         "B = 64: 0.0005, B = 1024: 0.008" in note and "At B = 1024 the best is the largest lr tried" in note
     )
+
+
+def test_the_steps_note_appears_only_where_a_larger_batch_is_not_better():
+    from dp_adam_bench.report.common import Claim
+
+    frame = pd.DataFrame({"batch_size": [64, 1024], "steps": [256, 16]})
+    text = "the best BLEU over learning rates is higher at B = 1024 (lr 0.002) than at B = 64 (lr 0.002)"
+    assert li_hyperparams.steps_note(frame, [Claim(text, True, "")]) == []
+    (note,) = li_hyperparams.steps_note(frame, [Claim(text, False, "")])
+    assert "(Adam steps per run: B = 64: 256, B = 1024: 16)" in note

@@ -152,7 +152,7 @@ _TABLES: tuple[tuple[str, ReportSpec], ...] = (
             "Li et al. (batch size, learning rate)",
             "E2E BLEU at eps = 3 over a batch-size x learning-rate grid at fixed epochs (heatmap), sigma_eff = "
             "sigma N / B, the gradient-SNR against B",
-            "~60 min (9 runs, LAUNCHER=joblib JOBS=2; + ~24 min once to pretrain, shared with li_e2e)",
+            "~110 min (18 runs, LAUNCHER=joblib JOBS=2; + ~24 min once to pretrain, shared with li_e2e)",
             experiment="li_hyperparams",
             runtime_paper="12 GPU runs (GPT-2 124M, 10 epochs each)",
         ),
