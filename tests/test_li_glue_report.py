@@ -23,8 +23,8 @@ def _cfg(objective, noise, target, seed, finetune=None):
             "max_length": 96,
             "pretrain": "minilm_mlm_head" if objective == "infilling" else None,
         },
-        # the preset's: non-private full fine-tuning at the authors' launcher's 5e-5, the rest at 5e-4
-        "optimizer": {"name": "adam", "lr": 5e-5 if noise == "none" and finetune is None else 5e-4},
+        # the preset's: non-private full fine-tuning at the authors' launcher's 5e-5, the head at 5e-3, the rest 5e-4
+        "optimizer": {"name": "adam", "lr": LR.get(finetune, 5e-5 if noise == "none" else 5e-4)},
         "noise": {"kind": noise},
         "privacy": {"sigma": None, "clip": 0.1, "delta": 1.2207e-4, "target_epsilon": target},
         "train": {"batch_size": 256, "clipping": "bk", "lr_schedule": "linear"},
@@ -32,23 +32,27 @@ def _cfg(objective, noise, target, seed, finetune=None):
     }
 
 
+LR = {"head": 5e-3, "lora": 5e-4, "rgp": 5e-4}
 #: trainable counts and step-0 accuracies of each row
 D = {
     ("classifier",): 22_713_986,
     ("infilling",): 22_752_000,
     ("classifier", "lora"): 74_498,
     ("classifier", "rgp"): 300_000,
+    ("classifier", "head"): 148_610,
 }
 START = {
     ("classifier",): 50.0,
     ("infilling",): 56.0,
     ("classifier", "lora"): 52.0,
     ("classifier", "rgp"): 50.0,
+    ("classifier", "head"): 50.9,
 }
 
 
-def _store(root, accuracies: dict):
-    """Runs of each (objective, noise, target), one a seed, with the given accuracies (loss = 1 - acc / 100)."""
+def _store(root, accuracies: dict, losses: dict | None = None):
+    """Runs of each (objective, noise, target), one a seed, with the given accuracies (loss = 1 - acc / 100, or
+    the cell's entry in ``losses``)."""
     for key, per_seed in accuracies.items():
         objective, noise, target, *finetune = key
         eps = (
@@ -63,7 +67,7 @@ def _store(root, accuracies: dict):
                 f"{objective}-{noise}-{target}-{seed}-{finetune}",
                 _cfg(objective, noise, target, seed, *finetune),
                 {
-                    "metrics": {"test_accuracy": acc, "test_loss": 1 - acc / 100},
+                    "metrics": {"test_accuracy": acc, "test_loss": (losses or {}).get(key, 1 - acc / 100)},
                     "epsilon": eps,
                     "finetune": {
                         "method": finetune[0] if finetune else None,
@@ -80,27 +84,33 @@ def _store(root, accuracies: dict):
             )
 
 
+#: every other row of the preset, two seeds a cell
+FULL = {
+    ("classifier", "independent", 3.0): (80.0, 82.0),
+    ("classifier", "independent", 8.0): (83.0, 85.0),
+    ("classifier", "none", None): (88.0, 90.0),
+    ("infilling", "independent", 3.0): (81.0, 81.5),  # ahead of the classifier at eps = 3 by a hair
+    # behind the classifier at eps = 8, and behind its eps = 3
+    ("infilling", "independent", 8.0): (79.0, 80.0),
+    ("infilling", "none", None): (89.0, 91.0),
+    ("classifier", "independent", 3.0, "lora"): (84.0, 85.0),
+    ("classifier", "independent", 8.0, "lora"): (86.0, 87.0),
+    ("classifier", "none", None, "lora"): (88.0, 89.0),
+    ("classifier", "independent", 8.0, "rgp"): (82.0, 83.0),  # behind full at eps = 8, as the paper's is not
+}
+
+
+#: the head alone: ahead of full fine-tuning at eps = 3, behind it at eps = 8
+HEAD = {
+    ("classifier", "independent", 3.0, "head"): (85.0, 86.0),
+    ("classifier", "independent", 8.0, "head"): (66.0, 67.0),
+    ("classifier", "none", None, "head"): (80.0, 81.0),
+}
+
+
 @pytest.mark.slow
 def test_cells_paper_numbers_and_orderings_with_welch(isolated_dirs):
-    acc = {
-        ("classifier", "independent", 3.0): (80.0, 82.0),
-        ("classifier", "independent", 8.0): (83.0, 85.0),
-        ("classifier", "none", None): (88.0, 90.0),
-        ("infilling", "independent", 3.0): (81.0, 81.5),  # ahead of the classifier at eps = 3 by a hair
-        ("infilling", "independent", 8.0): (
-            79.0,
-            80.0,
-        ),  # behind the classifier at eps = 8, and behind its eps = 3
-        ("infilling", "none", None): (89.0, 91.0),
-        ("classifier", "independent", 3.0, "lora"): (84.0, 85.0),
-        ("classifier", "independent", 8.0, "lora"): (86.0, 87.0),
-        ("classifier", "none", None, "lora"): (88.0, 89.0),
-        ("classifier", "independent", 8.0, "rgp"): (
-            82.0,
-            83.0,
-        ),  # behind full at eps = 8, as the paper's is not
-    }
-    _store(isolated_dirs / "runs", acc)
+    _store(isolated_dirs / "runs", {**FULL, **HEAD})
     li_glue.build(ReportContext())
     df = pd.read_csv(isolated_dirs / "results" / "li_glue.csv")
     a = df[df.quantity == "accuracy"].set_index(["method", "column"])
@@ -162,9 +172,14 @@ def test_cells_at_the_majority_class_rate_are_named(isolated_dirs):
         ("infilling", "none", None): (92.0, 93.0),
         ("classifier", "none", None, "lora"): (majority, majority),
     }
-    _store(isolated_dirs / "runs", acc)
+    _store(isolated_dirs / "runs", acc, losses={("infilling", "independent", 3.0): 1.9})
     li_glue.build(ReportContext())
     md = (isolated_dirs / "results" / "li_glue.md").read_text()
+    # infilling eps3's dev loss (1.9) is above ln 2: a confident wrong model; full eps3's (0.49) is not
+    assert (
+        "Of these, the dev loss is above ln 2 = 0.693 (by more than 0.01), the loss of predicting 50 / 50 for "
+        "every sentence, at full + infilling eps3 (1.900): the noise moved" in md
+    )
     assert (
         "At the majority-class rate (50.92 %, 444 of 872 dev sentences are positive) on every seed: full eps3, "
         in md
@@ -175,3 +190,26 @@ def test_cells_at_the_majority_class_rate_are_named(isolated_dirs):
     )
     # LoRA's non-private cell did not learn either: the note says its failure is not the noise's
     assert "LoRA stays there without noise too" in md
+
+
+@pytest.mark.slow
+def test_the_head_row_is_ordered_against_full_fine_tuning(isolated_dirs):
+    """The head alone (a linear-probe baseline the paper's table does not have) has its own row and is ordered
+    against full fine-tuning at each epsilon; its noise ratio is read from its own d."""
+    _store(isolated_dirs / "runs", {**FULL, **HEAD})
+    li_glue.build(ReportContext())
+    df = pd.read_csv(isolated_dirs / "results" / "li_glue.csv")
+    a = df[df.quantity == "accuracy"].set_index(["method", "column"])
+    assert a.loc[("head", "eps3"), "ours"] == pytest.approx(85.5) and np.isnan(
+        a.loc[("head", "eps3"), "paper"]
+    )
+    md = (isolated_dirs / "results" / "li_glue.md").read_text()
+    assert (
+        "eps3: full fine-tuning beats training the head alone (pooler + classifier, the encoder frozen): "
+        "**does not hold** (81.00 vs 85.50" in md
+    )
+    assert "eps8: full fine-tuning beats training the head alone" in md and "**holds** (84.00 vs 66.50" in md
+    assert "paper: 86.12 (full); the table has no head row" in md
+    assert "head (pooler + classifier): eps = 8 > eps = 3 (accuracy): **does not hold**" in md
+    assert f"head (pooler + classifier) eps8 (d = 148,610): {0.7 * np.sqrt(148_610) / 256:.3g}" in md
+    assert "head (pooler + classifier) 50.90 % (6 runs)" in md

@@ -1,15 +1,17 @@
 """Li, Tramer, Liang & Hashimoto (ICLR 2022, arXiv:2110.05679), table "Dataset: GLUE" on SST-2: full fine-tuning
 with the plain classifier ("full") against text infilling ("full + infilling"), at eps = 3, eps = 8 and non-private,
 and the methods that train fewer parameters with the classifier (``task.finetune``: LoRA, which the table does not
-have, and RGP, which it prints at eps = 8).
+have, RGP, which it prints at eps = 8, and the head alone on the frozen encoder, a linear-probe baseline the table
+does not have either).
 
 Reads ``runs/li_glue_<profile>`` (preset ``configs/experiment/li_glue.yaml``): one cell per (method, privacy
 column) over seeds, GLUE dev accuracy and loss beside the paper's RoBERTa-base numbers (``configs/paper/li.yaml``,
 glue.metrics), and each private run's epsilon under every accountant beside the table's (the exact re-derivation of
 those digits is ``results/li_glue_accounting.md``). Claims, each with Welch's t-test of its seeds
 (:mod:`dp_adam_bench.report.stats`): infilling beats the classifier at the same epsilon (the paper's claim), RGP
-beats full fine-tuning at eps = 8 (the paper's numbers), and each method's non-private > eps = 8 > eps = 3 (the
-paper's own numbers do not order full's eps = 3 and 8).
+beats full fine-tuning at eps = 8 (the paper's numbers), full fine-tuning beats the head alone (the paper's thesis
+that full fine-tuning's dimension does not hurt it), and each method's non-private > eps = 8 > eps = 3 (the paper's
+own numbers do not order full's eps = 3 and 8).
 """
 
 from __future__ import annotations
@@ -39,7 +41,13 @@ TITLE = "Li et al. — SST-2 (GLUE dev): full fine-tuning, classifier against te
 STD = f"ours{STD_SUFFIX}"
 COLUMNS = ("eps3", "eps8", "nonprivate")
 #: the table's rows: the objective with every parameter trained, then the methods that train fewer (classifier)
-METHODS = {"classifier": "full", "infilling": "full + infilling", "lora": "LoRA", "rgp": "RGP"}
+METHODS = {
+    "classifier": "full",
+    "infilling": "full + infilling",
+    "lora": "LoRA",
+    "rgp": "RGP",
+    "head": "head (pooler + classifier)",
+}
 PAPER_ROWS = {
     "classifier": "full_roberta_base",
     "infilling": "infilling_roberta_base",
@@ -49,6 +57,9 @@ METRICS = {"accuracy": "test_accuracy", "loss": "test_loss"}
 TASK = "SST-2"
 #: GLUE SST-2 dev has 444 positive and 428 negative sentences: the accuracy of predicting one class throughout
 MAJORITY = 100.0 * 444 / 872
+#: the cross-entropy of predicting each class with probability 1 / 2
+LN2 = math.log(2.0)
+LOSS_MARGIN = 0.01
 WHAT = "the objectives and privacy levels"
 
 
@@ -143,6 +154,17 @@ def claims_from_frame(frame: pd.DataFrame, paper: dict) -> list[Claim]:
                 paper=f"{printed('rgp', 'eps8')} vs {printed('classifier', 'eps8')} (RoBERTa-base)",
             )
         )
+    if "head" in ran:
+        orderings += [
+            Ordering(
+                ("classifier", col),
+                ("head", col),
+                f"{col}: full fine-tuning beats training the head alone (pooler + classifier, the encoder frozen)",
+                paper=f"{printed('classifier', col)} (full); the table has no head row: Li et al.'s thesis that "
+                "full fine-tuning's dimension does not hurt it",
+            )
+            for col in ("eps3", "eps8")
+        ]
     for objective, name in METHODS.items():
         if objective not in ran:
             continue
@@ -176,6 +198,17 @@ def _majority_note(frame: pd.DataFrame) -> list[str]:
         f"{cells}. These models predict one class for every sentence: at this budget they have not learned the "
         "task, so their orderings say nothing about the objectives."
     )
+    worse = [r for r in flat.itertuples() if _loss(frame, r.method, r.column) > LN2 + LOSS_MARGIN]
+    if worse:
+        cells_loss = ", ".join(
+            f"{METHODS.get(r.method, r.method)} {r.column} ({_loss(frame, r.method, r.column):.3f})"
+            for r in worse
+        )
+        note += (
+            f" Of these, the dev loss is above ln 2 = {LN2:.3f} (by more than {LOSS_MARGIN:g}), the loss of "
+            f"predicting 50 / 50 for every sentence, at {cells_loss}: the noise moved those models to "
+            "confident answers, not just left them untrained."
+        )
     flat_np = [r.method for r in flat.itertuples() if r.column == "nonprivate"]
     if flat_np:
         names = ", ".join(METHODS.get(m, m) for m in flat_np)
@@ -184,6 +217,12 @@ def _majority_note(frame: pd.DataFrame) -> list[str]:
             "rate, not for the noise."
         )
     return [note]
+
+
+def _loss(frame: pd.DataFrame, method: str, column: str) -> float:
+    """The cell's mean dev loss (NaN where the table has none)."""
+    row = frame[(frame.quantity == "loss") & (frame.method == method) & (frame.column == column)]
+    return float(row["ours"].iloc[0]) if len(row) else float("nan")
 
 
 def _noise_note(by_cell: dict) -> list[str]:
@@ -209,7 +248,10 @@ def _noise_note(by_cell: dict) -> list[str]:
     return [
         "Noise against signal, from the runs' own sigma, B and trainable count d: ||z|| / C = sigma sqrt(d) / B, "
         "the norm of the noise in the averaged update over the largest norm the averaged clipped gradient can have "
-        f"(C): {'; '.join(parts)}. Above 1 the update is mostly noise at every step."
+        f"(C): {'; '.join(parts)}. Above 1 the update is mostly noise at every step. Below 1 is not enough under "
+        "Adam: it divides each coordinate by its own running scale, so a coordinate where the clipped mean is "
+        "weaker than its share of the noise (sigma C / B) still moves by a sizeable fraction of the learning rate "
+        "each step, in a random direction."
     ]
 
 
@@ -234,7 +276,12 @@ def _start_note(by_cell: dict) -> list[str]:
 
 
 def _setting(complete, profile: str) -> str:
-    cfg, s = complete[0].config, complete[0].summary
+    """The shared setting, read from a private full fine-tuning run where there is one (the rows that train fewer
+    parameters, and the non-private ones, may take their own lr)."""
+    full = [
+        r for r in complete if method_of(r.config) == "classifier" and get(r.config, "noise.kind") != "none"
+    ]
+    cfg, s = (full or complete)[0].config, (full or complete)[0].summary
     return (
         f"profile {profile}: {s.get('data_note', '')}; expected B = {get(cfg, 'train.batch_size')}, "
         f"{s.get('steps')} Poisson steps, C = {get(cfg, 'privacy.clip')}, Adam lr {get(cfg, 'optimizer.lr')} "
@@ -250,12 +297,14 @@ def _notes(found, profile: str) -> list[str]:
         notes.append(
             "CPU profile: MiniLM-L6 (22.7M parameters, a sentence-embedding checkpoint) instead of RoBERTa-base "
             "(125M), 24 steps of B = 256 (0.09 epochs) instead of 203 of B = 1000 (3 epochs), both from all 67,349 "
-            "sentences: compare the orderings, not the accuracies. The non-private runs take lr 5e-5, the authors' "
-            "launcher's non-private default (private-transformers, examples/classification/run_wrapper.py); LoRA "
-            "takes 5e-4 in every column. The infilling rows read the label words through a masked-LM head "
-            "that MiniLM lacks, fitted here non-privately on public arXiv abstracts with the encoder frozen "
-            "(`dp-adam-bench pretrain minilm_mlm_head`), where RoBERTa brings the head it was pretrained with: the "
-            "prior that infilling exploits is weaker here (its accuracy before training: the note above)."
+            "sentences: compare the orderings, not the accuracies. Non-private full fine-tuning (both objectives) "
+            "takes lr 5e-5, the authors' launcher's non-private default (private-transformers, "
+            "examples/classification/run_wrapper.py); LoRA takes 5e-4 in every column and the head 5e-3 (the best "
+            "non-private lr of the pilots in configs/experiment/li_glue.yaml). The infilling rows read the label "
+            "words through a masked-LM head that MiniLM lacks, fitted here non-privately on public arXiv abstracts "
+            "with the encoder frozen (`dp-adam-bench pretrain minilm_mlm_head`), where RoBERTa brings the head it was "
+            "pretrained with: the prior that infilling exploits is weaker here (its accuracy before training: the "
+            "note above)."
         )
     notes.append(
         "GDP + CLT is an approximation, not a bound; PRV and PLD are numerical accountants of the same mechanism. "
