@@ -75,7 +75,9 @@ def _store(root, accuracies: dict, losses: dict | None = None):
                     },
                     "sigma": 0.7 if target else 0.0,
                     "steps": 24,
-                    "data_note": "GLUE sst2 train (4096 subset) / dev (872); encoder MiniLM-L6-H384 instead of RoBERTa",
+                    "data_note": "GLUE sst2 train (4096 subset) / dev (872); "
+                    + ("text infilling, template T; " if objective == "infilling" else "")
+                    + "encoder MiniLM-L6-H384 instead of RoBERTa",
                 },
                 metrics=[
                     {"step": 0, "test_accuracy": START[(objective, *finetune)]},
@@ -158,6 +160,9 @@ def test_cells_paper_numbers_and_orderings_with_welch(isolated_dirs):
     assert "RGP 50.00 % (2 runs)" in md
     assert "stays there without noise too" not in md  # no cell sits at the majority class
     assert "MiniLM-L6 (22.7M parameters" in md and "Adam lr 0.0005 decayed linearly" in md
+    # the setting: a private full run's lr (the head's 5e-3 is not it), an infilling run's data note
+    setting = next(line for line in md.splitlines() if line.startswith("Setting:"))
+    assert "text infilling, template T" in setting and "Adam lr 0.0005 " in setting
 
 
 @pytest.mark.slow

@@ -277,11 +277,14 @@ def _start_note(by_cell: dict) -> list[str]:
 
 def _setting(complete, profile: str) -> str:
     """The shared setting, read from a private full fine-tuning run where there is one (the rows that train fewer
-    parameters, and the non-private ones, may take their own lr)."""
+    parameters, and the non-private ones, may take their own lr); the data note from an infilling run where there
+    is one (it adds the template, the label words and the masked-LM head to the classifier's)."""
     full = [
         r for r in complete if method_of(r.config) == "classifier" and get(r.config, "noise.kind") != "none"
     ]
-    cfg, s = (full or complete)[0].config, (full or complete)[0].summary
+    cfg = (full or complete)[0].config
+    infilling = [r for r in complete if method_of(r.config) == "infilling"]
+    s = (infilling or full or complete)[0].summary
     return (
         f"profile {profile}: {s.get('data_note', '')}; expected B = {get(cfg, 'train.batch_size')}, "
         f"{s.get('steps')} Poisson steps, C = {get(cfg, 'privacy.clip')}, Adam lr {get(cfg, 'optimizer.lr')} "
