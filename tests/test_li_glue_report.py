@@ -163,6 +163,7 @@ def test_cells_paper_numbers_and_orderings_with_welch(isolated_dirs):
     # the setting: a private full run's lr (the head's 5e-3 is not it), an infilling run's data note
     setting = next(line for line in md.splitlines() if line.startswith("Setting:"))
     assert "text infilling, template T" in setting and "Adam lr 0.0005 " in setting
+    assert "## The paper's other rows (not run here)" in md and "| full (RoBERTa-large) | eps3 |" in md
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ from dp_adam_bench.report.aggregate import get
 from dp_adam_bench.report.common import Claim, incomplete_note, load_paper
 from dp_adam_bench.report.context import ReportContext
 from dp_adam_bench.report.li_e2e import cells_by, epsilon_rows, init_of, lr_schedule_words, metric_rows
+from dp_adam_bench.report.paper_rows import NOT_RUN_TITLE, NotRun, fmt, larger_is_better, section
 from dp_adam_bench.report.skeleton import (
     Ordering,
     SeedStats,
@@ -57,10 +58,67 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
         frame,
         setting=_setting(found.complete, ctx.profile),
         claims=claims,
-        notes=rule_notes(claims, WHAT) + _notes(found, ctx.profile),
+        notes=rule_notes(claims, WHAT) + _notes(found, ctx.profile) + _larger_note(paper),
         digits=3,
         missing=found.missing,
+        extra_sections=[(NOT_RUN_TITLE, section(not_run_rows(paper), list(METRIC_HEADERS.values())))],
     ).write(ctx.out)
+
+
+#: the paper's rows other than GPT-2 (configs/paper/li.yaml dialog.metrics) as the table prints them, and why
+#: none is run here
+OTHER_ROWS = {
+    "gpt2_medium": (
+        "GPT-2-medium (355M)",
+        "the presets fine-tune GPT-2 (124M): task.model=gpt2-medium (a folder or the hub) on the paper profile",
+    ),
+    "dialogpt_medium": (
+        "DialoGPT-medium",
+        "the presets fine-tune GPT-2 (124M): task.model=microsoft/DialoGPT-medium (a folder or the hub) on the "
+        "paper profile",
+    ),
+    "huggingface_convai2_winner": (
+        "HuggingFace (ConvAI2 winner)",
+        "a non-private baseline the paper quotes (the ConvAI2 winning entry), not a run of its method",
+    ),
+    "huggingface_our_implementation": (
+        "HuggingFace (our implementation)",
+        "a non-private baseline the paper's authors re-implemented, not a run of DP-Adam",
+    ),
+}
+METRIC_HEADERS = {"f1": "F1", "perplexity": "perplexity"}
+
+
+def not_run_rows(paper: dict) -> list[NotRun]:
+    """Every (row, column) of the paper's Persona-Chat table other than GPT-2's, which is beside ours above."""
+    rows = []
+    for col, by_row in paper["metrics"].items():
+        for key, values in by_row.items():
+            if key == PAPER_MODEL:
+                continue
+            name, why = OTHER_ROWS.get(key, (key, "not in the presets"))
+            rows.append(
+                NotRun(name, col, {METRIC_HEADERS[m]: fmt(values.get(m)) for m in METRIC_HEADERS}, why)
+            )
+    return rows
+
+
+def _larger_note(paper: dict) -> list[str]:
+    """Li et al.'s "larger models do better" (GPT-2-medium over GPT-2), read off the paper's own numbers."""
+    ahead, compared, against = larger_is_better(
+        [(PAPER_MODEL, "gpt2_medium")],
+        paper["metrics"],
+        list(METRIC_HEADERS),
+        lower_is_better=("perplexity",),
+    )
+    if not compared:
+        return []
+    note = (
+        "Claim 'larger models do better' (GPT-2-medium over GPT-2): not checked by these runs, which fine-tune one "
+        f"model size. In the paper's own numbers GPT-2-medium is ahead in {ahead} of {compared} cells (F1 higher, "
+        "perplexity lower)"
+    )
+    return [note + (f" (not in: {'; '.join(against)})." if against else ".")]
 
 
 def _metric_rows(by_cell: dict, paper: dict) -> list[dict]:

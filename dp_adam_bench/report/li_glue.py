@@ -26,6 +26,7 @@ from dp_adam_bench.report.aggregate import get
 from dp_adam_bench.report.common import Claim, incomplete_note, load_paper
 from dp_adam_bench.report.context import ReportContext
 from dp_adam_bench.report.li_e2e import cells_by, epsilon_rows, lr_schedule_words, metric_rows
+from dp_adam_bench.report.paper_rows import NOT_RUN_TITLE, NotRun, fmt, larger_is_better, section
 from dp_adam_bench.report.skeleton import (
     Ordering,
     SeedStats,
@@ -75,7 +76,7 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
     frame["n"] = frame["n"].astype("Int64")
     claims = claims_from_frame(frame, paper)
     notes = rule_notes(claims, WHAT) + _majority_note(frame) + _noise_note(by_cell) + _start_note(by_cell)
-    notes += _notes(found, ctx.profile)
+    notes += _notes(found, ctx.profile) + _larger_note(paper)
     return Table(
         TABLE_ID,
         TITLE,
@@ -86,7 +87,53 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
         notes=notes,
         digits=3,
         missing=found.missing,
+        extra_sections=[(NOT_RUN_TITLE, section(not_run_rows(paper), list(HEADERS.values())))],
     ).write(ctx.out)
+
+
+#: the tasks of the paper's table, in its order; MNLI as matched / mismatched
+GLUE_TASKS = ("MNLI", "QQP", "QNLI", "SST-2")
+HEADERS = {"MNLI": "MNLI (m / mm)", "QQP": "QQP", "QNLI": "QNLI", "SST-2": "SST-2"}
+#: the paper's row prefixes (configs/paper/li.yaml glue.metrics) as the table prints them
+PAPER_METHODS = {"full": "full", "infilling": "full + infilling", "rgp": "RGP"}
+PAPER_SIZES = {"roberta_base": "RoBERTa-base", "roberta_large": "RoBERTa-large"}
+
+
+def not_run_rows(paper: dict) -> list[NotRun]:
+    """Every (row, column) of the paper's GLUE table with a number this table does not have beside ours: MNLI,
+    QQP and QNLI (their data is not offline), and RoBERTa-large (in no preset)."""
+    rows = []
+    for col, by_row in paper["metrics"].items():
+        for key, values in by_row.items():
+            method, size = key.split("_", 1)
+            name = f"{PAPER_METHODS.get(method, method)} ({PAPER_SIZES.get(size, size)})"
+            cells = {HEADERS[t]: fmt(values.get(t)) for t in GLUE_TASKS}
+            if size == "roberta_base":
+                cells[HEADERS["SST-2"]] = "beside ours above"
+                why = (
+                    "MNLI, QQP and QNLI are not offline here: task.glue (mnli, qqp or qnli) with task.data_dir (a "
+                    "folder of GLUE's TSVs) runs them on either profile"
+                )
+            else:
+                why = (
+                    "RoBERTa-large is in no preset: task.model=roberta-large on the paper profile (and GLUE's TSVs "
+                    "in task.data_dir for MNLI, QQP and QNLI)"
+                )
+            rows.append(NotRun(name, col, cells, why))
+    return rows
+
+
+def _larger_note(paper: dict) -> list[str]:
+    """Li et al.'s "larger models do better", read off the paper's own numbers: no profile here runs two sizes."""
+    pairs = [(f"{m}_roberta_base", f"{m}_roberta_large") for m in PAPER_METHODS]
+    ahead, compared, against = larger_is_better(pairs, paper["metrics"], GLUE_TASKS)
+    if not compared:
+        return []
+    note = (
+        f"Claim 'larger models do better' (RoBERTa-large over -base): not checked by these runs, which use one "
+        f"model size per profile. In the paper's own numbers RoBERTa-large is ahead in {ahead} of {compared} cells"
+    )
+    return [note + (f" (not in: {'; '.join(against)})." if against else ".")]
 
 
 def method_of(cfg) -> str:
