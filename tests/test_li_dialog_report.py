@@ -70,7 +70,10 @@ def test_cells_paper_row_and_orderings(isolated_dirs):
     gdp = df[df.quantity.str.contains("CLT")].set_index(["init", "column"])
     assert gdp.loc[("pretrained", "eps8"), "paper"] == pytest.approx(6.00)
     md = (isolated_dirs / "results" / "li_dialog.md").read_text()
-    assert "## The paper's other rows (not run here)" in md and "| DialoGPT-medium | eps8 | 17.56 | 16.79 |" in md
+    assert (
+        "## The paper's other rows (not run here)" in md
+        and "| DialoGPT-medium | eps8 | 17.56 | 16.79 |" in md
+    )
     assert "f1: non-private > eps = 8: **holds**" in md and "paper: 17.96 vs 16.08 (GPT-2)" in md
     assert "perplexity: eps = 8 < eps = 3: **holds**" in md and "paper: 23.57 vs 24.59 (GPT-2)" in md
     assert "perplexity, eps3: pretrained < from scratch: **does not hold**" in md
