@@ -79,3 +79,28 @@ def test_cells_paper_row_and_orderings(isolated_dirs):
     assert "perplexity, eps3: pretrained < from scratch: **does not hold**" in md
     assert "perplexity, eps8: pretrained < from scratch: **holds**" in md
     assert "STAND-IN DATA" in md
+
+
+def test_the_gap_to_non_private_is_read_against_the_papers_relative_gap():
+    from dp_adam_bench.report.skeleton import SeedStats
+
+    pm = {
+        "eps3": {"gpt2": {"f1": 15.0, "perplexity": 24.0}},
+        "eps8": {"gpt2": {"f1": 16.0, "perplexity": 22.0}},
+        "nonprivate": {"gpt2": {"f1": 20.0, "perplexity": 20.0}},
+    }
+    # paper's relative gaps: F1 25 % / 20 %, perplexity 20 % / 10 %
+    f1 = {
+        ("pretrained", "nonprivate"): SeedStats(10.0, 0.1, 2),
+        ("pretrained", "eps3"): SeedStats(8.0, 0.2, 2),  # 20 % <= 25 %: holds
+        ("pretrained", "eps8"): SeedStats(7.0, None, 1),  # 30 % > 20 %: does not
+    }
+    eps3, eps8 = li_dialog.gap_claims("f1", f1, pm)
+    assert eps3.holds and not eps8.holds
+    assert "ours +20.0 % (8 vs 10, the private cell's spread over seeds 0.2), paper +25.0 %" in eps3.detail
+    ppl = {
+        ("pretrained", "nonprivate"): SeedStats(10.0, 0.1, 2),
+        ("pretrained", "eps8"): SeedStats(10.5, 0.1, 2),
+    }
+    (only,) = li_dialog.gap_claims("perplexity", ppl, pm)  # no eps3 cell: no claim
+    assert only.holds and "ours +5.0 %" in only.detail and "paper +10.0 %" in only.detail

@@ -42,8 +42,9 @@ def test_every_glue_row_without_a_run_is_listed_with_its_numbers():
             assert "roberta-large" in r.why and r.values["SST-2"]
     full_base_eps3 = next(r for r in rows if r.row == "full (RoBERTa-base)" and r.column == "eps3")
     assert full_base_eps3.values["MNLI (m / mm)"] == "82.47 / 82.1"
-    (note,) = li_glue._larger_note(paper)
+    note, gap = li_glue._larger_note(paper)
     assert "not checked by these runs" in note and "ahead in 25 of 25 cells." in note
+    assert "prints no non-private accuracy" in gap
 
 
 def test_every_dialog_row_but_gpt2_is_listed():

@@ -6,7 +6,8 @@ privacy column) over seeds, beside the paper's GPT-2 row (``configs/paper/li.yam
 run's epsilon under every accountant beside the table's. Claims, each with Welch's t-test of its seeds
 (:mod:`dp_adam_bench.report.stats`): non-private > eps = 8 > eps = 3 on F1 and the reverse on perplexity (the
 paper's rows), and pretrained > from scratch (the CPU profile's control: Li et al.'s "pretrained models fine-tune
-well privately").
+well privately"); "the gap to non-private is small" against the paper's own relative gap (:func:`gap_claims`). The
+paper's other rows (GPT-2-medium, DialoGPT-medium, the HuggingFace baselines) are listed as not run, with why.
 """
 
 from __future__ import annotations
@@ -177,6 +178,35 @@ def claims_from_frame(frame: pd.DataFrame, paper: dict) -> list[Claim]:
             for col in COLUMNS
         ]
         out += ordering_claims(orderings, cells)
+        out += gap_claims(metric, cells, pm)
+    return out
+
+
+def gap_claims(metric: str, cells: dict, pm: dict) -> list[Claim]:
+    """Li et al.'s "the gap to non-private is small", made exact with the paper's own GPT-2 numbers: at each
+    epsilon, the pretrained model's private cell is no further from its non-private cell, relative to it, than the
+    paper's (F1: (non-private - private) / non-private; perplexity: (private - non-private) / non-private)."""
+    lower = metric in LOWER_IS_BETTER
+    np_cell = cells.get(("pretrained", "nonprivate"))
+    out = []
+    for col in ("eps3", "eps8"):
+        private = cells.get(("pretrained", col))
+        if np_cell is None or private is None:
+            continue
+        sign = 1.0 if lower else -1.0
+        ours = sign * (private.mean - np_cell.mean) / np_cell.mean
+        theirs = sign * (pm[col][PAPER_MODEL][metric] - pm["nonprivate"][PAPER_MODEL][metric])
+        theirs /= pm["nonprivate"][PAPER_MODEL][metric]
+        spread = "" if private.std is None else f", the private cell's spread over seeds {private.std:.3g}"
+        out.append(
+            Claim(
+                f"{metric}, {col}: the gap to non-private is no larger, relative to non-private, than the paper's",
+                bool(ours <= theirs),
+                f"ours {100 * ours:+.1f} % ({private.mean:.3g} vs {np_cell.mean:.3g}{spread}), paper "
+                f"{100 * theirs:+.1f} % ({pm[col][PAPER_MODEL][metric]:g} vs "
+                f"{pm['nonprivate'][PAPER_MODEL][metric]:g}, GPT-2)",
+            )
+        )
     return out
 
 
