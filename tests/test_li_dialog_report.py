@@ -104,3 +104,8 @@ def test_the_gap_to_non_private_is_read_against_the_papers_relative_gap():
     }
     (only,) = li_dialog.gap_claims("perplexity", ppl, pm)  # no eps3 cell: no claim
     assert only.holds and "ours +5.0 %" in only.detail and "paper +10.0 %" in only.detail
+    zero = {
+        ("pretrained", "nonprivate"): SeedStats(0.0, 0.0, 2),
+        ("pretrained", "eps8"): SeedStats(0.0, 0.0, 2),
+    }
+    assert li_dialog.gap_claims("f1", zero, pm) == []  # an F1 of 0 without noise: no relative gap to read

@@ -12,6 +12,7 @@ paper's other rows (GPT-2-medium, DialoGPT-medium, the HuggingFace baselines) ar
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -191,8 +192,8 @@ def gap_claims(metric: str, cells: dict, pm: dict) -> list[Claim]:
     out = []
     for col in ("eps3", "eps8"):
         private = cells.get(("pretrained", col))
-        if np_cell is None or private is None:
-            continue
+        if np_cell is None or private is None or not (np_cell.mean > 0 and math.isfinite(np_cell.mean)):
+            continue  # no relative gap to a non-private cell that scored nothing (a smoke's 2 steps)
         sign = 1.0 if lower else -1.0
         ours = sign * (private.mean - np_cell.mean) / np_cell.mean
         theirs = sign * (pm[col][PAPER_MODEL][metric] - pm["nonprivate"][PAPER_MODEL][metric])
