@@ -42,7 +42,7 @@ def test_every_glue_row_without_a_run_is_listed_with_its_numbers():
             assert "roberta-large" in r.why and r.values["SST-2"]
     full_base_eps3 = next(r for r in rows if r.row == "full (RoBERTa-base)" and r.column == "eps3")
     assert full_base_eps3.values["MNLI (m / mm)"] == "82.47 / 82.1"
-    note, gap = li_glue._larger_note(paper)
+    note, gap = li_glue._unchecked_claim_notes(paper)
     assert "not checked by these runs" in note and "ahead in 25 of 25 cells." in note
     assert "prints no non-private accuracy" in gap
 
