@@ -29,6 +29,12 @@ def _cfg(objective, noise, target, seed, finetune=None):
         "privacy": {"sigma": None, "clip": 0.1, "delta": 1.2207e-4, "target_epsilon": target},
         "train": {"batch_size": 256, "clipping": "bk", "lr_schedule": "linear"},
         "seed": seed,
+        # the preset's: clean-gradient diagnostics on the private full and head runs
+        **(
+            {"diagnostics": {"every": 4, "histograms": False}}
+            if noise != "none" and objective == "classifier" and finetune in (None, "head")
+            else {}
+        ),
     }
 
 
@@ -50,7 +56,7 @@ START = {
 }
 
 
-def _store(root, accuracies: dict, losses: dict | None = None):
+def _store(root, accuracies: dict, losses: dict | None = None, diag: dict | None = None):
     """Runs of each (objective, noise, target), one a seed, with the given accuracies (loss = 1 - acc / 100, or
     the cell's entry in ``losses``)."""
     for key, per_seed in accuracies.items():
@@ -81,7 +87,7 @@ def _store(root, accuracies: dict, losses: dict | None = None):
                 },
                 metrics=[
                     {"step": 0, "test_accuracy": START[(objective, *finetune)]},
-                    {"step": 24, "test_accuracy": acc},
+                    {"step": 24, "test_accuracy": acc, **(diag or {}).get(key, {})},
                 ],
             )
 
@@ -202,7 +208,15 @@ def test_cells_at_the_majority_class_rate_are_named(isolated_dirs):
 def test_the_head_row_is_ordered_against_full_fine_tuning(isolated_dirs):
     """The head alone (a linear-probe baseline the paper's table does not have) has its own row and is ordered
     against full fine-tuning at each epsilon; its noise ratio is read from its own d."""
-    _store(isolated_dirs / "runs", {**FULL, **HEAD})
+    # the head's eps8 runs log clean-gradient diagnostics: ||g|| / C and the median v, private and clean
+    logged = {
+        "diag/grad_norm_over_clip": 0.2,
+        "diag/v_private_median": 3e-8,
+        "diag/v_clean_median": 1e-10,
+    }
+    _store(
+        isolated_dirs / "runs", {**FULL, **HEAD}, diag={("classifier", "independent", 8.0, "head"): logged}
+    )
     li_glue.build(ReportContext())
     df = pd.read_csv(isolated_dirs / "results" / "li_glue.csv")
     a = df[df.quantity == "accuracy"].set_index(["method", "column"])
@@ -219,3 +233,9 @@ def test_the_head_row_is_ordered_against_full_fine_tuning(isolated_dirs):
     assert "head (pooler + classifier): eps = 8 > eps = 3 (accuracy): **does not hold**" in md
     assert f"head (pooler + classifier) eps8 (d = 148,610): {0.7 * np.sqrt(148_610) / 256:.3g}" in md
     assert "head (pooler + classifier) 50.90 % (6 runs)" in md
+    snr = 0.2 / (0.7 * np.sqrt(148_610) / 256)
+    assert (
+        f"head (pooler + classifier) eps8: ||g|| / C 0.2, so ||g|| / ||z|| {snr:.3g}; median v private / clean 300"
+        in md
+    )
+    assert "head (pooler + classifier) eps3: ||g||" not in md  # no diagnostics logged there
