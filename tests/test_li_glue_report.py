@@ -29,12 +29,8 @@ def _cfg(objective, noise, target, seed, finetune=None):
         "privacy": {"sigma": None, "clip": 0.1, "delta": 1.2207e-4, "target_epsilon": target},
         "train": {"batch_size": 256, "clipping": "bk", "lr_schedule": "linear"},
         "seed": seed,
-        # the preset's: clean-gradient diagnostics on the private full and head runs
-        **(
-            {"diagnostics": {"every": 4, "histograms": False}}
-            if noise != "none" and objective == "classifier" and finetune in (None, "head")
-            else {}
-        ),
+        # the preset's: clean-gradient diagnostics on every private run
+        **({"diagnostics": {"every": 4, "histograms": False}} if noise != "none" else {}),
     }
 
 
@@ -214,9 +210,9 @@ def test_the_head_row_is_ordered_against_full_fine_tuning(isolated_dirs):
         "diag/v_private_median": 3e-8,
         "diag/v_clean_median": 1e-10,
     }
-    _store(
-        isolated_dirs / "runs", {**FULL, **HEAD}, diag={("classifier", "independent", 8.0, "head"): logged}
-    )
+    zero_v = {**logged, "diag/grad_norm_over_clip": 0.1, "diag/v_clean_median": 0.0}
+    diag = {("classifier", "independent", 8.0, "head"): logged, ("infilling", "independent", 8.0): zero_v}
+    _store(isolated_dirs / "runs", {**FULL, **HEAD}, diag=diag)
     li_glue.build(ReportContext())
     df = pd.read_csv(isolated_dirs / "results" / "li_glue.csv")
     a = df[df.quantity == "accuracy"].set_index(["method", "column"])
@@ -239,3 +235,6 @@ def test_the_head_row_is_ordered_against_full_fine_tuning(isolated_dirs):
         in md
     )
     assert "head (pooler + classifier) eps3: ||g||" not in md  # no diagnostics logged there
+    # a clean v of 0 at the median coordinate (an embedding most of whose rows no batch reaches): no ratio
+    assert "full + infilling eps8: ||g|| / C 0.1, so" in md
+    assert "the median coordinate's clean v is 0 (no clean gradient reaches it, the noise does)" in md

@@ -303,8 +303,12 @@ def _noise_note(by_cell: dict) -> list[str]:
         f"(C): {'; '.join(parts)}. Above 1 the update is mostly noise at every step."
     )
     measured = [
-        f"{METHODS.get(method, method)} {col}: ||g|| / C {m[0]:.3g}, so ||g|| / ||z|| {m[1]:.3g}; median v "
-        f"private / clean {m[2]:.3g}"
+        f"{METHODS.get(method, method)} {col}: ||g|| / C {m[0]:.3g}, so ||g|| / ||z|| {m[1]:.3g}; "
+        + (
+            f"median v private / clean {m[2]:.3g}"
+            if math.isfinite(m[2])
+            else "the median coordinate's clean v is 0 (no clean gradient reaches it, the noise does)"
+        )
         for (method, col), runs in sorted(by_cell.items())
         if col != "nonprivate" and (m := _measured(runs)) is not None
     ]
