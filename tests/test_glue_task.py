@@ -386,3 +386,33 @@ def test_roberta_infilling_scores_are_its_own_forwards_with_its_own_positions(fi
     torch.testing.assert_close(task.logits(model, batch), want, rtol=1e-5, atol=1e-6)
     # the label words are read as they follow a space: RoBERTa's ' great', not the word-initial 'great'
     assert task.tokenizer.convert_ids_to_tokens(task.word_ids) == ["Ġterrible", "Ġgreat"]
+
+
+@pytest.mark.parametrize("objective", ["classifier", "infilling"])
+def test_roberta_runs_log_clean_gradient_diagnostics(fixtures, roberta, isolated_dirs, objective):
+    """The li_glue preset logs clean-gradient diagnostics on every private row (its table's noise note reads them):
+    RoBERTa, the paper profile's family, with both objectives, logs ||g|| / C and the private and clean v."""
+    import json
+
+    from dp_adam_bench.train import train
+
+    cfg = compose_cfg(
+        [
+            "task=glue_sst2",
+            f"task.objective={objective}",
+            f"task.model={roberta}",
+            f"task.data_dir={fixtures / 'data'}",
+            "task.max_length=24",
+            "diagnostics.every=1",
+            "diagnostics.histograms=false",
+            *two_private_steps("glue_diag", batch=4, physical=3),
+        ]
+    )
+    s = train(cfg)
+    assert s["steps"] == 2
+    folder = next((isolated_dirs / "runs" / "glue_diag").glob("*/private_diagnostics.jsonl"))
+    rows = [json.loads(line) for line in folder.read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["diag/grad_norm_over_clip"] >= 0 and r["diag/v_private_median"] > 0
+        assert "diag/v_clean_median" in r
