@@ -26,6 +26,7 @@ from dp_adam_bench.report.aggregate import get
 from dp_adam_bench.report.common import Claim, incomplete_note, load_paper
 from dp_adam_bench.report.context import ReportContext
 from dp_adam_bench.report.li_e2e import cells_by, epsilon_rows, lr_schedule_words, metric_rows
+from dp_adam_bench.report.li_hyperparams import noise_over_clip
 from dp_adam_bench.report.paper_rows import NOT_RUN_TITLE, NotRun, fmt, larger_is_better, section
 from dp_adam_bench.report.skeleton import (
     Ordering,
@@ -287,11 +288,9 @@ def _noise_note(by_cell: dict) -> list[str]:
             continue
         ratios, dims = [], set()
         for r in runs:
-            d = (r.summary.get("finetune") or {}).get("trainable_params")
-            sigma, b = r.summary.get("sigma"), get(r.config, "train.batch_size")
-            if d and sigma and b:
-                ratios.append(float(sigma) * math.sqrt(float(d)) / float(b))
-                dims.add(int(d))
+            if (noise := _run_noise(r)) is not None:
+                ratios.append(noise[0])
+                dims.add(noise[1])
         if ratios:
             d = " / ".join(f"{x:,}" for x in sorted(dims))
             parts.append(f"{METHODS.get(method, method)} {col} (d = {d}): {np.mean(ratios):.3g}")
@@ -324,19 +323,26 @@ def _noise_note(by_cell: dict) -> list[str]:
     return [note]
 
 
+def _run_noise(r) -> tuple[float, int] | None:
+    """(||z|| / C, d) of a run from its own sigma, expected batch and trainable count; None where one is missing."""
+    d = (r.summary.get("finetune") or {}).get("trainable_params")
+    sigma, b = r.summary.get("sigma"), get(r.config, "train.batch_size")
+    return (noise_over_clip(sigma, d, b), int(d)) if d and sigma and b else None
+
+
 def _measured(runs) -> tuple[float, float, float] | None:
     """(||g|| / C, ||g|| / ||z||, median private v / median clean v) from the runs' clean-gradient diagnostics
     (``diagnostics.every``): medians over every logged step of every seed; None where none is logged."""
     g_over_c, snr, v_ratio = [], [], []
     for r in runs:
-        d = (r.summary.get("finetune") or {}).get("trainable_params")
-        sigma, b = r.summary.get("sigma"), get(r.config, "train.batch_size")
+        if (noise := _run_noise(r)) is None:
+            continue
         for m in r.metrics():
             g = m.get("diag/grad_norm_over_clip")
-            if g is None or not (d and sigma and b):
+            if g is None:
                 continue
             g_over_c.append(float(g))
-            snr.append(float(g) / (float(sigma) * math.sqrt(float(d)) / float(b)))
+            snr.append(float(g) / noise[0])
             vp, vc = m.get("diag/v_private_median"), m.get("diag/v_clean_median")
             if vp is not None and vc:
                 v_ratio.append(float(vp) / float(vc))

@@ -127,8 +127,14 @@ def gradient_snr(norms_over_clip, clip: float, sigma: float, batch: float, d) ->
     logged norms, sigma or d)."""
     if not norms_over_clip or not d or not sigma or not math.isfinite(sigma):
         return float("nan")
-    noise = sigma * clip * math.sqrt(float(d)) / batch
-    return float(np.median([float(x) * clip / noise for x in norms_over_clip]))
+    noise = noise_over_clip(sigma, d, batch)
+    return float(np.median([float(x) / noise for x in norms_over_clip]))
+
+
+def noise_over_clip(sigma: float, d: int, batch: float) -> float:
+    """||z|| / C = sigma sqrt(d) / B: the norm of the Gaussian noise in the averaged update (sigma C per coordinate
+    of the sum, d trainable coordinates, divided by the expected batch B) over the clipping norm C."""
+    return float(sigma) * math.sqrt(float(d)) / float(batch)
 
 
 def sqrt_rule(frame: pd.DataFrame) -> pd.Series:
