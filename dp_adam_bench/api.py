@@ -205,8 +205,10 @@ def make_private(
     secure_rng: bool = False,
     self_check: bool = True,
     engine_watch_every: int | str = "auto",
+    post_processing_check: int | str = "auto",
     finetune: str | None = None,
     finetune_args: Mapping[str, Any] | None = None,
+    public_dataset=None,
 ) -> PrivateTraining:
     """Make ``model`` train privately on ``dataset``: returns a :class:`PrivateTraining` whose ``step()`` draws the
     batch the accountant assumes, clips each example's gradient (``clipping``: ``bk``, ``ghost``, ``hooks``,
@@ -261,6 +263,13 @@ def make_private(
     and random examples (:mod:`dp_adam_bench.engine.watch`): ``"auto"`` within 2 % of the measured step time, an
     integer N every N steps, 0 only after :meth:`~PrivateTraining.load_state_dict`. A failure raises
     :class:`~dp_adam_bench.engine.watch.EngineCheckFailed` from ``step()`` before its release.
+    ``post_processing_check``: steps replayed with another private batch behind the same noisy release, everything
+    the step emits compared bit for bit (:mod:`dp_adam_bench.engine.post_processing`): ``"auto"`` at the first step,
+    after a resume and within 2 % of the training time, an integer N every N steps, 0 the first step and after a
+    resume only, ``"off"`` never. A difference raises
+    :class:`~dp_adam_bench.engine.post_processing.PostProcessingLeak` before the next release. What you log or share
+    after a step should come from ``private.add_emitter(name, row)`` (compared at checked steps) and
+    ``private.emit_row(name, result)``.
     ``finetune``: which parameters train (:mod:`dp_adam_bench.finetune`): None (as ``model`` has them),
     ``"full"``, ``"head"``, ``"top<k>"`` (the last k transformer blocks), ``"lora"`` and ``"prefix"`` (from peft),
     ``"rgp"`` (Yu et al. 2021); ``finetune_args`` their settings (``{"r": 8}`` for LoRA). Applied to ``model`` in
@@ -301,6 +310,7 @@ def make_private(
     )
     train["device"] = _device_on_cpu_or_cuda(model)
     _set_engine_checks(train, self_check, engine_watch_every, physical_batch_size)
+    train["post_processing_check"] = _post_processing_settings(post_processing_check)
     _set_length(train, sampler, steps, epochs, batch_size, task.dataset_size)
     run = _prepared_run(cfg, task)
     if weight_decay_mask is not None:
@@ -375,6 +385,18 @@ def _set_engine_checks(train: dict, self_check, engine_watch_every, physical_bat
         train["physical_batch_size"] = physical_batch_size
 
 
+def _post_processing_settings(every) -> dict:
+    """``train.post_processing_check`` from make_private's ``post_processing_check``."""
+    if every == "off":
+        return {"enabled": False}
+    if every == "auto" or (isinstance(every, int) and not isinstance(every, bool) and every >= 0):
+        return {"enabled": True, "every": every}
+    raise ConfigError(
+        f"post_processing_check={every!r} must be 'auto', 'off' or an integer >= 0 (every N steps; 0: the first "
+        "step and after a resume only)"
+    )
+
+
 def _set_length(train: dict, sampler: str, steps, epochs, batch_size, n: int) -> None:
     """The run's length in the sampler's terms: steps for Poisson and cyclic Poisson (``epochs``: that many
     expected passes), full passes for the fixed-size samplers (one by default)."""
@@ -445,6 +467,9 @@ _API_NAMES = {
     "train.self_check.enabled": "self_check",
     "train.self_check": "self_check",
     "train.engine_watch.every": "engine_watch_every",
+    "train.post_processing_check.every": "post_processing_check",
+    "train.post_processing_check.enabled": "post_processing_check",
+    "train.post_processing_check": "post_processing_check",
     "optimizer.name": "optimizer",
     "optimizer.lr": "lr",
     "optimizer.weight_decay": "weight_decay",

@@ -227,6 +227,11 @@ def _validate_training_options(cfg: Mapping) -> None:
     if every != "auto":
         integer(cfg, "train.engine_watch.every", low=0, default=0)
     number(cfg, "train.engine_watch.budget", low=0, high=1, default=0.02)
+    boolean(cfg, "train.post_processing_check.enabled", default=True)
+    every = _get(cfg, "train.post_processing_check.every", "auto")
+    if every != "auto":
+        integer(cfg, "train.post_processing_check.every", low=0, default=0)
+    number(cfg, "train.post_processing_check.budget", low=0, high=1, default=0.02)
     choice(cfg, "train.noise_check", ("stop", "record"), default="stop")
 
 

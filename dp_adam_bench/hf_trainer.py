@@ -178,6 +178,13 @@ class PrivacyArguments:
         default="auto",
         metadata={"help": "re-check the engine: auto, or every N steps (0: after a resume only)"},
     )
+    post_processing_check: str = field(
+        default="auto",
+        metadata={
+            "help": "replay steps with another private batch behind the same release, everything emitted compared: "
+            "auto, every N steps (0: first step and resume only), or off"
+        },
+    )
 
     def __post_init__(self):
         for name in ("optimizer_args", "noise_args"):  # from the command line: JSON
@@ -549,6 +556,8 @@ class DPTrainer(transformers.Trainer):
             secure_rng=p.secure_rng,
             self_check=p.self_check,
             engine_watch_every=_watch_every(p.engine_watch_every),
+            public_dataset=public,
+            post_processing_check=_watch_every(p.post_processing_check),
             **length,
         )
 
@@ -659,6 +668,7 @@ class DPTrainer(transformers.Trainer):
         if args.eval_on_start and first == 0:
             self._evaluate(None, ignore_keys_for_eval, skip_scheduler=True)
         per_step = self._passes_per_step(private)
+        private.add_emitter(LOG_ROW, lambda result: {"learning_rate": float(private.variant.lr)})
         self.state.epoch = private.steps_done * per_step
         if not private.done:
             self.control = self.callback_handler.on_epoch_begin(args, self.state, self.control)
@@ -683,7 +693,8 @@ class DPTrainer(transformers.Trainer):
         evaluation and the checkpoint its callbacks asked for at this step."""
         if self.control.should_log and self.state.global_step > self._dp_last_logged:
             self._dp_last_logged = self.state.global_step
-            self.log({"learning_rate": float(private.variant.lr), **self._epsilon_log(private)}, start_time)
+            row = private.emit_row(LOG_ROW, self.last_step)
+            self.log({**row, **self._epsilon_log(private)}, start_time)
         if self.control.should_evaluate:
             metrics = self._evaluate(None, ignore_keys_for_eval)
             new_best = self._determine_best_metric(metrics=metrics, trial=None)
@@ -692,6 +703,17 @@ class DPTrainer(transformers.Trainer):
         if self.control.should_save:
             self._save_private_checkpoint(private)
             self.control = self.callback_handler.on_save(self.args, self.state, self.control)
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """The Trainer's ``log``, behind the release boundary while :meth:`train` steps: a value logged at a step is
+        one the post-processing check compared (an emitter's row: :meth:`PrivateTraining.add_emitter`), the
+        epsilon spent, an evaluation's (``eval_`` / ``test_``, on held-out data) or the run's speed; anything else,
+        ``diag/`` diagnostics of the private batch included, is refused in one line (the Trainer's loggers share
+        what they get: W&B, TensorBoard, the console)."""
+        private = self._private
+        if private is not None and self.is_in_train and self.last_step is not None:
+            _only_released(logs, private, self.last_step)
+        super().log(logs, start_time)
 
     def _epsilon_log(self, private) -> dict[str, float]:
         """``{"epsilon": spent so far}`` (``inf`` without noise, ``nan`` if the accountant failed: its warning says
@@ -760,6 +782,23 @@ class DPTrainer(transformers.Trainer):
         private.close()
         self.is_in_train = False
         return TrainOutput(self.state.global_step, math.nan, metrics)
+
+
+#: the emitter of the Trainer's logged row at a step (PrivateTraining.add_emitter)
+LOG_ROW = "trainer log"
+#: what the Trainer logs that no emitter makes: public by construction (the plan's epsilon, HF's epoch counter,
+#: the run's speed at its end)
+_PUBLIC_LOG_KEYS = frozenset(
+    {"epsilon", "epoch", "train_runtime", "train_samples_per_second", "train_steps_per_second", "total_flos"}
+)
+
+
+def _only_released(logs: dict, private, result) -> None:
+    """Refuse a logged value that the post-processing check did not compare (:meth:`DPTrainer.log`)."""
+    from dp_adam_bench.engine.post_processing import refuse_unreleased
+
+    rows = {k: v for name in private.emitters for k, v in private.emit_row(name, result).items()}
+    refuse_unreleased("DPTrainer.log", result.step, logs, rows, _PUBLIC_LOG_KEYS, ("eval_", "test_"))
 
 
 # --- settings: what is refused, and how the Trainer's arguments map to make_private's --------------------------------

@@ -18,7 +18,9 @@ batch size given at construction.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -89,6 +91,7 @@ class Privatizer:
         self.step = 0
         #: measures every noise tensor added to a release (engine/noise_check.py); set by the training session
         self.noise_check = None
+        self._pinned: StepContext | None = None  # see pinned_release
 
     @property
     def noise_std(self) -> float:
@@ -131,6 +134,8 @@ class Privatizer:
 
         ``consume``: ``mean`` is the caller's to overwrite: the noise is added to it in place unless the clean mean
         is still needed (``keep_clean``, a variant that reads it, the release of g^2)."""
+        if self._pinned is not None:
+            return self._pinned_mean(mean, scale)
         self.step += 1
         rel = self.releases
         std = self.noise_std
@@ -168,6 +173,30 @@ class Privatizer:
             clean=mean if rel.clean else None,
         )
         return Release(ctx, mean if self.keep_clean else None)
+
+    def pinned_release(self, ctx: StepContext, make: Callable[[], Release]) -> Release:
+        """``make()`` (a backend's release of some batch) with every noisy release pinned to ``ctx``'s: the batch is
+        clipped and summed as usual, but no noise is drawn, no step counted, and the variant receives ``ctx``'s
+        noisy tensors (copies). The post-processing check (:mod:`dp_adam_bench.engine.post_processing`) replays a
+        step so, with another private batch behind the same release."""
+        self._pinned = ctx
+        try:
+            return make()
+        finally:
+            self._pinned = None
+
+    def _pinned_mean(self, mean: list[torch.Tensor], scale) -> Release:
+        ctx = self._pinned
+        if scale is not None:
+            mean = [m / s for m, s in zip(mean, scale, strict=True)]
+        pinned = dataclasses.replace(
+            ctx,
+            noisy=[g.clone() for g in ctx.noisy],
+            noisy_square=None if ctx.noisy_square is None else [g.clone() for g in ctx.noisy_square],
+            clean=mean if self.releases.clean else None,
+            side=None,
+        )
+        return Release(pinned, mean if self.keep_clean else None)
 
     def _add(
         self, release: torch.Tensor, noise: torch.Tensor, stream: int, in_place: bool = False

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from dp_adam_bench.engine import post_processing
 from dp_adam_bench.engine.diagnostics import Diagnostics
 from dp_adam_bench.engine.distributed import SharedNoise
 from dp_adam_bench.engine.noise_check import NoiseCheck
@@ -77,6 +78,7 @@ OPTIONAL_STATE_KEYS = (
     "noise_check",
     "rng_fingerprints",
     "moved_check",
+    "post_processing_check",
 )
 
 
@@ -188,6 +190,11 @@ class PrivateTraining:
             self.privatizer.noise_check = self.noise_check
         # every trainable tensor moved in the first steps (finetune/moved.py): an adapter the optimizer never
         # updates stops the run instead of reporting the pretrained model as trained
+        # everything the step emits depends on the private batch through the noisy release alone, tested by
+        # replaying checked steps with another private batch (engine/post_processing.py)
+        self.emitters: dict = {}
+        self.last_rows: dict | None = None
+        self.post_check = post_processing.build(run, plan, self.variant, seeds)
         self.moved_check = None
         if self._model_task:
             after = run.cfg.train.get("moved_check", None)
@@ -248,15 +255,15 @@ class PrivateTraining:
         run, variant, backend = self.run, self.variant, self.backend
         idx = run.population[idx]
         scale = variant.scale(self.state)  # once per logical step (stp); None for every other variant
+        checked = self.post_check is not None and self.post_check.due(self.steps_done - 1)
+        before = post_processing.before_release(self) if checked else None
         release = backend.release(idx, self.privatizer, scale)
+        if checked:  # the step replayed behind the same release with another private batch (may stop the run)
+            release, self.last_rows = self.post_check.replay(self, idx, release, scale, before)
+        else:
+            self.post_release(release.ctx, variant, self.state)
+            self.last_rows = None
         ctx = release.ctx
-        if run.public is not None:  # public side information: no clipping, no noise, no privacy cost
-            pick = run.public[torch.randint(len(run.public), (self._side_batch,), generator=self.side_gen)]
-            ctx.side = backend.public_grad(pick)
-        # the schedule is a function of the step alone: a resumed run gets the same learning rates
-        variant.lr = self.base_lr * run.schedule.factor(self.steps_done)
-        with torch.no_grad():
-            variant.update(backend.params, self.state, ctx)
         self.plan.record_step(self.ledger, self.steps_done)
         if self.noise_check is not None:  # a mismatch stops the run before the next release
             self.noise_check.check_step(self.plan, self.ledger, self.steps_done)
@@ -274,9 +281,53 @@ class PrivateTraining:
         if self.moved_check is not None:  # may stop the run (NotTraining) after this step
             counts = self.last_batch_size > 0 or (self.plan.noisy and self.plan.sigma > 0)
             self.moved_check.after_step(self.steps_done, self.plan.steps, counts)
+        seconds = time.perf_counter() - started
         if self.watch is not None:
-            self.watch.after_step(self.steps_done, time.perf_counter() - started)
+            self.watch.after_step(self.steps_done, seconds)
+        if self.post_check is not None:
+            self.post_check.after_step(seconds)
         return StepResult(self.steps_done, self.last_batch_size, diag or {}, norms, self.clip)
+
+    def post_release(self, ctx, variant, state) -> None:
+        """What a step does after its noisy release ``ctx``: the public side information, the step's learning rate
+        and the variant's update of the parameters and ``state``. Post-processing: it may read ``ctx``, the public
+        data and the state before the step, nothing computed from the private batch
+        (:mod:`dp_adam_bench.engine.post_processing` checks that while the run trains)."""
+        run, backend = self.run, self.backend
+        if run.public is not None:  # public side information: no clipping, no noise, no privacy cost
+            pick = run.public[torch.randint(len(run.public), (self._side_batch,), generator=self.side_gen)]
+            ctx.side = backend.public_grad(pick)
+        # the schedule is a function of the step alone: a resumed run gets the same learning rates
+        variant.lr = self.base_lr * run.schedule.factor(self.steps_done)
+        with torch.no_grad():
+            variant.update(backend.params, state, ctx)
+
+    def add_emitter(self, name: str, row) -> None:
+        """Register ``row(result) -> dict``: what the caller logs or shares after each step, built from the
+        :class:`StepResult` and the session. The post-processing check calls it in both of its worlds and compares
+        every key not under ``diag/`` (the labelled private diagnostics); the caller then logs what
+        :meth:`emit_row` returns for the step, so what it shares is what the check compared."""
+        self.emitters[name] = row
+
+    def emit(self, idx: torch.Tensor, release) -> dict[str, dict]:
+        """Every emitter's row for the step just taken with the batch ``idx`` (the post-processing check's worlds)."""
+        if not self.emitters:
+            return {}
+        result = StepResult(
+            self.steps_done, int(idx.numel()), {}, getattr(self.backend, "last_norms", None), self.clip
+        )
+        return {name: dict(row(result)) for name, row in self.emitters.items()}
+
+    def emit_row(self, name: str, result: StepResult) -> dict:
+        """The emitter ``name``'s row for ``result``; on a checked step, the row the check compared (built in the
+        real world), else built now."""
+        if result.step != self.steps_done:
+            return dict(self.emitters[name](result))
+        if self.last_rows is None:
+            self.last_rows = {}
+        if name not in self.last_rows:  # built once a step, then what every logger of the step reads
+            self.last_rows[name] = dict(self.emitters[name](result))
+        return dict(self.last_rows[name])
 
     def _trained_tensors(self) -> list[tuple[str, torch.Tensor]]:
         """(name, tensor) of what the variant updates: the trainable parameters, or a wrapper's own list (RGP's
@@ -373,6 +424,7 @@ class PrivateTraining:
             "watch": self.watch.state_dict() if getattr(self, "watch", None) is not None else None,
             "noise_check": self.noise_check.state_dict() if self.noise_check is not None else None,
             "moved_check": self.moved_check.state_dict() if self.moved_check is not None else None,
+            "post_processing_check": self.post_check.state_dict() if self.post_check is not None else None,
             "rng_fingerprints": shared | {k: v for r in ranks for k, v in r[2].items()},
         }
 
@@ -418,6 +470,12 @@ class PrivateTraining:
             self.noise_check.load_state_dict(state["noise_check"])
         if self.moved_check is not None and state.get("moved_check") is not None:
             self.moved_check.load_state_dict(state["moved_check"])
+        if (
+            self.post_check is not None
+        ):  # the first step after a resume is checked, whatever the checkpoint holds
+            if state.get("post_processing_check") is not None:
+                self.post_check.load_state_dict(state["post_processing_check"])
+            self.post_check.pending = "resume"
         older = _load_task_rng(self.run, state)
         if "rng_fingerprints" in state:  # everything restored: the live generators against the saved digests
             verify_restored_generators(self, state)

@@ -36,6 +36,7 @@ from dp_adam_bench.engine.backends import ModelBackend, VectorBackend
 from dp_adam_bench.engine.diagnostics import Diagnostics
 from dp_adam_bench.engine.fp32_exact import settings as fp32_settings
 from dp_adam_bench.engine.plan import PrivacyPlan, build_plan
+from dp_adam_bench.engine.post_processing import refuse_unreleased
 from dp_adam_bench.engine.seeds import RunSeeds
 from dp_adam_bench.engine.self_check import DEFAULT_EXAMPLES, carried_over, carried_probe, carry_key, passed
 from dp_adam_bench.engine.session import PrivateTraining
@@ -367,6 +368,7 @@ def _train_steps(r: Run, session: PrivateTraining, folder: Path, fp: str, start:
     stops the run before its next release: what stopped it is recorded in ``folder`` and the error propagates."""
     plan, ddp = r.plan, r.ddp
     cadence = _Cadence.of(r)
+    session.add_emitter(ROW, _released_row(r, session, lambda step: step == plan.steps))
     last_metrics: dict = {}
     step = start
     bar = Progress(
@@ -385,6 +387,10 @@ def _train_steps(r: Run, session: PrivateTraining, folder: Path, fp: str, start:
                 memory.release_free_memory()
             metrics, logged, last_metrics = _step_metrics(r, session, result, cadence, last_metrics)
             if metrics and ddp.is_main:
+                # what metrics.jsonl and W&B get: the compared row, the evaluation, epsilon and diag/ keys (those
+                # go to the run folder's private file), nothing else (engine/post_processing.py)
+                certified = session.emit_row(ROW, result) | last_metrics
+                refuse_unreleased("the metrics log", step, metrics, certified, _PUBLIC_ROW, diagnostics=True)
                 log_metrics(step, metrics)
             bar.update(step, metrics, logged)
             if cadence.checkpoint and step % cadence.checkpoint == 0:
@@ -415,10 +421,7 @@ def _step_metrics(r: Run, session: PrivateTraining, result, cadence: _Cadence, l
     if logged:
         if model_task:
             metrics |= {"diag/batch_size": result.batch_size} | backend.clipped_fraction(session.clip)
-        else:
-            metrics |= backend.evaluate(final=final_step)
-        if r.schedule.name != "constant":
-            metrics["lr"] = r.variant.lr
+        metrics |= session.emit_row(ROW, result)
     evaluated = model_task and ddp.is_main and ((cadence.eval and step % cadence.eval == 0) or final_step)
     if evaluated:
         last_metrics = backend.evaluate(final=final_step)
@@ -426,6 +429,26 @@ def _step_metrics(r: Run, session: PrivateTraining, result, cadence: _Cadence, l
     if (logged or evaluated) and plan.amplified and ddp.is_main:
         metrics |= session.epsilon_so_far()
     return metrics, logged, last_metrics
+
+
+#: the emitter of the logged row (PrivateTraining.add_emitter): what the post-processing check compares
+ROW = "metrics row"
+#: logged keys public by construction: the epsilon spent (the ledger's, a function of the plan and the step)
+_PUBLIC_ROW = frozenset({"epsilon"})
+
+
+def _released_row(r: Run, session: PrivateTraining, final_step):
+    """The logged row's shared part for a step (the post-processing check replays it, engine/post_processing.py):
+    a toy's closed-form evaluation and the learning rate the step used. Not the ``diag/`` keys, and not the
+    held-out evaluation (a function of the parameters, which the check compares)."""
+
+    def row(result) -> dict:
+        out = {} if r.backend.kind == "model" else r.backend.evaluate(final=final_step(result.step))
+        if r.schedule.name != "constant":
+            out["lr"] = session.variant.lr
+        return out
+
+    return row
 
 
 def _save_checkpoint(r: Run, session: PrivateTraining, folder: Path, fp: str) -> None:

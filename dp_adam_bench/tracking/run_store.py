@@ -63,6 +63,7 @@ OPERATIONAL_TRAIN_KEYS = (
     "engine_watch",  # the same checks as the run trains (engine/watch.py): they change nothing it computes
     "noise_check",  # stop or record on a noise mismatch (engine/noise_check.py): the same computation
     "moved_check",  # every trainable tensor moved (finetune/moved.py): a check, the same computation
+    "post_processing_check",  # steps replayed behind the same release (engine/post_processing.py): same result
 )
 # train.* keys added after runs existed, at the value that computes what those runs computed: left out of the
 # identity at that value, so that existing run folders keep their names (and resume, or are skipped as complete)
