@@ -76,23 +76,29 @@ def _root_config() -> dict:
 
 
 class UserTask(ModelTask):
-    """Your model, data set and loss as the engine's task interface (:class:`~dp_adam_bench.tasks.base.ModelTask`)."""
+    """Your model, data set and loss as the engine's task interface (:class:`~dp_adam_bench.tasks.base.ModelTask`).
+
+    ``public``: side information's public examples (make_private's ``public_dataset``), served after the private
+    ones: index ``i < N`` is ``dataset[i]``, index ``N + j`` is ``public[j]``. ``dataset_size`` is N, so the
+    sampler, the accountant and every check of the private data see ``dataset`` alone
+    (:func:`~dp_adam_bench.engine.trainer.population_and_public`)."""
 
     name = "custom"
+    #: the public set's name in the overlap check's messages (engine/public_data.py)
+    public_name = "public_dataset"
 
     def __init__(
-        self, model: nn.Module, dataset, loss_fn: Callable, target_key: str, evaluate: Callable | None
+        self,
+        model: nn.Module,
+        dataset,
+        loss_fn: Callable,
+        target_key: str,
+        evaluate: Callable | None,
+        public=None,
     ):
         if not isinstance(model, nn.Module):
             raise ConfigError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        try:
-            self._n = len(dataset)
-        except TypeError as err:
-            raise ConfigError(
-                f"dataset must have len() and [i] (a map-style Dataset); got {type(dataset).__name__}"
-            ) from err
-        if self._n < 1:
-            raise ConfigError("dataset is empty")
+        self._n = _size_of(dataset, "dataset")
         if not callable(loss_fn):
             raise ConfigError(
                 f"loss_fn must be callable (output, target) -> per-example losses, got {loss_fn!r}"
@@ -117,6 +123,22 @@ class UserTask(ModelTask):
             raise ConfigError(
                 f"dataset items must be (input, target) pairs or dicts of tensors; item 0 is {type(first).__name__}"
             )
+        self.public = public
+        #: the number of public examples (0 without a public set: nothing is ever cut from ``dataset``)
+        self.public_size = 0 if public is None else _size_of(public, "public_dataset")
+        if public is not None:
+            self._check_like_dataset(public[0], first)
+
+    def _check_like_dataset(self, item, first) -> None:
+        """The public examples have the private ones' form: pairs, or dicts with the same keys."""
+        if self.pairs:
+            ok, form = isinstance(item, (tuple, list)) and len(item) == 2, "(input, target) pairs"
+        else:
+            ok = isinstance(item, Mapping) and set(item) == set(first)
+            form = f"dicts with the keys {', '.join(map(str, first))}"
+        if not ok:
+            got = ", ".join(map(str, item)) if isinstance(item, Mapping) else type(item).__name__
+            raise ConfigError(f"public_dataset item 0 is not like dataset's items ({form}); it is {got}")
 
     @property
     def dataset_size(self) -> int:
@@ -125,10 +147,22 @@ class UserTask(ModelTask):
     def build_model(self) -> nn.Module:
         return self.model
 
+    def _source(self, i: int):
+        """(the data set, its index) of example ``i``: ``dataset`` below N, ``public`` from N on."""
+        return (self.dataset, i) if i < self._n else (self.public, i - self._n)
+
+    def example_content(self, i: int):
+        """What identifies example ``i`` for the public / private overlap check
+        (:func:`~dp_adam_bench.engine.public_data.check_disjoint`): the data set's own ``example_content(j)`` where
+        it has one (an example before random augmentation, a row before collation), else its ``[j]``."""
+        data, j = self._source(int(i))
+        own = getattr(data, "example_content", None)
+        return own(j) if callable(own) else data[j]
+
     def get_batch(self, indices: torch.Tensor) -> dict[str, torch.Tensor]:
         from torch.utils.data import default_collate
 
-        batch = default_collate([self.dataset[int(i)] for i in indices])
+        batch = default_collate([data[j] for data, j in (self._source(int(i)) for i in indices)])
         if self.pairs:
             return {"inputs": batch[0], "targets": batch[1]}
         return dict(batch)
@@ -153,6 +187,19 @@ class UserTask(ModelTask):
 
     def evaluate(self, model: nn.Module) -> dict[str, float]:
         return dict(self._evaluate(model)) if self._evaluate is not None else {}
+
+
+def _size_of(dataset, name: str) -> int:
+    """``len(dataset)``, refused unless a map-style data set with at least one example."""
+    try:
+        n = len(dataset)
+    except TypeError as err:
+        raise ConfigError(
+            f"{name} must have len() and [i] (a map-style Dataset); got {type(dataset).__name__}"
+        ) from err
+    if n < 1:
+        raise ConfigError(f"{name} is empty")
+    return n
 
 
 def _errors_in_api_terms(fn):
@@ -229,6 +276,17 @@ def make_private(
     ...) with its defaults, ``lr`` and ``optimizer_args`` overriding them; ``noise``: ``none``, ``independent``,
     ``dpmf_sqrt``, ``bandmf`` (``noise_args={"bands": b}``), ``blt`` (``{"buffers": k}``).
 
+    ``public_dataset``: public data, for ``optimizer="side_info"`` alone (Ganesh, McMahan & Thakurta 2025, Alg. 9:
+    the second moment from the gradient of a public batch), and required by it; refused for any other variant,
+    which would ignore it. Items of the same form as ``dataset``'s. Its examples reach every update unclipped and
+    un-noised and cost no privacy, so they must be public: none of them is ever cut from ``dataset`` (N, the
+    sampler's population and the accountant's, is ``len(dataset)``), each step draws
+    ``train.side_info.batch_size`` (256) of them with replacement, and a public example whose content equals a
+    private one's (the same fields, dtypes, shapes and values, in any order or position) refuses the run with
+    :class:`~dp_adam_bench.errors.PrivacyMismatch` naming how many. What that comparison cannot see (near-duplicates,
+    the same text tokenized differently): :func:`~dp_adam_bench.engine.public_data.example_digest`. A data set may
+    define ``example_content(i)``, what identifies its example ``i`` for it (an image before random augmentation).
+
     ``lr_schedule``: ``constant`` or ``linear`` (``lr_warmup_steps`` of linear warm-up, then linear decay towards 0
     at the last step; :mod:`dp_adam_bench.optim.schedule`).
 
@@ -296,7 +354,8 @@ def make_private(
         secure_rng=secure_rng,
     )
     sampler = _sampler_for(cfg["noise"], sampler, precision)
-    task = UserTask(model, dataset, loss_fn, target_key, evaluate)
+    task = UserTask(model, dataset, loss_fn, target_key, evaluate, public_dataset)
+    _refuse_public_mismatch(cfg["optimizer"]["name"], task.public_size)
     refuse_half_precision(model, "pass precision='bf16'")
     train = cfg["train"]
     train.update(
@@ -346,6 +405,15 @@ def _set_optimizer_args(optimizer: dict, optimizer_args, lr, weight_decay, weigh
         raise ConfigError(
             f"weight_decay_mask={weight_decay_mask!r} must be a callable (name, parameter) -> bool, or None"
         )
+
+
+def _refuse_public_mismatch(optimizer: str, public_size: int) -> None:
+    """Before anything touches the model (``finetune`` changes it in place): a side-information variant needs
+    ``public_dataset``, any other refuses one (:func:`~dp_adam_bench.engine.public_data.refuse_public_mismatch`)."""
+    from dp_adam_bench.engine.public_data import refuse_public_mismatch
+    from dp_adam_bench.optim.registry import VARIANTS
+
+    refuse_public_mismatch(optimizer, VARIANTS.get(optimizer).needs_side_info, public_size)
 
 
 def _sampler_for(noise: dict, sampler: str | None, precision: str) -> str:

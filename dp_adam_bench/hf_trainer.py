@@ -311,21 +311,39 @@ class _TrainingExamples:
     token sequences padded on the right to ``length``, with its index under :data:`INDEX_KEY`."""
 
     def __init__(
-        self, dataset, collate, keep, length, pad_values, pad_labels, add_mask, lm_labels, seed, step
+        self,
+        dataset,
+        collate,
+        keep,
+        length,
+        pad_values,
+        pad_labels,
+        add_mask,
+        lm_labels,
+        seed,
+        step,
+        name="training",
     ):
         self.dataset, self.collate, self.keep = dataset, collate, keep
         self.length, self.pad_values, self.pad_labels = length, pad_values, pad_labels
         self.add_mask, self.lm_labels = add_mask, lm_labels
-        self.seed, self.step = seed, step
+        self.seed, self.step, self.name = seed, step, name
 
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        i = int(i)
-        item = self.dataset[i]
+    def example_content(self, i: int):
+        """Example ``i`` as the data set holds it, in the columns the model reads: what the public / private
+        overlap check compares (:func:`~dp_adam_bench.engine.public_data.check_disjoint`), before the collator's
+        random masking (a function of the position) and without the index key."""
+        item = self.dataset[int(i)]
         if self.keep is not None:
             item = {k: v for k, v in item.items() if k in self.keep}
+        return item
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        i = int(i)
+        item = self.example_content(i)
         # a collator's random draws (masked-LM masking): a function of the seed, the example and the step
         seed = np.random.SeedSequence([self.seed, i, self.step()]).generate_state(1, np.uint64)[0] >> 1
         with torch.random.fork_rng(devices=[]):
@@ -341,8 +359,8 @@ class _TrainingExamples:
         n = ex["input_ids"].shape[0]
         if n > self.length:
             raise ConfigError(
-                f"the data collator made training example {i} longer than the longest input_ids of the training "
-                f"set ({n} > {self.length} tokens); pad or truncate the data set itself"
+                f"the data collator made {self.name} example {i} longer than the longest input_ids of the "
+                f"{self.name} set ({n} > {self.length} tokens); pad or truncate the data set itself"
             )
         if self.add_mask and "attention_mask" not in ex:
             ex["attention_mask"] = torch.ones(n, dtype=torch.long)
@@ -387,6 +405,7 @@ class DPTrainer(transformers.Trainer):
         *args,
         privacy: PrivacyArguments | Mapping[str, Any],
         compute_loss_per_example: Callable[[nn.Module, dict], torch.Tensor] | None = None,
+        public_dataset=None,
         **kwargs,
     ):
         if isinstance(privacy, Mapping):
@@ -431,6 +450,12 @@ class DPTrainer(transformers.Trainer):
             )
         if self.train_dataset is not None:
             _refuse_dataset(self.train_dataset)
+        if public_dataset is not None:
+            _refuse_dataset(public_dataset, "public_dataset")
+        _refuse_public_mismatch(privacy.optimizer, public_dataset)
+        #: side information's public examples (``PrivacyArguments.optimizer="side_info"`` alone): never sampled,
+        #: clipped, noised or accounted, never cut from ``train_dataset``
+        self.public_dataset = public_dataset
         self._private = None
         self._started = False
         #: the last step's :class:`~dp_adam_bench.engine.session.StepResult` (private: batch size, norms)
@@ -482,8 +507,8 @@ class DPTrainer(transformers.Trainer):
             raise ConfigError("DPTrainer.train needs a train_dataset")
         _refuse_dataset(self.train_dataset)
         checkpoint = self._checkpoint_folder(resume_from_checkpoint)
-        if checkpoint is not None:
-            self._load_from_checkpoint(checkpoint)  # the weights, as the Trainer loads them
+        if checkpoint is not None:  # another train_dataset: refused before the run is even built
+            self._refuse_changed_run(checkpoint, {"population": len(self.train_dataset)})
         if self._private is not None:
             self._private.close()
             self._private = None
@@ -491,9 +516,14 @@ class DPTrainer(transformers.Trainer):
         self._started = True
         self.is_in_train = True
         try:
-            self._start_state(private, checkpoint)
+            # a resume compares the whole privacy plan and the configuration with the checkpoint's before it loads
+            # anything: the weights, the Trainer's state, then the privacy state
+            payload = self._privacy_payload(private, checkpoint) if checkpoint is not None else None
             if checkpoint is not None:
-                self._load_privacy_state(private, checkpoint)
+                self._load_from_checkpoint(checkpoint)  # the weights, as the Trainer loads them
+            self._start_state(private, checkpoint)
+            if payload is not None:
+                private.load_state_dict(payload)
             return self._train_steps(private, ignore_keys_for_eval)
         except BaseException:
             private.close()  # the engine's hooks off the model; the run's privacy record stays in self.private
@@ -524,7 +554,7 @@ class DPTrainer(transformers.Trainer):
         from dp_adam_bench.api import make_private
 
         args, p = self.args, self.privacy
-        examples = self._training_examples()
+        examples, public = self._example_sets()
         batch = self.logical_batch_size
         length = {"steps": int(args.max_steps)} if args.max_steps > 0 else {"epochs": args.num_train_epochs}
         schedule, warmup = _schedule(args, batch, len(examples), length)
@@ -562,29 +592,47 @@ class DPTrainer(transformers.Trainer):
         )
 
     def _training_examples(self) -> _TrainingExamples:
-        """The training set through the collator, one example at a time, padded to its longest ``input_ids``."""
-        dataset, keep = self.train_dataset, None
+        """The training set through the collator, one example at a time, padded (:meth:`_example_sets`)."""
+        return self._example_sets()[0]
+
+    def _example_sets(self) -> tuple[_TrainingExamples, _TrainingExamples | None]:
+        """The training set, and the public set where one was given, through the collator one example at a time,
+        each padded to the longest ``input_ids`` of the two."""
         self._set_signature_columns_if_needed()
-        if self.args.remove_unused_columns:
-            if hasattr(dataset, "column_names") and hasattr(dataset, "remove_columns"):
-                dataset = self._remove_unused_columns(dataset, description="training")
-            else:
-                keep = set(self._signature_columns)
+        sets = [self._model_columns(self.train_dataset, "training")]
+        if self.public_dataset is not None:
+            sets.append(self._model_columns(self.public_dataset, "public"))
+        longest = [n for n in (_longest(d) for d, _ in sets) if n is not None]
+        length = _padded_length(max(longest) if longest else None, self.data_collator)
         accepts = set(self._signature_columns)
         # with a loss of one's own, the padding follows the model's convention (a causal LM's labels are its input)
         kind = self._loss_kind or _kind_or_none(self.model)
-        return _TrainingExamples(
-            dataset,
-            self.data_collator,
-            keep,
-            _padded_length(_longest(dataset), self.data_collator),
-            self._pad_values(),
-            pad_labels=kind != "sequence_classification",
-            add_mask="attention_mask" in accepts,
-            lm_labels=kind == "causal_lm",
-            seed=int(self.args.seed),
-            step=lambda: self._private.steps_done if self._private is not None else 0,
-        )
+        examples = [
+            _TrainingExamples(
+                dataset,
+                self.data_collator,
+                keep,
+                length,
+                self._pad_values(),
+                pad_labels=kind != "sequence_classification",
+                add_mask="attention_mask" in accepts,
+                lm_labels=kind == "causal_lm",
+                seed=int(self.args.seed),
+                step=lambda: self._private.steps_done if self._private is not None else 0,
+                name=name,
+            )
+            for (dataset, keep), name in zip(sets, ("training", "public"), strict=False)
+        ]
+        return examples[0], (examples[1] if len(examples) > 1 else None)
+
+    def _model_columns(self, dataset, description: str):
+        """(``dataset``, the columns to keep or None): the columns the model's ``forward`` does not take removed, as
+        the Trainer does with ``remove_unused_columns``."""
+        if not self.args.remove_unused_columns:
+            return dataset, None
+        if hasattr(dataset, "column_names") and hasattr(dataset, "remove_columns"):
+            return self._remove_unused_columns(dataset, description=description), None
+        return dataset, set(self._signature_columns)
 
     def _pad_values(self) -> dict[str, int]:
         """What pads each token key: the tokenizer's pad id (else the model config's, else 0), mask 0, labels
@@ -638,22 +686,40 @@ class DPTrainer(transformers.Trainer):
                 plan.bound_accountant,
             )
 
-    def _load_privacy_state(self, private, checkpoint: str) -> None:
-        """The checkpoint's privacy state into ``private`` (refused if another configuration wrote it)."""
+    def _refuse_changed_run(self, checkpoint: str, here: dict) -> None:
+        """ConfigError in one line when the privacy plan ``here`` (:meth:`PrivacyPlan.describe`'s fields, all or
+        some) differs from the one the checkpoint was written under: another ``train_dataset`` size (N) first, then
+        q, B, the sampler, sigma, ... (:func:`~dp_adam_bench.engine.plan.resume_refusal`). A checkpoint written
+        before a field was recorded is not compared on it."""
+        from dp_adam_bench.engine.plan import resume_refusal
+
+        refusal = resume_refusal(
+            _saved_plan(checkpoint), here, data="train_dataset", saved_by="the checkpoint's run"
+        )
+        if refusal is not None:
+            raise ConfigError(f"{refusal} ({checkpoint})")
+
+    def _privacy_payload(self, private, checkpoint: str) -> dict:
+        """The checkpoint's privacy state, read and checked but not loaded: written under the same privacy plan
+        (:meth:`_refuse_changed_run`), by the same configuration (its fingerprint), at the step of its
+        ``trainer_state.json``."""
         from dp_adam_bench.engine import checkpoint as ckpt
 
+        self._refuse_changed_run(checkpoint, private.plan.describe())
         folder = Path(checkpoint) / PRIVACY_STATE_DIR
         payload = ckpt.load(folder, _fingerprint(private), private.params[0].device)
         if payload is None:
             raise ConfigError(
                 f"{folder} holds no privacy state: cannot continue the run's sampler, noise and ledger"
             )
-        private.load_state_dict(payload)
-        if self.state.global_step != private.steps_done:
+        trainer_state = os.path.join(checkpoint, _TRAINER_STATE)  # without it the Trainer's state starts at 0
+        step = TrainerState.load_from_json(trainer_state).global_step if os.path.isfile(trainer_state) else 0
+        if step != int(payload["step"]):
             raise ConfigError(
-                f"{checkpoint}: trainer_state.json is at step {self.state.global_step}, the privacy state at step "
-                f"{private.steps_done}; refusing to resume from a mixed checkpoint"
+                f"{checkpoint}: trainer_state.json is at step {step}, the privacy state at step "
+                f"{int(payload['step'])}; refusing to resume from a mixed checkpoint"
             )
+        return payload
 
     @staticmethod
     def _passes_per_step(private) -> float:
@@ -886,12 +952,24 @@ def _refuse_trainer_arguments(args: tuple, kwargs: dict) -> None:
         )
 
 
-def _refuse_dataset(dataset) -> None:
+def _refuse_dataset(dataset, name: str = "train_dataset") -> None:
     if isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(dataset, "__len__"):
         raise ConfigError(
-            f"train_dataset is a {type(dataset).__name__} without len() and [i]: Poisson sampling draws examples "
+            f"{name} is a {type(dataset).__name__} without len() and [i]: Poisson sampling draws examples "
             "by index from a map-style data set"
         )
+
+
+def _refuse_public_mismatch(optimizer: str, public_dataset) -> None:
+    """A side-information variant without ``public_dataset``, or ``public_dataset`` for a variant that reads none:
+    refused at construction, in make_private's words (an unknown variant: make_private refuses it)."""
+    from dp_adam_bench.engine.public_data import refuse_public_mismatch
+    from dp_adam_bench.optim.registry import VARIANTS
+
+    if optimizer not in VARIANTS:
+        return
+    size = 0 if public_dataset is None else len(public_dataset)
+    refuse_public_mismatch(optimizer, VARIANTS.get(optimizer).needs_side_info, size)
 
 
 def _schedule_name(args) -> str:
@@ -984,6 +1062,25 @@ def _last_complete_checkpoint(run_dir: str) -> str | None:
             if os.path.isfile(os.path.join(folder, PRIVACY_STATE_DIR, ckpt.FILENAME)):
                 steps.append((int(m.group(1)), folder))
     return max(steps)[1] if steps else None
+
+
+def _saved_plan(checkpoint: str) -> dict | None:
+    """The privacy plan a DPTrainer checkpoint was written under (``PrivateTraining.state_dict()["plan"]``), read
+    memory-mapped with the loader of :mod:`dp_adam_bench.engine.checkpoint` (``weights_only``: no code runs) and
+    whatever configuration wrote it, so that a changed data set is named before the configuration's fingerprint
+    is compared. None without one (an older checkpoint; an unreadable file, which the load refuses saying why)."""
+    from torch.serialization import safe_globals
+
+    from dp_adam_bench.engine import checkpoint as ckpt
+
+    path = Path(checkpoint) / PRIVACY_STATE_DIR / ckpt.FILENAME
+    try:
+        with safe_globals(ckpt.SAFE_GLOBALS):
+            payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - unusable: ckpt.load refuses it with the reason
+        return None
+    plan = payload.get("plan") if isinstance(payload, dict) else None
+    return plan if isinstance(plan, dict) else None
 
 
 def _stateful(trainer) -> list:

@@ -328,20 +328,21 @@ def test_a_small_mixing_under_bf16_is_seen_by_the_fp32_pass():
         make_private(net(), _data(), CE, clipping="bk", precision="bf16", **KW)
 
 
-def test_a_public_set_that_overlaps_the_private_population_is_refused(monkeypatch):
+def test_a_public_set_that_overlaps_the_private_population_is_refused():
     """Every example a step reads is in the accounted population or in a declared public set disjoint from it: a
-    split that leaks private examples into the public side information is refused before any step."""
-    from dp_adam_bench.engine import trainer
-
-    real = trainer.split_public
-
-    def leaky(cfg, n, seed, needed):
-        private, public = real(cfg, n, seed, needed)
-        return private, (None if public is None else torch.cat([public, private[:3]]))
-
-    monkeypatch.setattr(trainer, "split_public", leaky)
+    public set holding copies of three private examples (issue 56: no longer a split of the private data, which
+    passed by construction) is refused before any step. The index-level check of the CLI's held-out split:
+    tests/test_public_data.py."""
+    private = _data(2000)
+    x, y = private.tensors
+    g = torch.Generator().manual_seed(1)
+    fresh = torch.randn(97, 6, generator=g)
+    public = torch.utils.data.TensorDataset(
+        torch.cat([fresh, x[[5, 700, 1999]]]), torch.cat([(fresh[:, 0] > 0).long(), y[[5, 700, 1999]]])
+    )
     torch.manual_seed(0)
-    with pytest.raises(PrivacyMismatch, match=r"3 example\(s\) are both in the public side-information set"):
+    with pytest.raises(PrivacyMismatch, match=r"public_dataset: 3 of its 100 examples have the same content"):
         make_private(
-            nn.Sequential(nn.Linear(6, 2)), _data(2000), CE, **dict(KW, optimizer="side_info", clipping="bk")
-        )
+            nn.Sequential(nn.Linear(6, 2)), private, CE, public_dataset=public,
+            **dict(KW, optimizer="side_info", clipping="bk"),
+        )  # fmt: skip

@@ -162,8 +162,16 @@ class PrivacyPlan:
         return out
 
     def describe(self) -> dict:
-        """What the summary records of the plan."""
+        """What the summary records of the plan, and a checkpoint of the plan it was written under (a resume is
+        refused where they differ: :func:`resume_refusal`): with ``population`` (N, the private examples the
+        sampler draws from and the accountant counts), ``sampling_rate`` (q; None for the fixed-size samplers),
+        ``expected_batch_size`` (B) and ``sampler`` (its kind and settings)."""
+        sampler = self.sampler
         return {
+            "population": int(sampler.n),
+            "sampling_rate": float(sampler.q) if hasattr(sampler, "q") else None,
+            "expected_batch_size": float(sampler.expected_batch_size),
+            "sampler": sampler_settings(sampler),
             "sigma": self.sigma,
             "account_sigma": self.account_sigma,
             "calibrated_sigma": self.calibrated,
@@ -176,6 +184,47 @@ class PrivacyPlan:
             "accounting": self.accounting,
             "cycle_length": getattr(self.sampler, "cycle_length", None),
         }
+
+
+#: the settings of a sampler, where it has them, that decide which examples each step draws (with its kind)
+SAMPLER_SETTINGS = ("batch_size", "epochs", "steps_per_epoch", "cycle_length")
+
+
+def sampler_settings(sampler) -> dict:
+    """``{"kind": ..., and each of SAMPLER_SETTINGS the sampler has}``: what :meth:`PrivacyPlan.describe` records of
+    the sampler (its seed is the run's, in the configuration's fingerprint)."""
+    out = {"kind": sampler.kind}
+    for name in SAMPLER_SETTINGS:
+        value = getattr(sampler, name, None)
+        if value is not None:
+            out[name] = int(value)
+    return out
+
+
+#: the field of :meth:`PrivacyPlan.describe` a resume names first when it changed: the private data set's size
+_POPULATION = "population"
+
+
+def resume_refusal(
+    saved: dict | None, here: dict, data: str = "the private data set", saved_by: str = "the saved run's"
+) -> str | None:
+    """Why a run whose plan is ``here`` (:meth:`PrivacyPlan.describe`) cannot continue a state saved under the plan
+    ``saved``, in one line; None when it can. Only the fields ``saved`` holds are compared, so a checkpoint written
+    before a field existed (N, q, B and the sampler: older versions) loads as before. A changed N names ``data``
+    ("train_dataset has 1,400 examples, the checkpoint's run had 1,500: resume with the same data"), the other
+    changed fields follow it; any other change lists each field, saved and here."""
+    if saved is None:
+        return None
+    changed = [k for k in here if k in saved and saved[k] != here[k]]
+    if not changed:
+        return None
+    others = "; ".join(f"{k}: saved {saved[k]!r}, here {here[k]!r}" for k in changed if k != _POPULATION)
+    if _POPULATION in changed:
+        return (
+            f"{data} has {here[_POPULATION]:,} examples, {saved_by} had {saved[_POPULATION]:,}: resume with the "
+            "same data" + (f" (also changed: {others})" if others else "")
+        )
+    return f"this state was saved by a run with another privacy plan ({others}); resume it with the same arguments"
 
 
 def _check_accountant_is_guarantee(accountant: str, what: str) -> None:

@@ -159,15 +159,12 @@ class PrivateTraining:
         self.ledger = plan.new_ledger()
         # what the sampler and the noise streams actually do, reconciled with the ledger (engine/participation.py)
         self.participation = ParticipationLedger(len(run.population), [m._gen for m in mechanisms])
-        if run.public is not None and bool(torch.isin(run.public, run.population).any()):
-            # every example a step reads is in the accounted population or in a public set disjoint from it
-            from dp_adam_bench.errors import PrivacyMismatch
+        if run.public is not None:
+            # every example a step reads is in the accounted population or in a public set disjoint from it, by
+            # index and, where the task gives its examples' content, by content (engine/public_data.py)
+            from dp_adam_bench.engine.public_data import check_disjoint
 
-            both = torch.isin(run.public, run.population).sum()
-            raise PrivacyMismatch(
-                f"{int(both)} example(s) are both in the public side-information set and in the private population "
-                "the accountant counts: their gradients would reach the update unclipped and unnoised"
-            )
+            check_disjoint(run)
         self.side_gen = torch.Generator().manual_seed(seeds.side)
         side = run.cfg.train.get("side_info") or {}
         self._side_batch = int(side.get("batch_size", 256))
@@ -433,15 +430,14 @@ class PrivateTraining:
         missing = [k for k in STATE_KEYS if k not in state]
         if missing:
             raise ValueError(f"not a PrivateTraining state: missing {', '.join(missing)}")
-        saved, here = state.get("plan"), self.plan.describe()
-        if saved is not None and saved != here:  # its ledger and noise were made under another privacy plan
-            diff = ", ".join(
-                f"{k}: saved {saved.get(k)!r}, here {here.get(k)!r}" for k in here if saved.get(k) != here[k]
-            )
-            raise ValueError(
-                f"this state was saved by a run with another privacy plan ({diff}); resume it with the "
-                "same arguments"
-            )
+        # its ledger and noise made under another privacy plan (another N, q, B, sampler, sigma, ...): refused in one
+        # line naming what changed, before anything is loaded (engine/plan.py resume_refusal)
+        from dp_adam_bench.engine.plan import resume_refusal
+        from dp_adam_bench.errors import ConfigError
+
+        refusal = resume_refusal(state.get("plan"), self.plan.describe())
+        if refusal is not None:
+            raise ConfigError(refusal)
         with torch.no_grad():
             for p, saved in zip(self.backend.params, state["params"], strict=True):
                 p.copy_(saved.to(p.device))

@@ -67,9 +67,30 @@ def is_vector_task(task) -> bool:
     return hasattr(task, "per_example_grads")
 
 
+def population_and_public(cfg, task, seed: int, needed: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(private indices, public indices) of ``task``, public only for a side-information variant (``needed``).
+
+    A task with a public set of its own (``task.public_size``: make_private's ``public_dataset``) serves it at
+    indices ``N .. N + public_size - 1`` after its ``N = task.dataset_size`` private examples: the population is
+    ``0 .. N - 1``, all of the private data, and nothing is cut from it. Any other task (the command line's) holds
+    public examples out of its training set (:func:`split_public`). The two are checked disjoint, by index and
+    where the task gives it by content, when the session is made (:mod:`dp_adam_bench.engine.public_data`)."""
+    given = getattr(task, "public_size", None)
+    if given is None:
+        return split_public(cfg, task.dataset_size, seed, needed)
+    from dp_adam_bench.engine.public_data import refuse_public_mismatch
+
+    n, m = int(task.dataset_size), int(given)
+    refuse_public_mismatch(cfg.optimizer.name, needed, m)
+    return torch.arange(n), (torch.arange(n, n + m) if needed else None)
+
+
 def split_public(cfg, n: int, seed: int, needed: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(private indices, public indices). Side-information variants hold ``train.side_info.public_examples``
-    examples out of the private set (a seeded choice); the sampler and the accountant only ever see the rest."""
+    """(private indices, public indices) of a command-line task. Side-information variants hold
+    ``train.side_info.public_examples`` examples out of the task's training set (a seeded choice, printed in the
+    run's privacy notes: Ganesh et al.'s held-out public data); the sampler and the accountant only ever see the
+    rest. The split is disjoint by index by construction; :func:`~dp_adam_bench.engine.public_data.check_disjoint`
+    checks it again, and by content where the task gives its examples' content (``example_content``)."""
     if not needed:
         return torch.arange(n), None
     side = cfg.train.get("side_info") or {}
@@ -90,7 +111,8 @@ class Run:
     variant: Variant
     plan: PrivacyPlan
     seeds: RunSeeds
-    population: torch.Tensor
+    population: torch.Tensor  # the task's indices of the private examples: the sampler's and accountant's N
+    # the task's indices of side information's public examples (population_and_public), None without
     public: torch.Tensor | None
     ddp: distributed.DistContext
     schedule: LRSchedule  # the factor of optimizer.lr at each step (train.lr_schedule)
@@ -165,7 +187,7 @@ def prepare(cfg, task, folder: Path | None = None) -> Run:
                 f"(scale-then-privatize), which train.clipping={cfg.train.clipping} cannot compute; set "
                 "train.clipping=bk, hooks or functorch"
             )
-        population, public = split_public(cfg, task.dataset_size, seed, variant.needs_side_info)
+        population, public = population_and_public(cfg, task, seed, variant.needs_side_info)
         plan = build_plan(
             cfg, len(population), variant, numel=backend.numel_per_trial, sampler_seed=seeds.sampler
         )
@@ -294,9 +316,14 @@ def _diagnostics(r: Run, folder: Path) -> Diagnostics:
 
 
 def _privacy_notes(r: Run) -> list[str]:
-    """The plan's notes, and the public examples side information holds out of the private set."""
+    """The plan's notes, and where side information's public examples come from."""
     notes = list(r.plan.notes)
-    if r.public is not None:
+    if r.public is not None and getattr(r.task, "public_size", None) is not None:
+        notes.append(
+            f"side information: the {len(r.public)} examples of the public set given as public (never sampled, "
+            f"clipped, noised or accounted); the private set has N = {len(r.population)}"
+        )
+    elif r.public is not None:
         notes.append(
             f"side information: {len(r.public)} training examples held out as public; the private set "
             f"has N = {len(r.population)}"
