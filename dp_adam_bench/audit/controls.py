@@ -46,10 +46,24 @@ Issue 32's planted kinds:
 * ``ledger_round_short`` — the privacy ledger records one Poisson round fewer than the steps taken (the plan's
   ``rounds_after`` off by one); its true epsilon is about the claim (``leaks=False``), the participation ledger's
   rounds check sees it.
+
+Issue 56's planted kinds, in a fine-tuning method's own code (``method_bug``: a broken method installed in place of
+the registered one while the run is prepared, so it is applied by ``trainer.prepare`` before the engine is built, as
+a user's method is; model tasks through :func:`~dp_adam_bench.audit.meter.finetune_runners.meter_finetune` and
+:func:`~dp_adam_bench.audit.meter.finetune_runners.audit_finetune`):
+
+* ``rgp_clean_carriers`` — RGP whose power iteration takes the latest clean clipped gradient (rebuilt by Eq. 3 from
+  the un-noised carrier gradients) as its history, instead of the weights updated from the noisy release: the next
+  carriers, model parameters saved with the run, are the top singular vectors of the clean gradient. The update of
+  W itself is the honest noisy one.
+* ``lora_input_stats`` — LoRA adapters that keep, beside A and B, a running mean of |x| of their inputs over the
+  training batches (an activation-aware scale, saved with the adapter as a buffer): a statistic of the private
+  batches in the model's state. Training itself is the honest LoRA.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections.abc import Callable, Iterator
@@ -61,6 +75,7 @@ from dp_adam_bench.engine.grads import batch_len, clip_factors
 from dp_adam_bench.engine.plan import PrivacyPlan
 from dp_adam_bench.engine.privatizer import Privatizer, Release, per_example_norms
 from dp_adam_bench.engine.sampling import CyclicPoissonSampler, PoissonSampler
+from dp_adam_bench.finetune.common import Finetuned
 from dp_adam_bench.optim.adam import AdamIMEFree, BiasCorrection
 from dp_adam_bench.registry import Registry
 
@@ -408,6 +423,82 @@ class CycleIgnoredSampler(CyclicPoissonSampler):
             yield mask.nonzero().squeeze(1)
 
 
+# --- issue 56: slips in a fine-tuning method's own code ------------------------------------------------------------
+def _clean_carrier_rgp():
+    """The RGP variant of ``rgp_clean_carriers`` (a class built on first use: finetune/rgp.py imports the optimizer
+    registry)."""
+    from dp_adam_bench.finetune.rgp import RGPVariant, decompose, power_start, reconstruct
+
+    class CleanCarrierRGP(RGPVariant):
+        """RGP whose next carriers are the power iteration on the latest *clean* clipped gradient of each weight
+        (Eq. 3 on the un-noised carrier gradients, which it asks the privatizer for), while it still says it is
+        private; the weights W are updated from the noisy release as in honest RGP."""
+
+        needs_clean = True
+
+        def releases(self):
+            return dataclasses.replace(self.inner.releases(), clean=True)
+
+        def update(self, params, state, ctx):
+            layout = self._check(params)
+            carriers = [
+                (lay.carrier_L.weight.clone(), lay.carrier_R.weight.clone()) for _, lay in self.layers
+            ]
+            super().update(params, state, ctx)
+            with torch.no_grad():
+                for k, ((_, layer), i, j) in enumerate(
+                    zip(self.layers, layout.left, layout.right, strict=True)
+                ):
+                    left, right = carriers[k]
+                    history = reconstruct(
+                        ctx.clean[i], ctx.clean[j], left, right
+                    )  # the bug: clean, not noisy
+                    w = state["weight"][k]
+                    start = power_start(
+                        w.shape[1], layer.rank, self.seed, int(ctx.step) + 1, k, dtype=w.dtype
+                    )
+                    layer.set_carriers(
+                        w, *decompose(history, layer.rank, layer.power_iters, start.to(w.device))
+                    )
+
+    return CleanCarrierRGP
+
+
+def rgp_clean_carriers(model, args: dict) -> Finetuned:
+    """``task.finetune=rgp`` with :func:`_clean_carrier_rgp`'s variant in place of :class:`RGPVariant`."""
+    from dp_adam_bench.finetune.rgp import reparametrize
+
+    summary = reparametrize(model, args)
+    variant = _clean_carrier_rgp()
+    return Finetuned(model, summary, wrap_variant=lambda inner, m, seed: variant(inner, m, seed))
+
+
+#: the running mean's weight of the newest batch (lora_input_stats)
+INPUT_STATS_MOMENTUM = 0.1
+
+
+def lora_input_stats(model, args: dict) -> Finetuned:
+    """``task.finetune=lora``, each adapted layer also keeping ``lora_input_scale``: a buffer of the running mean of
+    |x| per input feature over the batches it sees in training (updated by a forward pre-hook)."""
+    from dp_adam_bench.finetune.adapters import lora
+
+    out = lora(model, args)
+    layers = [m for _, m in out.model.named_modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")]
+
+    def track(module, inputs):
+        if module.training:
+            with torch.no_grad():
+                x = inputs[0].detach()
+                stat = x.abs().reshape(-1, x.shape[-1]).mean(0).to(module.lora_input_scale.dtype)
+                module.lora_input_scale.mul_(1 - INPUT_STATS_MOMENTUM).add_(INPUT_STATS_MOMENTUM * stat)
+
+    for layer in layers:
+        w = layer.base_layer.weight
+        layer.register_buffer("lora_input_scale", torch.zeros(w.shape[1], dtype=w.dtype, device=w.device))
+        layer.register_forward_pre_hook(track)
+    return Finetuned(out.model, out.summary, out.wrap_variant)
+
+
 @dataclass(frozen=True)
 class Control:
     """A control row: the registered variant, mechanism and sampler it runs, and what is broken: the privatizer
@@ -416,8 +507,10 @@ class Control:
     registered one, and the plan rebuilt for it, so its sigma factor reaches the ledger) or the clipping engine
     (``engine_bug``: (engine, model) -> a wrapper; model tasks only) or the privacy plan (``plan_bug``: the
     prepared run's plan -> the broken plan the run is accounted with) or the checkpoint a resumed run loads
-    (``resume_at`` / ``checkpoint_bug``). ``planted``: one of issue 25's (or 32's, 44's) planted kinds; ``leaks``:
-    False for a bug whose true epsilon is about the claim."""
+    (``resume_at`` / ``checkpoint_bug``) or a fine-tuning method (``method_bug``: (model, args) -> Finetuned, in
+    place of the registered method ``finetune`` while the run is prepared; model tasks only). ``planted``: one of
+    issue 25's (or 32's, 44's, 56's) planted kinds; ``leaks``: False for a bug whose true epsilon is about the
+    claim."""
 
     variant: str
     noise: str
@@ -434,6 +527,9 @@ class Control:
     #: (payload, run) -> payload applied to the checkpoint it resumes from
     resume_at: int | None = None
     checkpoint_bug: Callable | None = None
+    #: the fine-tuning method the control runs (``task.finetune``), and its broken version
+    finetune: str | None = None
+    method_bug: Callable | None = None
 
     def wrap(self, p: Privatizer) -> Privatizer:
         return p if self.privatizer is None else rebuilt(self.privatizer, p)
@@ -463,10 +559,18 @@ class Control:
         )
         return dataclasses.replace(run, variant=variant, plan=plan)
 
+    def installed(self):
+        """A context in which ``task.finetune=<finetune>`` applies the broken method (a no-op without one)."""
+        if self.method_bug is None:
+            return contextlib.nullcontext()
+        from dp_adam_bench.finetune import METHODS
+
+        return METHODS.replaced(self.finetune, self.method_bug)
+
     @property
     def model_only(self) -> bool:
-        """Only a model task (a clipping engine) can carry this bug."""
-        return self.engine_bug is not None
+        """Only a model task (a clipping engine, a fine-tuning method) can carry this bug."""
+        return self.engine_bug is not None or self.method_bug is not None
 
 
 CONTROLS = Registry("audit control", "audit.control")
@@ -681,6 +785,30 @@ for _name, _control in (
             None,
             "engine right at the initial weights, norms 0.9 of the true ones once trained",
             engine_bug=WrongWhenTrainedEngine,
+        ),
+    ),
+    (
+        "rgp_clean_carriers",
+        Control(
+            "adam",
+            "independent",
+            "poisson",
+            None,
+            "RGP's carriers from the power iteration on the clean clipped gradient, not the noisy release",
+            finetune="rgp",
+            method_bug=rgp_clean_carriers,
+        ),
+    ),
+    (
+        "lora_input_stats",
+        Control(
+            "adam",
+            "independent",
+            "poisson",
+            None,
+            "LoRA adapters keeping a running mean of their private inputs (a buffer saved with the adapter)",
+            finetune="lora",
+            method_bug=lora_input_stats,
         ),
     ),
     (

@@ -73,7 +73,7 @@ from dp_adam_bench.audit.bound import (
 )
 from dp_adam_bench.audit.fdp_bound import fdp_mu_lower_bound
 from dp_adam_bench.engine.backends import VectorBackend
-from dp_adam_bench.errors import ConfigError
+from dp_adam_bench.errors import ConfigError, PrivacyMismatch
 
 SCORES = ("descent", "path", "roughness", "eligible", "release", "precond")
 FRACTIONS = (
@@ -153,6 +153,10 @@ class AuditBackend(VectorBackend):
         self.trajectory.append(self.params[0][self.task.d_bg :].detach().clone())
 
     def release(self, idx, privatizer, scale):
+        if (
+            getattr(privatizer, "_pinned", None) is not None
+        ):  # the post-processing check's replay: no new release
+            return super().release(idx, privatizer, scale)
         self.observe()
         if self.control is not None:
             if self._broken is None:
@@ -174,12 +178,15 @@ def scores(
     strategy: np.ndarray | None = None,
     released: np.ndarray | None = None,
     scaled: np.ndarray | None = None,
+    extra: dict[str, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
     """The pre-registered scores of each canary from its coordinate's trajectory ``theta`` (steps + 1, m);
     ``eligible`` (steps, m): the steps at which each canary can be sampled (None: every step); ``strategy``: the
     noise strategy's matrix C, at least steps x steps (None: C = I, independent noise); ``released`` (steps, m):
     the noisy gradient g~ the variant received on each canary's coordinate, ``scaled`` the same in the clipping
-    geometry (default ``released``): with them, the ``release`` and ``precond`` scores too."""
+    geometry (default ``released``): with them, the ``release`` and ``precond`` scores too. ``extra``: further
+    scores (name -> one per canary) the auditor computed from what it saw, fixed before the run (the fine-tuning
+    audit's ``state``, meter/finetune_runners.py)."""
     d = np.diff(theta, axis=0)
     if eligible is None:
         eligible = np.ones(d.shape, dtype=bool)
@@ -208,6 +215,11 @@ def scores(
         out["release"] = matched(released if scaled is None else np.asarray(scaled, dtype=np.float64))
         tiny = np.finfo(np.float64).tiny
         out["precond"] = (np.log(np.abs(released) + tiny) - np.log(np.abs(d) + tiny)).sum(0)
+    for name, score in (extra or {}).items():
+        score = np.asarray(score, dtype=np.float64)
+        if name in out or score.shape != (theta.shape[1],):
+            raise ValueError(f"extra score {name!r} of shape {score.shape} for {theta.shape[1]} canaries")
+        out[name] = score
     return out
 
 
@@ -255,6 +267,7 @@ class Observed:
     strategy: np.ndarray | None
     released: np.ndarray | None
     scaled: np.ndarray | None
+    extra: dict[str, np.ndarray] | None = None  # further pre-registered scores (see :func:`scores`)
 
 
 @dataclass
@@ -306,6 +319,7 @@ class AuditResult:
             seen.strategy,
             seen.released,
             seen.scaled,
+            seen.extra,
         )
         included = int(seen.included.sum())
         return cls.of_run(
@@ -510,19 +524,23 @@ def judge(
     strategy: np.ndarray | None = None,
     released: np.ndarray | None = None,
     scaled: np.ndarray | None = None,
+    extra: dict[str, np.ndarray] | None = None,
 ) -> tuple[list[AuditTest], float]:
     """The pre-registered tests on the trajectories ``theta`` (steps + 1, m) and the most they could show;
-    ``eligible``, ``strategy``, ``released``, ``scaled``: see :func:`scores` and :func:`eligible_steps`."""
+    ``eligible``, ``strategy``, ``released``, ``scaled``, ``extra``: see :func:`scores` and :func:`eligible_steps`.
+    Each of the scores computed (which ones depends on what the auditor of that path sees, never on the data) is
+    tested at every k of ``FRACTIONS``, each test at significance (1 - confidence) / (their number)."""
     m = theta.shape[1]
     if not np.all(np.isfinite(theta)):
         raise ValueError(
             "a canary coordinate is not finite: the run diverged, so its scores cannot be ranked"
         )
-    family = len(SCORES) * len(FRACTIONS)
+    computed = scores(theta, eligible, strategy, released, scaled, extra)
+    family = len(computed) * len(FRACTIONS)
     level = (1 - confidence) / family
     tiebreak = np.random.default_rng([int(seed), 7]).permutation(m)
     tests = []
-    for name, s in scores(theta, eligible, strategy, released, scaled).items():
+    for name, s in computed.items():
         if not np.all(np.isfinite(s)):
             raise ValueError(f"the {name} score is not finite for every canary")
         for frac in FRACTIONS:
@@ -566,6 +584,29 @@ def run_controlled(cfg, run, control, make_backend, positions, prefix: str = "dp
         else:
             summary = trainer.run(cfg, Path(folder), lambda step, metrics: None, prepared=run)
     return run, summary, honest, eligible
+
+
+#: the run's own checks that stop it mid-run (by class name) after which the audit and the meter run it again with
+#: that check off, so that they measure what the check prevented: (what it is, its config switch)
+RUN_STOPS = {
+    "PostProcessingLeak": ("post-processing check", "train.post_processing_check.enabled"),
+}
+
+
+def retried(cfg, attempt):
+    """``attempt(cfg)``, and when one of :data:`RUN_STOPS` stops the run, ``attempt`` again on a copy of ``cfg`` with
+    that check off. Returns (the result, the stops: one line each, naming the check and its message)."""
+    stops = []
+    while True:
+        try:
+            return attempt(cfg), stops
+        except PrivacyMismatch as err:
+            which = RUN_STOPS.get(type(err).__name__)
+            if which is None or any(s.startswith(which[0]) for s in stops):
+                raise
+            stops.append(f"{which[0]} ({which[1].rsplit('.', 1)[0]}): {str(err).splitlines()[0][:240]}")
+            cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+            OmegaConf.update(cfg, which[1], False, force_add=True)
 
 
 #: what a recording backend keeps per step: a resumed run's second attempt continues the first's lists
@@ -693,10 +734,15 @@ def audit_config(
     slots = population[torch.as_tensor(positions)]
     included = rng.random(canaries) < 0.5
     task = CanaryTask(n, slots, included, float(cfg.privacy.clip), seed=int(seed))
-    run = trainer.prepare(cfg, task)
-    run.backend.close()
-    backend = AuditBackend(task, control)
-    run, summary, _, eligible = run_controlled(cfg, run, control, lambda run: backend, positions)
+
+    def attempt(cfg):
+        run = trainer.prepare(cfg, task)
+        run.backend.close()
+        backend = AuditBackend(task, control)
+        return backend, *run_controlled(cfg, run, control, lambda run: backend, positions)
+
+    (backend, run, summary, _, eligible), stops = retried(cfg, attempt)
+    summary = {**summary, "stopped_by": [*(summary.get("stopped_by") or []), *stops]}
     plan = run.plan
     backend.observe()  # the final parameters
     theta = torch.stack(backend.trajectory).numpy()

@@ -26,18 +26,27 @@ The parts, in the order a run goes through them:
   reproduces the run's parameters;
 * result.py — :class:`MeterCheck` and :class:`MeterResult`, what a row reports;
 * runners.py — :func:`meter_config` (the vector task), :func:`meter_model` (a model task through a clipping engine)
-  and :func:`audit_model` (the white-box audit through that model task).
+  and :func:`audit_model` (the white-box audit through that model task);
+* the fine-tuning methods (full, head, top<k>, LoRA, prefix, RGP): finetune_task.py — :class:`FinetuneMeterTask`
+  (a model every method accepts, through ``trainer.prepare``); oracle.py — per-example gradients by autograd on
+  each example alone at the state the run's engine saw; checks/clipped_sum.py — the engine's clipped sum against
+  the oracle's, every step; replay.py's ``replay_method`` — every tensor of the model replayed from the releases on a
+  twin built on other private data; finetune_runners.py — :func:`meter_finetune` and :func:`audit_finetune`.
 """
 
+from dp_adam_bench.audit.meter.checks.clipped_sum import clipped_sum_check
 from dp_adam_bench.audit.meter.checks.correlation import LAGS
 from dp_adam_bench.audit.meter.checks.multiplier import multiplier_check
 from dp_adam_bench.audit.meter.checks.noise_covariance import joint_noise_check
 from dp_adam_bench.audit.meter.checks.release import release_checks, release_stats
 from dp_adam_bench.audit.meter.checks.sampling import rate_check, sampling_check, sampling_reference
 from dp_adam_bench.audit.meter.checks.stats import ALPHA, EFFECT, ReleaseStats, critical, power_at
+from dp_adam_bench.audit.meter.finetune_runners import METHODS, audit_finetune, meter_finetune
+from dp_adam_bench.audit.meter.finetune_task import FinetuneMeterTask
 from dp_adam_bench.audit.meter.model_task import MODEL_NORM, ModelMeterTask
 from dp_adam_bench.audit.meter.recording import (
     WATCH_EVERY,
+    FinetuneRecorder,
     MeterBackend,
     ModelRecorder,
     StepRecord,
@@ -65,6 +74,7 @@ __all__ = [
     "ALPHA",
     "EFFECT",
     "LAGS",
+    "METHODS",
     "MODEL_NORM",
     "NORM_CLASSES",
     "NORMS",
@@ -73,6 +83,8 @@ __all__ = [
     "SHARED",
     "TRIALS",
     "WATCH_EVERY",
+    "FinetuneMeterTask",
+    "FinetuneRecorder",
     "MeterBackend",
     "MeterCheck",
     "MeterResult",
@@ -81,12 +93,15 @@ __all__ = [
     "ModelRecorder",
     "ReleaseStats",
     "StepRecord",
+    "audit_finetune",
     "audit_model",
     "class_members",
+    "clipped_sum_check",
     "critical",
     "example_norms",
     "joint_noise_check",
     "meter_config",
+    "meter_finetune",
     "meter_model",
     "multiplier_check",
     "power_at",

@@ -22,12 +22,13 @@ def clipped_mean(scaled: torch.Tensor, clip: float, batch: float) -> torch.Tenso
     return (scaled * f[..., None]).sum(0) / batch
 
 
-def predicted(task, records: list[StepRecord], clip: float, batch: float):
+def predicted(task, records: list[StepRecord], clip: float, batch: float, known=None):
     """Per step, flattened, (steps, coordinates): the release s g~, its predicted mean, and the predicted mean
-    unscaled; ``task.known_grads`` gives the per-example gradients."""
+    unscaled; ``task.known_grads`` gives the per-example gradients, or ``known(t, record)`` (t from 0: the oracle's
+    gradients at the step's parameters, oracle.py)."""
     ys, xs, means = [], [], []
-    for rec in records:
-        g = task.known_grads(rec.idx)
+    for t, rec in enumerate(records):
+        g = task.known_grads(rec.idx) if known is None else known(t, rec)
         s = rec.scale if rec.scale is not None else torch.ones(g.shape[1:], dtype=torch.float64)
         x = clipped_mean(g * s, clip, batch)
         ys.append((rec.noisy * s).numpy().reshape(-1))
@@ -37,13 +38,20 @@ def predicted(task, records: list[StepRecord], clip: float, batch: float):
 
 
 def releases(
-    task, records: list[StepRecord], clip: float, batch: float, stated_square: Callable[[], float]
+    task,
+    records: list[StepRecord],
+    clip: float,
+    batch: float,
+    stated_square: Callable[[], float],
+    known=None,
 ) -> list[Release]:
     """The run's releases beside their predictions: g~ (the std the privatizer stated at the first step,
     sensitivity C / B) and, where the run released it, g^2 (``stated_square()``, sensitivity (2 B_max - 1) C^2 /
-    B^2 with B_max the largest batch seen: the cross terms of the square of the mean)."""
-    y, x, mean = predicted(task, records, clip, batch)
-    out = [Release("g", y, x, records[0].noise_std, clip / batch, task.class_masks())]
+    B^2 with B_max the largest batch seen: the cross terms of the square of the mean). ``known``: see
+    :func:`predicted`; the slope by norm class where the task gives its classes (``class_masks``)."""
+    y, x, mean = predicted(task, records, clip, batch, known)
+    classes = task.class_masks() if hasattr(task, "class_masks") else None
+    out = [Release("g", y, x, records[0].noise_std, clip / batch, classes)]
     if records[0].noisy_square is not None:  # no scale: the privatizer refuses g^2 with scale-then-privatize
         y2 = np.stack([rec.noisy_square.numpy().reshape(-1) for rec in records])
         b_max = max(len(rec.idx) for rec in records)

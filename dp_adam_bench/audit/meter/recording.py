@@ -1,6 +1,9 @@
 """The meter's recording backends: every release of a run (:class:`StepRecord`) and the parameters before it, kept
-by the vector backend (:class:`MeterBackend`) or by a wrapper around a model task's backend (:class:`ModelRecorder`);
-with a control, its broken privatizer (or engine) makes the releases instead of the trainer's."""
+by the vector backend (:class:`MeterBackend`) or by a wrapper around a model task's backend (:class:`ModelRecorder`;
+for a fine-tuning method also every tensor the model holds and the clipped sum the engine made,
+:class:`FinetuneRecorder`); with a control, its broken privatizer (or engine) makes the releases instead of the
+trainer's. A release the run's post-processing check replays behind the real one (engine/post_processing.py: the
+privatizer pinned to the step's release) is not a release: it is passed through, unrecorded."""
 
 from __future__ import annotations
 
@@ -26,6 +29,12 @@ class StepRecord:
     ctx: object  # the step's StepContext (side information is set on it after the release)
 
 
+def pinned(privatizer) -> bool:
+    """The privatizer is pinned to a release already made (the post-processing check replaying a step with another
+    private batch, engine/post_processing.py): what goes through it now is no new release."""
+    return getattr(privatizer, "_pinned", None) is not None
+
+
 class Recording:
     """What both recorders keep: the records, the parameters before each release, the privatizer that made them,
     and a control's broken privatizer (built once, from the trainer's, at the first release)."""
@@ -36,6 +45,12 @@ class Recording:
         self.privatizer = None
         self.records: list[StepRecord] = []
         self.params_before: list = []
+
+    def adopt(self, idx, out) -> None:
+        """A pinned release (:func:`pinned`) of the step's own batch is the post-processing check's real world: the
+        variant consumes its context (side information is set on it), so the record keeps that one."""
+        if self.records and torch.equal(torch.as_tensor(idx).cpu(), self.records[-1].idx.cpu()):
+            self.records[-1].ctx = out.ctx
 
     def releasing(self, privatizer):
         """The privatizer that makes this release: the control's broken one, else the trainer's ``privatizer``."""
@@ -56,6 +71,10 @@ class MeterBackend(Recording, VectorBackend):
         self.start_recording(control)
 
     def release(self, idx, privatizer, scale):
+        if pinned(privatizer):
+            out = super().release(idx, privatizer, scale)
+            self.adopt(idx, out)
+            return out
         privatizer = self.releasing(privatizer)
         self.params_before.append(self.params[0].detach().clone())
         out = super().release(idx, privatizer, scale)
@@ -93,9 +112,14 @@ class ModelRecorder(Recording):
             inner.engine = control.wrap_engine(inner.engine, inner.model)
 
     def release(self, idx, privatizer, scale):
+        if pinned(privatizer):
+            out = self.inner.release(idx, privatizer, scale)
+            self.adopt(idx, out)
+            return out
         privatizer = self.releasing(privatizer)
         self.params_before.append([p.detach().clone() for p in self.inner.params])
-        out = self.inner.release(idx, privatizer, scale)
+        self.before_release()
+        out = self.inner.release(idx, self.tapped(privatizer), scale)
         ctx = out.ctx
         flat = _flat(ctx.noisy)
         square = None if ctx.noisy_square is None else _flat(ctx.noisy_square)
@@ -105,8 +129,68 @@ class ModelRecorder(Recording):
         )
         return out
 
+    def before_release(self) -> None:
+        """What a subclass keeps of the model before each release (nothing here)."""
+
+    def tapped(self, privatizer):
+        """The privatizer the inner backend releases through (a subclass may tap its input)."""
+        return privatizer
+
     def __getattr__(self, name):
         return getattr(self.inner, name)
+
+
+class _SumTap:
+    """A privatizer whose ``release_sum`` first keeps a copy of the clipped sum it is given (float64, flattened), then
+    releases it as the wrapped privatizer does; everything else is the wrapped privatizer's."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.summed: torch.Tensor | None = None
+
+    def release_sum(self, summed, scale=None):
+        self.summed = _flat(summed)  # a copy: release_sum consumes its input in place
+        return self.inner.release_sum(summed, scale)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+class FinetuneRecorder(ModelRecorder):
+    """:class:`ModelRecorder` for a fine-tuning method: before each release also every tensor the model holds
+    (``states``: trainable and frozen parameters, buffers, by state-dict name; what the engine sees), the clipped
+    sum the engine hands the privatizer (``clipped``: sum_i clip(s g_i; C), before division by B and the noise) and
+    a copy of the release as the variant received it (``noisy``)."""
+
+    def __init__(self, inner, control=None):
+        super().__init__(inner, control)
+        self.states: list[dict[str, torch.Tensor]] = []
+        self.clipped: list[torch.Tensor] = []
+        self.noisy: list[list[torch.Tensor]] = []
+        self.noisy_square: list[list[torch.Tensor] | None] = []
+        self._tap: _SumTap | None = None
+
+    def before_release(self) -> None:
+        from dp_adam_bench.audit.meter.oracle import state_of
+
+        self.states.append(state_of(self.inner.model))
+
+    def tapped(self, privatizer):
+        self._tap = _SumTap(privatizer)
+        return self._tap
+
+    def release(self, idx, privatizer, scale):
+        if pinned(privatizer):
+            return super().release(idx, privatizer, scale)
+        out = super().release(idx, privatizer, scale)
+        tap, self._tap = self._tap, None
+        numel = sum(p.numel() for p in self.inner.params)
+        self.clipped.append(tap.summed if tap.summed is not None else torch.zeros(numel, dtype=torch.float64))
+        ctx = out.ctx
+        self.noisy.append([g.detach().clone() for g in ctx.noisy])
+        sq = ctx.noisy_square
+        self.noisy_square.append(None if sq is None else [g.detach().clone() for g in sq])
+        return out
 
 
 def watched(run, checks: bool):

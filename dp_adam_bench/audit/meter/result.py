@@ -47,6 +47,7 @@ class MeterResult:
     checks: list[MeterCheck] = field(default_factory=list)
     control: str | None = None
     engine: str | None = None  # the clipping engine (model path); None: the vector task
+    method: str | None = None  # the fine-tuning method (task.finetune) of a fine-tuning row; None: none
 
     @property
     def failed(self) -> list[MeterCheck]:
@@ -83,7 +84,8 @@ class MeterResult:
     def describe(self) -> str:
         head = (
             f"meter: {self.variant} x {self.noise} x {self.sampler}"
-            + (f" (model task, {self.engine} engine)" if self.engine else "")
+            + (f" (model task, {self.engine} engine)" if self.engine and not self.method else "")
+            + (f" (fine-tuning {self.method}, {self.engine} engine)" if self.method else "")
             + (f" [control {self.control}]" if self.control else "")
             + f": sigma = {self.sigma:g} (accounted {self.account_sigma:.4g}), {self.steps} steps, N = "
             f"{self.dataset_size}, B = {self.batch_size:g}, {self.trials} trials; each check at level "

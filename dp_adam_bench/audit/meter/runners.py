@@ -1,7 +1,8 @@
 """The meter's runners: a config run through the real trainer and privatizer on a meter task, every release
 recorded, and every check of the row judged from the records. :func:`meter_config` meters the vector task
 (:class:`~dp_adam_bench.audit.meter.task.MeterTask`), :func:`meter_model` a model task through a real clipping engine,
-and :func:`audit_model` is the white-box one-run audit through that model task (with the meter attached)."""
+and :func:`audit_model` is the white-box one-run audit through that model task (with the meter attached); the same
+through a fine-tuning method are in finetune_runners.py."""
 
 from __future__ import annotations
 
@@ -31,22 +32,29 @@ def meter_config(
 ) -> MeterResult:
     """Meter the mechanism of config ``cfg`` (validated) on a :class:`MeterTask` of ``n`` examples; ``control``: a
     :class:`~dp_adam_bench.audit.controls.Control` (its broken privatizer, sampler or variant replace the run's)."""
+    from dp_adam_bench.audit.whitebox import retried
     from dp_adam_bench.engine import trainer
 
     cfg = vector_config(cfg, n)
     clip = float(cfg.privacy.clip)
     task = MeterTask(n, clip, trials)
-    run = trainer.prepare(cfg, task)
-    run.backend.close()
-    backend = MeterBackend(task, control)
-    # the sampling check's reference is the meter's own (sampling_reference), not run_controlled's eligible steps:
-    # those replay the sampler under test
-    run, population, sampler = metered_run(cfg, run, control, lambda run: backend)
+
+    def attempt(cfg):
+        run = trainer.prepare(cfg, task)
+        run.backend.close()
+        backend = MeterBackend(task, control)
+        # the sampling check's reference is the meter's own (sampling_reference), not run_controlled's eligible
+        # steps: those replay the sampler under test
+        return cfg, backend, *metered_run(cfg, run, control, lambda run: backend)
+
+    (cfg, backend, run, population, sampler), stops = retried(cfg, attempt)
     # g^2's stated std at the privatizer's own C and B
     square_at = (backend.privatizer.clip, backend.privatizer.B)
     checks = statistical_checks(task, run, population, sampler, clip, task.group_masks(), alpha, square_at)
     final = backend.params[0].detach().clone()
     checks.append(replay_vector(run, backend.records, backend.params_before, final))
+    if stops:
+        checks.append(run_checks(stops))
     return metered_result(run, cfg, sampler, trials, n, alpha, checks, control_name)
 
 
@@ -64,22 +72,53 @@ def meter_model(
     functorch, loop), on the CPU: the sensitivity, noise and post-processing checks of :func:`meter_config` over
     the model's flattened parameters (its bias among them), and the sampling checks. One trial (a model), so the
     stated power is the run's own. ``self_check``: keep the trainer's start-up comparison of the engine with the
-    size-one loop (``train.self_check``; off by default, so that the meter measures the engine on its own)."""
+    size-one loop (``train.self_check``; off by default, so that the meter measures the engine on its own). A control
+    whose bug is in a fine-tuning method runs through that method (:func:`~dp_adam_bench.audit.meter.
+    finetune_runners.meter_finetune`)."""
     from dp_adam_bench.engine import trainer
+
+    if control is not None and getattr(control, "finetune", None) is not None:
+        from dp_adam_bench.audit.meter.finetune_runners import meter_finetune
+
+        return meter_finetune(
+            cfg,
+            control.finetune,
+            engine=engine,
+            n=n,
+            control=control,
+            control_name=control_name,
+            alpha=alpha,
+            self_check=self_check,
+        )
+
+    from dp_adam_bench.audit.whitebox import retried
 
     cfg = engine_config(cfg, engine, self_check=bool(self_check))
     clip = float(cfg.privacy.clip)
     task = ModelMeterTask(n, clip, norms=True)
-    run = watched(trainer.prepare(cfg, task), self_check)
-    # as meter_config: the sampling check has its own reference (sampling_reference), not run_controlled's
-    run, population, sampler = metered_run(cfg, run, control, lambda run: recorder(run, control))
+
+    def attempt(cfg):
+        run = watched(trainer.prepare(cfg, task), self_check)
+        # as meter_config: the sampling check has its own reference (sampling_reference), not run_controlled's
+        return cfg, *metered_run(cfg, run, control, lambda run: recorder(run, control))
+
+    (cfg, run, population, sampler), stops = retried(cfg, attempt)
     backend = run.backend
     square_at = (clip, float(sampler.expected_batch_size))  # g^2's stated std at the meter's C and B
     checks = statistical_checks(task, run, population, sampler, clip, task.groups(), alpha, square_at)
     final = [p.detach().clone() for p in backend.inner.params]
     before = backend.params_before
     checks.append(replay_lists(cfg, run.schedule, backend.records, before, final, run.variant.decay_mask))
+    if stops:
+        checks.append(run_checks(stops))
     return metered_result(run, cfg, sampler, 1, n, alpha, checks, control_name, engine)
+
+
+def run_checks(stopped: list[str]) -> MeterCheck:
+    """``run_checks``: whether a check of the run itself stopped it mid-run (``whitebox.RUN_STOPS``; the row was
+    then measured on the run again with that check off)."""
+    detail = "; ".join(stopped) if stopped else "no check of the run stopped it"
+    return MeterCheck("run_checks", "", float(len(stopped)), 0.0, None, not stopped, None, detail)
 
 
 def statistical_checks(
@@ -190,29 +229,49 @@ def audit_model(
     task and the real clipping engine ``engine``: :class:`ModelMeterTask` with every example a canary that owns its
     weight W[0, 1 + i] outright (no shared weight; the bias b[0] is shared), in with probability 1/2 (excluded: a
     zero loss, so a zero gradient), trajectories and releases read from the recorded steps. ``meter``: attach
-    :func:`meter_model` of the same config (its own task, with the shared coordinate) to the result."""
-    from dp_adam_bench.audit.whitebox import AuditResult, Observed, run_controlled
+    :func:`meter_model` of the same config (its own task, with the shared coordinate) to the result. A control whose
+    bug is in a fine-tuning method is audited through that method (:func:`~dp_adam_bench.audit.meter.
+    finetune_runners.audit_finetune`)."""
+    from dp_adam_bench.audit.whitebox import AuditResult, Observed, retried, run_controlled
     from dp_adam_bench.engine import trainer
+
+    if control is not None and getattr(control, "finetune", None) is not None:
+        from dp_adam_bench.audit.meter.finetune_runners import audit_finetune
+
+        return audit_finetune(
+            cfg,
+            control.finetune,
+            engine=engine,
+            canaries=canaries,
+            seed=seed,
+            control=control,
+            control_name=control_name,
+            confidence=confidence,
+            meter=meter,
+        )
 
     raw = cfg
     cfg = engine_config(cfg, engine, self_check=False)
     n = int(canaries)
     included = np.random.default_rng([int(seed), 12]).random(n) < 0.5
     task = ModelMeterTask(n, float(cfg.privacy.clip), shared=0.0, included=included)
-    run = watched(trainer.prepare(cfg, task), False)
-    population = run.population.numpy()
-    if len(population) != n:
-        run.backend.close()
-        raise ConfigError("the model-path audit holds no public examples out (side-information variants)")
-    positions = np.empty(n, dtype=np.int64)
-    positions[population] = np.arange(n)  # canary i (dataset index i) at this position of the sampler
-    # eligible: the audit's matched filter (whitebox.eligible_steps, the sampler's own seed-determined order). It is
-    # a detection statistic, not a check of the sampler: following the sampler's order keeps its power and never
-    # depends on which canaries are in. Whether that order is the documented one is the meter's sampling check
-    # (sampling_reference), attached below unless meter=False.
-    run, summary, _, eligible = run_controlled(
-        cfg, run, control, lambda run: recorder(run, control), positions
-    )
+
+    def attempt(cfg):
+        run = watched(trainer.prepare(cfg, task), False)
+        population = run.population.numpy()
+        if len(population) != n:
+            run.backend.close()
+            raise ConfigError("the model-path audit holds no public examples out (side-information variants)")
+        positions = np.empty(n, dtype=np.int64)
+        positions[population] = np.arange(n)  # canary i (dataset index i) at this position of the sampler
+        # eligible: the audit's matched filter (whitebox.eligible_steps, the sampler's own seed-determined order).
+        # It is a detection statistic, not a check of the sampler: following the sampler's order keeps its power
+        # and never depends on which canaries are in. Whether that order is the documented one is the meter's
+        # sampling check (sampling_reference), attached below unless meter=False.
+        return run_controlled(cfg, run, control, lambda run: recorder(run, control), positions)
+
+    (run, summary, _, eligible), stops = retried(cfg, attempt)
+    summary = {**summary, "stopped_by": [*(summary.get("stopped_by") or []), *stops]}
     backend, plan = run.backend, run.plan
     weights = [b[0][0, 1:].double() for b in backend.params_before]
     weights.append(backend.inner.params[0][0, 1:].detach().double())
