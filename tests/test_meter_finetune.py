@@ -69,6 +69,42 @@ def test_a_methods_own_slip_fails_the_replay_and_nothing_it_did_not_break(contro
     assert "post_processing" in failed and failed <= {"post_processing", "run_checks"}, r.describe()
 
 
+def _top_keeping_its_last_gradient(model, args):
+    """A slip neither planted kind is: top<k> whose classifier keeps the mean output gradient of the last backward
+    pass (the private batch's) as a plain tensor attribute, registered nowhere, saved with the model object."""
+    from dp_adam_bench.finetune.blocks import top
+
+    out = top(model, args)
+
+    def keep(module, grad_input, grad_output):
+        module.last_grad = grad_output[0].detach().mean(0).clone()
+
+    out.model.classifier.register_full_backward_hook(keep)
+    return out
+
+
+def test_a_statistic_kept_outside_the_state_dict_fails_the_replay_too():
+    from dp_adam_bench.audit.controls import Control
+
+    c = Control(
+        "adam",
+        "independent",
+        "poisson",
+        None,
+        "test",
+        finetune="top1",
+        method_bug=_top_keeping_its_last_gradient,
+    )
+    r = meter_finetune(_cfg("adam", 120, "train.steps=30"), "top1", n=120, control=c, control_name="test")
+    assert not r.check("post_processing").passed and "last_grad" in r.check("post_processing").detail, (
+        r.describe()
+    )
+    honest = meter_finetune(_cfg("adam", 120, "train.steps=30"), "top1", n=120)
+    assert honest.check("post_processing").passed and honest.check("clipped_sum", "g").passed, (
+        honest.describe()
+    )
+
+
 def test_the_audit_through_rgp_bounds_clean_carriers_above_the_claim_and_not_the_honest_method():
     cfg = _cfg(n=200)
     honest = audit_finetune(cfg, "rgp", canaries=200, meter=False)

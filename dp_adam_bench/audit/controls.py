@@ -563,9 +563,9 @@ class Control:
         """A context in which ``task.finetune=<finetune>`` applies the broken method (a no-op without one)."""
         if self.method_bug is None:
             return contextlib.nullcontext()
-        from dp_adam_bench.finetune import METHODS
+        from dp_adam_bench.finetune import METHODS, parse
 
-        return METHODS.replaced(self.finetune, self.method_bug)
+        return METHODS.replaced(parse(self.finetune)[0], self.method_bug)  # top<k>: registered as "top"
 
     @property
     def model_only(self) -> bool:

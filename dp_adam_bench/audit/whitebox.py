@@ -39,8 +39,11 @@ The auditor sees the parameters before every step and at the end (the strongest 
 
 The guesses are +1 on the k highest and -1 on the k lowest scores for k in ``FRACTIONS`` of m: 6 scores x 3 values
 of k are 18 pre-registered tests, each judged at significance beta / 18, so that the largest of their bounds holds
-with confidence 1 - beta (a union bound; no test is chosen after looking at the data). Nothing the auditor uses
-depends on which canaries are in: the eligible steps come from the sampler's seed-determined partition or order.
+with confidence 1 - beta (a union bound; no test is chosen after looking at the data). Which scores a path computes
+is fixed by what its auditor sees, never by the data: the audit through a fine-tuning method
+(meter/finetune_runners.py) has no release coordinate per canary and adds a ``state`` score, 5 x 3 = 15 tests. Nothing
+the auditor uses depends on which canaries are in: the eligible steps come from the sampler's seed-determined
+partition or order.
 
 Three bounds come from the same tests: Steinke et al.'s epsilon at the run's delta
 (:func:`~dp_adam_bench.audit.bound.epsilon_lower_bound`), a Gaussian one

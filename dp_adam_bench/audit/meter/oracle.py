@@ -14,21 +14,51 @@ import torch
 from torch import nn
 
 
+def _tensors(model: nn.Module) -> dict[str, tuple[nn.Module, str, torch.Tensor, bool]]:
+    """Every tensor the model holds, by dotted name -> (its module, its name there, the tensor, whether it is a
+    parameter or a buffer): parameters (trainable or frozen), buffers (persistent or not) and plain tensor
+    attributes hung on its modules (a statistic a method keeps without registering it)."""
+    out: dict[str, tuple[nn.Module, str, torch.Tensor, bool]] = {}
+    for name, module in model.named_modules():
+        prefix = f"{name}." if name else ""
+        own = [(a, v, True) for a, v in [*module._parameters.items(), *module._buffers.items()]]
+        own += [(a, v, False) for a, v in vars(module).items() if isinstance(v, torch.Tensor)]
+        for attr, value, registered in own:
+            if isinstance(value, torch.Tensor):
+                out.setdefault(prefix + attr, (module, attr, value, registered))
+    return out
+
+
 def state_of(model: nn.Module) -> dict[str, torch.Tensor]:
-    """A copy of every tensor the model holds (parameters trainable or frozen, buffers), by state-dict name."""
-    return {k: v.detach().clone() for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
+    """A copy of every tensor the model holds (:func:`_tensors`), by name."""
+    return {k: v[2].detach().clone() for k, v in _tensors(model).items()}
 
 
 @torch.no_grad()
 def load_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Copy ``state`` (:func:`state_of`) into the model's own tensors, in place (the tensors the variant and the
-    method hold stay the same objects)."""
-    live = model.state_dict(keep_vars=True)
-    missing = sorted(set(live) ^ set(state))
-    if missing:
-        raise ValueError(f"the twin's tensors differ from the run's: {missing[:3]}")
+    method hold stay the same objects); a plain tensor attribute the model lacks is set, one it has beyond
+    ``state`` is left. A parameter or buffer on one side only is a different model: ValueError."""
+    live = _tensors(model)
+    registered = {k for k, v in live.items() if v[3]}
+    odd = sorted((registered - set(state)) | {k for k in set(state) - set(live) if _is_registered(model, k)})
+    if odd:
+        raise ValueError(f"the twin's parameters and buffers differ from the run's: {odd[:3]}")
     for k, v in state.items():
-        live[k].copy_(v)
+        if k in live and live[k][2].shape == v.shape:
+            live[k][2].copy_(v)
+        else:
+            owner, _, attr = k.rpartition(".")
+            object.__setattr__(model.get_submodule(owner) if owner else model, attr, v.clone())
+
+
+def _is_registered(model: nn.Module, key: str) -> bool:
+    owner, _, attr = key.rpartition(".")
+    try:
+        module = model.get_submodule(owner) if owner else model
+    except AttributeError:
+        return True  # no such module: not the same model
+    return attr in module._parameters or attr in module._buffers
 
 
 def per_example_grads(task, model: nn.Module, params: list[torch.Tensor], idx: torch.Tensor) -> torch.Tensor:
