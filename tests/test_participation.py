@@ -16,10 +16,14 @@ import torch
 from dp_adam_bench.config import validate
 from dp_adam_bench.engine import trainer
 from dp_adam_bench.engine.participation import (
+    REPEAT_FALSE_ALARM,
     Z_ALARM,
     Z_POWER,
     ParticipationLedger,
+    log_coincidence,
+    min_repeat_size,
     rate_test,
+    repeat_checks,
 )
 from dp_adam_bench.errors import ConfigError, PrivacyMismatch
 
@@ -340,3 +344,234 @@ def test_the_privacy_command_refuses_a_meaningless_delta(capsys):
 
     assert main(["privacy", "epsilon", "--sigma", "1", "--q", "0.1", "--steps", "10", "--delta", "0.5"]) == 2
     assert "--delta=0.5 >= 0.5 means nothing" in capsys.readouterr().err
+
+
+# --- repeated batches (issue 56) -------------------------------------------------------------------------------------
+def _ledger_of(sampler, steps: int, plant=None) -> ParticipationLedger:
+    """The participation ledger of ``steps`` batches of ``sampler``, each passed through ``plant(t, batch, drawn)``
+    (t 1-based, drawn the batches so far) when given: a broken sampler made from an honest one."""
+    part, drawn = ParticipationLedger(sampler.n), []
+    for t, idx in enumerate(sampler.iter_from(0), start=1):
+        if t > steps:
+            break
+        idx = plant(t, idx, drawn) if plant is not None else idx
+        drawn.append(idx)
+        part.observe(idx)
+    return part
+
+
+def _verdicts(part, sampler, steps: int) -> dict:
+    checks, _ = repeat_checks(part, sampler, steps)
+    return {c["check"]: c for c in checks}
+
+
+def _first_batch_again(t, idx, drawn):
+    return drawn[0] if drawn else idx
+
+
+def test_a_sampler_that_repeats_its_batch_is_caught_at_every_seed(tmp_path, monkeypatch):
+    """Issue 56: the same batch every step at the right rate passed the rate test, the meter and the ledger at some
+    seeds. Two honest Poisson batches of >= 1 example from N = 200 at q = 0.1 coincide with probability below
+    1e-14 over 30 steps, so m = 1 and the repeat is caught at every seed, whatever the rate test says; through the
+    real path (trainer.run) at the issue's seeds 4 and 6 the verdict names the steps."""
+    from dp_adam_bench.engine.sampling import PoissonSampler
+
+    assert min_repeat_size(PoissonSampler(200, 20, 30), 0, 30) == 1
+    for seed in range(20):
+        sampler = PoissonSampler(200, 20, 30, seed=seed)
+        found = _verdicts(_ledger_of(sampler, 30, _first_batch_again), sampler, 30)
+        assert not found["repeated_batch"]["ok"] and not found["near_repeat"]["ok"], seed
+        assert found["repeated_batch"]["detail"].startswith("steps 1 and 2 drew the same batch of "), seed
+        assert "28 more step(s) drew an earlier batch again" in found["repeated_batch"]["detail"]
+
+    real = PoissonSampler.iter_from
+
+    def same_batch(self, step):
+        first = next(real(self, step))
+        for _ in range(step, self._steps):
+            yield first.clone()
+
+    monkeypatch.setattr(PoissonSampler, "iter_from", same_batch)
+    for seed in (4, 6):
+        s = run(tmp_path / str(seed), *POISSON, f"seed={seed}")
+        assert {"repeated_batch", "near_repeat"} <= set(failed(s)), s["participation"]["verdict"]
+        assert "repeated_batch: steps 1 and 2 drew the same batch of " in s["participation"]["verdict"]
+
+
+def test_the_message_names_the_two_steps_and_the_batch_size():
+    """One batch drawn again four steps later (an honest sampler otherwise)."""
+    from dp_adam_bench.engine.sampling import PoissonSampler
+
+    sampler = PoissonSampler(200, 20, 12, seed=1)
+    part = _ledger_of(sampler, 12, lambda t, idx, drawn: drawn[2] if t == 7 else idx)
+    found = _verdicts(part, sampler, 12)
+    size = int(part.sizes[2])
+    assert found["repeated_batch"]["detail"].startswith(
+        f"steps 3 and 7 drew the same batch of {size} examples ("
+    )
+
+
+def test_an_honest_poisson_sampler_is_never_flagged_and_small_repeats_are_below_m():
+    """200 seeds at N = 20, q = 0.05 (B = 1), 50 steps: identical batches of one or two examples happen in most runs
+    (empty batches in all), and are legitimate; m = 5 (two honest batches of >= 5 coincide with probability
+    <= 4e-7 over the run), so none is flagged, and neither is a near repeat. At N = 5, q = 0.5 even two full
+    batches coincide with probability 1/1,024 per pair: no m keeps the false alarm below 1e-6, and the check says
+    it cannot see. A batch of m examples drawn twice is caught; one of m - 1 is not (the stated power)."""
+    from dp_adam_bench.engine.sampling import PoissonSampler
+
+    small_repeats = 0
+    for seed in range(200):
+        sampler = PoissonSampler(20, 1, 50, seed=seed)
+        part = _ledger_of(sampler, 50)
+        found = _verdicts(part, sampler, 50)
+        assert found["repeated_batch"]["ok"] and found["near_repeat"]["ok"], (seed, found)
+        batches = [(d, n) for d, n in zip(part.digests, part.sizes, strict=True) if n > 0]
+        small_repeats += len(batches) > len(set(batches))
+    assert small_repeats > 100  # the check is not silent for want of coincidences
+    sampler = PoissonSampler(20, 1, 50)
+    assert min_repeat_size(sampler, 0, 50) == 5
+    assert math.exp(log_coincidence(20, 0.05, 5)) * 50 * 49 / 2 <= REPEAT_FALSE_ALARM
+
+    for size, caught in ((5, True), (4, False)):
+        planted = torch.arange(size)
+        part = _ledger_of(
+            sampler, 50, lambda t, idx, drawn, planted=planted: planted if t in (10, 30) else idx
+        )
+        assert _verdicts(part, sampler, 50)["repeated_batch"]["ok"] is not caught, size
+
+    tiny = PoissonSampler(5, 2.5, 30, seed=0)
+    assert min_repeat_size(tiny, 0, 30) is None
+    found = _verdicts(_ledger_of(tiny, 30), tiny, 30)
+    assert found["repeated_batch"]["ok"] and found["near_repeat"]["ok"]
+    assert found["repeated_batch"]["detail"].startswith("cannot see a repeated batch at this run's size")
+
+
+def test_a_near_repeat_that_no_two_batches_share_exactly_is_caught():
+    """The first batch drawn again minus a different example each step: no two batches are equal (the exact check
+    passes), but each step draws all but one of its examples one step after their previous participation, each
+    there with probability q = 0.05 under Poisson sampling (N = 1,000, B = 50: a batch of at least 13 is enough
+    over 12 steps, the detail's power)."""
+    from dp_adam_bench.engine.sampling import PoissonSampler
+
+    for seed in range(5):
+        first = next(PoissonSampler(1000, 50, 12, seed=seed).iter_from(0))
+        assert len(first) > 12, seed  # 12 distinct batches
+        sampler = PoissonSampler(1000, 50, 12, seed=seed)
+        part = _ledger_of(
+            sampler, 12, lambda t, idx, drawn, first=first: torch.cat([first[: t - 1], first[t:]])
+        )
+        found = _verdicts(part, sampler, 12)
+        assert found["repeated_batch"]["ok"], found["repeated_batch"]["detail"]
+        near = found["near_repeat"]
+        assert not near["ok"], near["detail"]
+        assert near["detail"].startswith(
+            f"step 2 drew {len(first) - 2} of its {len(first) - 1} examples 1 step(s)"
+        )
+        assert "step 1's batch drawn again" in near["detail"]
+
+
+def test_a_sampler_reseeded_every_epoch_is_caught():
+    """A bug the check was not written for: a Poisson sampler whose generator restarts every N / B = 10 steps
+    (the shuffle sampler's per-epoch seeding pasted into it): every batch of the second epoch is one of the first.
+    The rate test passes (the rate is right)."""
+    from dp_adam_bench.engine.sampling import PoissonSampler
+
+    sampler = PoissonSampler(200, 20, 30, seed=3)
+
+    def reseeded(t, idx, drawn):
+        return drawn[(t - 1) % 10] if t > 10 else idx
+
+    part = _ledger_of(sampler, 30, reseeded)
+    found = _verdicts(part, sampler, 30)
+    assert found["repeated_batch"]["detail"].startswith("steps 1 and 11 drew the same batch of ")
+    assert rate_test(part.drawn, 200 * 30, 0.1)["ok"]
+
+
+def test_cyclic_poisson_is_checked_within_its_groups():
+    """Cyclic Poisson (b = 4 groups of 50, q = 0.2): honest runs are not flagged; a batch drawn again one cycle later
+    is."""
+    from dp_adam_bench.engine.sampling import CyclicPoissonSampler
+
+    for seed in range(20):
+        sampler = CyclicPoissonSampler(200, 10, 30, 4, seed=seed)
+        found = _verdicts(_ledger_of(sampler, 30), sampler, 30)
+        assert found["repeated_batch"]["ok"] and found["near_repeat"]["ok"], (seed, found)
+    sampler = CyclicPoissonSampler(200, 10, 30, 4, seed=0)
+    part = _ledger_of(sampler, 30, lambda t, idx, drawn: drawn[t - 5] if t == 9 else idx)
+    assert _verdicts(part, sampler, 30)["repeated_batch"]["detail"].startswith(
+        "steps 5 and 9 drew the same batch"
+    )
+
+
+def test_the_per_step_record_survives_a_state_dict_round_trip():
+    """A ledger saved at step 7 (through torch.save) and loaded into a fresh one gives the uninterrupted ledger's
+    repeat checks; a state written before the per-step record existed loads, and the checks cover the later steps
+    only."""
+    import io
+
+    from dp_adam_bench.engine.sampling import PoissonSampler
+
+    def plant(t, idx, drawn):
+        return drawn[2] if t == 11 else idx
+
+    sampler = PoissonSampler(200, 20, 15, seed=2)
+    full = _ledger_of(sampler, 15, plant)
+    sampler = PoissonSampler(200, 20, 15, seed=2)
+    batches = list(sampler.iter_from(0))
+    first = ParticipationLedger(200)
+    drawn = []
+    for t in range(1, 8):
+        drawn.append(plant(t, batches[t - 1], drawn))
+        first.observe(drawn[-1])
+    buffer = io.BytesIO()
+    torch.save(first.state_dict(), buffer)
+    buffer.seek(0)
+    resumed = ParticipationLedger(200)
+    resumed.load_state_dict(torch.load(buffer))
+    for t in range(8, 16):
+        drawn.append(plant(t, batches[t - 1], drawn))
+        resumed.observe(drawn[-1])
+    assert _verdicts(resumed, sampler, 15) == _verdicts(full, sampler, 15)
+    assert _verdicts(full, sampler, 15)["repeated_batch"]["detail"].startswith(
+        "steps 3 and 11 drew the same batch"
+    )
+    assert resumed.state_dict()["digests"].tolist() == full.state_dict()["digests"].tolist()
+
+    old = {k: v for k, v in first.state_dict().items() if k not in ("recorded_from", "digests", "sizes")}
+    older = ParticipationLedger(200)
+    older.load_state_dict({k: v for k, v in old.items() if not k.startswith("gap_")})
+    for t in range(8, 16):
+        older.observe(drawn[t - 1])
+    assert older.recorded_from == 7 and len(older.sizes) == 8
+    found = _verdicts(older, sampler, 15)  # step 11 repeats step 3, which it did not record
+    assert found["repeated_batch"]["ok"] and "of 8 batches" in found["repeated_batch"]["detail"]
+
+
+def test_the_bounds_hold_against_brute_force():
+    """The oracles of both checks' false alarms: log_upper_tail is at least the exact binomial tail (summed term by
+    term) and within its geometric factor 1 / (1 - r) of it; log_coincidence is at least the probability that two
+    independent Poisson batches are the same set of >= m examples, enumerated over all 2^n subsets."""
+    from itertools import combinations
+
+    from dp_adam_bench.engine.participation import log_upper_tail
+
+    for n in (1, 7, 30, 60):
+        for p in (0.001, 0.05, 0.3, 0.5, 0.9):
+            terms = [math.comb(n, k) * p**k * (1 - p) ** (n - k) for k in range(n + 1)]
+            for k in range(n + 2):
+                exact = sum(terms[k:])
+                bound = math.exp(float(log_upper_tail(n, k, p)))
+                assert bound >= exact * (1 - 1e-9), (n, p, k, bound, exact)
+                r = (n - k) / (k + 1) * p / (1 - p)
+                if k <= n and r < 0.5 and exact > 1e-300:
+                    assert bound <= 2 * exact * (1 + 1e-9), (n, p, k, bound, exact)
+    n = 8
+    for q in (0.05, 0.5, 0.8):
+        for m in range(n + 1):
+            exact = sum(
+                (q ** len(s) * (1 - q) ** (n - len(s))) ** 2
+                for size in range(m, n + 1)
+                for s in combinations(range(n), size)
+            )
+            assert math.exp(log_coincidence(n, q, m)) >= exact * (1 - 1e-12), (q, m)
+        assert math.exp(log_coincidence(n, q, 0)) == pytest.approx((q * q + (1 - q) ** 2) ** n, rel=1e-12)

@@ -284,6 +284,7 @@ def observe_reconcile() -> dict:
     part.observe(torch.arange(16))  # a third participation, which the sensitivity did not count
     out["single_pass_extra_participation"] = reconcile(part, plan, ledger, 1, plan.steps + 1)
     out["no_rate_events"] = reconcile(part, _plan_of(PLANS["nonprivate"]), ledger, 0, plan.steps + 1)
+    out = {name: _before_added_checks(report) for name, report in out.items()}
     out["key_order"] = {name: _key_paths(report) for name, report in out.items()}
     return _round_trip(out)
 
@@ -409,12 +410,12 @@ def _folder_record(folder: Path) -> dict:
         return [json.loads(line) for line in f.read_text().splitlines()] if f.exists() else []
 
     summary = json.loads((folder / "summary.json").read_text()) if (folder / "summary.json").exists() else {}
-    summary = {k: v for k, v in summary.items() if k not in ADDED_SUMMARY}
+    summary = _before_added_checks({k: v for k, v in summary.items() if k not in ADDED_SUMMARY})
     if "privacy_plan" in summary:
         summary["privacy_plan"] = _before_added_plan_fields(summary["privacy_plan"])
     checkpoint = _checkpoint(folder)
     if checkpoint is not None:
-        checkpoint = {k: v for k, v in checkpoint.items() if k not in ADDED_CHECKPOINT}
+        checkpoint = _before_added_checks({k: v for k, v in checkpoint.items() if k not in ADDED_CHECKPOINT})
         if "plan" in checkpoint:
             checkpoint["plan"] = _before_added_plan_fields(checkpoint["plan"])
     return {
@@ -458,6 +459,23 @@ PLANNED = (
 #: goldens' runs computed
 ADDED_SUMMARY = ("finetune", "moved_check")
 ADDED_CHECKPOINT = ("moved_check",)
+#: the participation ledger's batch-repeat checks (issue 56): their checks, their entry in its report, and its
+#: per-step record in its state, left out in the same way
+ADDED_CHECKS = ("repeated_batch", "near_repeat")
+ADDED_PARTICIPATION = ("repeat_test", "recorded_from", "digests", "sizes", "gap_lags", "gap_counts")
+
+
+def _before_added_checks(record: dict) -> dict:
+    """A participation report or state (or a summary or checkpoint holding one as ``participation``) without what
+    :data:`ADDED_CHECKS` and :data:`ADDED_PARTICIPATION` added."""
+    if isinstance(record.get("participation"), dict):
+        return {**record, "participation": _before_added_checks(record["participation"])}
+    out = {k: v for k, v in record.items() if k not in ADDED_PARTICIPATION}
+    if isinstance(out.get("checks"), list):
+        out["checks"] = [c for c in out["checks"] if c.get("check") not in ADDED_CHECKS]
+    return out
+
+
 ADDED_CONFIG_LINES = ("  moved_check: 3\n",)
 
 #: what the privacy plan records since the goldens (issue 56: N, q, B and the sampler, which a resume compares), left
@@ -480,7 +498,9 @@ def _config_sha1(folder: Path) -> str:
 def _run_record(summary: dict, folder: Path) -> dict:
     planned = {k: summary.get(k) for k in PLANNED}
     planned["privacy_plan"] = _before_added_plan_fields(planned["privacy_plan"])
-    trained = {k: v for k, v in summary.items() if k not in PLANNED and k not in ADDED_SUMMARY}
+    trained = {
+        k: v for k, v in _before_added_checks(summary).items() if k not in PLANNED and k not in ADDED_SUMMARY
+    }
     return _round_trip(
         {"planned": _plain(planned), "trained": {"summary": _plain(trained), **_folder_record(folder)}}
     )

@@ -12,9 +12,11 @@ one records what *ran*. Per run it keeps, for each of the N private examples (th
 as int32 arrays (12 bytes an example: 20.4 MB for N = 1.7M), and for the run the steps it observed, the
 (step, example) pairs drawn, repeats of an example inside one batch, indices outside [0, N), and for every noise
 stream its number of noisy releases (the stream's own draw counter) and a fingerprint of its generator's starting
-state. A step costs a sort of the batch's indices and a few gathers and scatters of B entries
-(:data:`COST`). It is part of every checkpoint (:meth:`~dp_adam_bench.engine.session.PrivateTraining.state_dict`),
-so a resumed run keeps the record of the steps before the kill.
+state; per step, a digest of its batch, its size and its two most frequent gaps to a previous participation
+(:data:`STEP_BYTES` = 28 bytes). A step costs a sort of the batch's indices and of its gaps, a hash of B indices
+and a few gathers and scatters of B entries (:data:`COST`). It is part of every checkpoint
+(:meth:`~dp_adam_bench.engine.session.PrivateTraining.state_dict`), so a resumed run keeps the record of the steps
+before the kill.
 
 :func:`reconcile` compares it with the privacy ledger and the plan, each check computed here from the observed
 record, not through the plan's own helpers (a bug there would otherwise agree with itself):
@@ -39,14 +41,37 @@ record, not through the plan's own helpers (a bug there would otherwise agree wi
 * **streams**: exactly the noise streams the variant's releases need, each with one release per step taken, no
   two in the same generator state at the start or at the check (they would draw the same noise).
 * **batches**: no example twice in one batch (its clipped gradient would count twice) and no index out of range.
+* **repeated_batch** (Poisson and cyclic Poisson): no two steps drew the same set of at least m examples. Two
+  independent Poisson batches over n examples at rate q are the same set S with probability
+  sum_S P(S)^2 = (q^2 + (1 - q)^2)^n, and the same set of at least m examples with probability
+  P_m = sum_{k >= m} C(n, k) q^{2k} (1 - q)^{2(n - k)} (:func:`log_coincidence`, a rigorous upper bound); over the
+  run's pairs of steps (those of one group under cyclic Poisson) the union bound gives a false alarm of at most
+  pairs x P_m, plus pairs x 2^-64 for two different batches sharing a digest. m (:func:`min_repeat_size`) is the
+  smallest size that keeps this below :data:`REPEAT_FALSE_ALARM` = 1e-6; the check reports m and the bound. Power:
+  a sampler that draws any batch of at least m examples twice is caught with probability 1 (a 1,024-example batch
+  at N = 1.7M: m = 1; N = 200, q = 0.1, 30 steps: m = 1; N = 20, q = 0.05, 50 steps: m = 5; at N = 5, q = 0.5
+  two full batches coincide with probability 1/1,024 per pair, and no m exists: the check says it cannot see).
+  Memory: a digest and a size per step (:data:`STEP_BYTES`).
+* **near_repeat** (Poisson and cyclic Poisson): no step drew a large share of its examples at one gap g from their
+  previous participation (a batch drawn again minus or plus a few examples). Under Poisson sampling, given the
+  batch S_t, each member's previous participation is at step t - g independently with probability
+  p_g = q (1 - q)^(g - 1) (under cyclic Poisson g = j b, p_g = q (1 - q)^(j - 1)), so the number c of members at
+  gap g is Binomial(|S_t|, p_g). The step's two most frequent gaps are kept (their counts are read off ``last``,
+  no batch is stored); the check alarms when the binomial upper tail P(>= c) (:func:`log_upper_tail`, an upper
+  bound) is below 1e-6 / H, H the run's (step, gap) hypotheses (T^2 / 2 for T steps): a false alarm of at most
+  1e-6 over the whole run, whichever gaps were kept. Power: the detail states the smallest share of a batch of
+  the expected size B at gap b (1 for Poisson) that is caught (N = 200, q = 0.1, 15 steps: 13 of 20).
 
 What it cannot see: the size of the noise and whether the released noise is what each stream drew (the mechanism
 meter, :mod:`dp_adam_bench.audit.meter`); anything after the sampler (clipping, which examples a clipping engine
-mixes); whether a Poisson sampler's draws are independent across examples and steps beyond their total rate (a
-sampler that draws the same batch every step at the right rate passes the rate test; its participations fail the
-sensitivity check only under non-amplified accounting); with ``train.sampler=shuffle`` the gap between Poisson
-sampling, which the accountant assumes, and the fixed-size batches that ran (a caveat, not a check); and, after a
-resume from a checkpoint written before this ledger existed, the steps before it (said so in the record).
+mixes); whether a Poisson sampler's draws are independent across examples and steps beyond their total rate, the
+exact repeats of batches of at least m examples and the near repeats above (a sampler that draws correlated
+batches that are neither, such as a fixed part of the data never drawn at the right total rate, or a batch drawn
+again after most of its members took part in between, passes; so does a repeated batch smaller than m, or a near
+repeat whose share at one gap is not among the step's two largest or is below the stated power); with
+``train.sampler=shuffle`` the gap between Poisson sampling, which the accountant assumes, and the fixed-size
+batches that ran (a caveat, not a check); and, after a resume from a checkpoint written before this ledger (or its
+per-step record) existed, the steps before it (said so in the record).
 """
 
 from __future__ import annotations
@@ -54,6 +79,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+from array import array
 from statistics import NormalDist
 
 import torch
@@ -70,11 +96,20 @@ RATE_VISIBLE = 0.01
 #: relative slack for comparing sensitivities computed by the same formula in two places
 TOLERANCE = 1e-9
 _NO_GAP = torch.iinfo(torch.int32).max
+#: false-alarm probability of each batch-repeat check (repeated_batch, near_repeat) over a whole honest run
+REPEAT_FALSE_ALARM = 1e-6
+#: bytes of a batch's digest (blake2b of its sorted indices): two different batches share one with probability
+#: 2^-64, which the repeated-batch bound counts
+DIGEST_BYTES = 8
+#: gaps kept per step for the near-repeat check (the most frequent ones)
+GAPS_KEPT = 2
+#: the per-step record: a digest, a size, and GAPS_KEPT (gap, count) pairs of int32
+STEP_BYTES = DIGEST_BYTES + 4 + 8 * GAPS_KEPT
 #: measured cost (tests/test_participation.py::test_cost_for_a_large_dataset bounds it): memory per example and the
 #: time of one step's record for N = 1.7M examples (Poisson batches, 2-core CPU)
 COST = (
-    "12 bytes per example (20.4 MB for N = 1.7M); 0.14 ms per step at B = 1,024, 1.3 ms at B = 16,384 (the "
-    "Poisson sampler's own draw over N = 1.7M: 8-10 ms per step)"
+    "12 bytes per example (20.4 MB for N = 1.7M) and 28 per step; 0.29 ms per step at B = 1,024, 2.2 ms at "
+    "B = 16,384 (the Poisson sampler's own draw over N = 1.7M: 8-10 ms per step)"
 )
 
 
@@ -103,6 +138,15 @@ class ParticipationLedger:
         self.releases: list[int] = []
         self.stream_starts = [generator_fingerprint(g) for g in generators]
         self.stream_now: list[str | None] = []
+        self._clear_steps(0)
+
+    def _clear_steps(self, recorded_from: int) -> None:
+        """An empty per-step record, whose first entry will be step ``recorded_from + 1``."""
+        self.recorded_from = int(recorded_from)
+        self.digests = array("q")  # blake2b of the sorted unique indices, as a signed int64
+        self.sizes = array("i")  # unique in-range examples
+        self.gap_lags = array("i")  # GAPS_KEPT per step: the most frequent gaps to a previous participation
+        self.gap_counts = array("i")  # and how many of the batch's examples had each (0: none)
 
     @property
     def nbytes(self) -> int:
@@ -119,16 +163,35 @@ class ParticipationLedger:
             if bool(bad.any()):
                 self.out_of_range += int(bad.sum())
                 idx = idx[~bad]
-            unique = torch.unique(idx)
+            unique = torch.unique(idx)  # sorted
             self.repeats += idx.numel() - unique.numel()
             prev = self.last[unique]
             seen = prev > 0
-            if bool(seen.any()):
+            gaps = step - prev[seen]
+            if gaps.numel():
                 again = unique[seen]
-                self.min_gap[again] = torch.minimum(self.min_gap[again], step - prev[seen])
+                self.min_gap[again] = torch.minimum(self.min_gap[again], gaps)
             self.count[unique] += 1  # steps an example was in (repeats within a batch: ``repeats``)
             self.last[unique] = step
+        else:
+            unique, gaps = idx, idx
+        self._record_step(unique, gaps)
         self.steps = step
+
+    def _record_step(self, unique: torch.Tensor, gaps: torch.Tensor) -> None:
+        """The step's digest and size, and its :data:`GAPS_KEPT` most frequent gaps to a previous participation."""
+        blob = unique.numpy().tobytes()
+        digest = hashlib.blake2b(blob, digest_size=DIGEST_BYTES).digest()
+        self.digests.append(int.from_bytes(digest, "little", signed=True))
+        self.sizes.append(unique.numel())
+        lags, counts = [0] * GAPS_KEPT, [0] * GAPS_KEPT
+        if gaps.numel():
+            values, freq = torch.unique(gaps, return_counts=True)
+            top = torch.topk(freq, min(GAPS_KEPT, freq.numel())).indices
+            for j, i in enumerate(top.tolist()):
+                lags[j], counts[j] = int(values[i]), int(freq[i])
+        self.gap_lags.extend(lags)
+        self.gap_counts.extend(counts)
 
     def observe_releases(self, mechanisms) -> None:
         """Record each noise stream's releases so far (its draw counter)."""
@@ -141,6 +204,7 @@ class ParticipationLedger:
     def mark_unobserved(self, steps: int) -> None:
         """A resume from a checkpoint without a participation record: its first ``steps`` steps were not seen."""
         self.unobserved = self.steps = int(steps)
+        self._clear_steps(self.steps)
 
     # --- what it saw --------------------------------------------------------------------------------------------
     @property
@@ -182,6 +246,11 @@ class ParticipationLedger:
             "out_of_range": self.out_of_range,
             "releases": list(self.releases),
             "stream_starts": list(self.stream_starts),
+            "recorded_from": self.recorded_from,
+            "digests": torch.tensor(self.digests, dtype=torch.int64),
+            "sizes": torch.tensor(self.sizes, dtype=torch.int32),
+            "gap_lags": torch.tensor(self.gap_lags, dtype=torch.int32),
+            "gap_counts": torch.tensor(self.gap_counts, dtype=torch.int32),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -195,6 +264,19 @@ class ParticipationLedger:
             setattr(self, name, int(state[name]))
         self.releases = [int(r) for r in state["releases"]]
         self.stream_starts = list(state["stream_starts"])
+        if "digests" not in state:  # written before the per-step record existed: its steps are not in it
+            self._clear_steps(self.steps)
+            return
+        self._clear_steps(int(state["recorded_from"]))
+        self.digests.extend(state["digests"].tolist())
+        self.sizes.extend(state["sizes"].tolist())
+        self.gap_lags.extend(state["gap_lags"].tolist())
+        self.gap_counts.extend(state["gap_counts"].tolist())
+        if len(self.sizes) != self.steps - self.recorded_from:
+            raise ValueError(
+                f"the checkpoint's participation ledger records {len(self.sizes)} batches for steps "
+                f"{self.recorded_from + 1}-{self.steps}"
+            )
 
 
 # --- reconciliation ---------------------------------------------------------------------------------------------
@@ -285,13 +367,210 @@ def rate_visibility(r99: float) -> str:
     )
 
 
+# --- repeated batches ---------------------------------------------------------------------------------------------
+def log_upper_tail(n, k, p) -> torch.Tensor:
+    """log of an upper bound on P(Binomial(n, p) >= k), elementwise over float64 tensors (or numbers): the term at
+    k over 1 - r, r = (n - k) p / ((k + 1) (1 - p)) the ratio of consecutive terms at k, which falls with k (so the
+    terms beyond k are below a geometric series); 0 (the bound 1) where r >= 1 or k <= 0, -inf where k > n."""
+    n, k, p = (torch.as_tensor(v, dtype=torch.float64) for v in (n, k, p))
+    n, k, p = torch.broadcast_tensors(n, k, p)
+    inside = (k >= 1) & (k <= n) & (p > 0) & (p < 1)
+    kk, pp = torch.where(inside, k, 1.0), torch.where(inside, p, 0.5)
+    term = (
+        torch.lgamma(n + 1) - torch.lgamma(kk + 1) - torch.lgamma(n - kk + 1)
+        + kk * torch.log(pp) + (n - kk) * torch.log1p(-pp)
+    )  # fmt: skip
+    r = (n - kk) / (kk + 1) * pp / (1 - pp)
+    geometric = term - torch.log1p(-torch.where(r < 1, r, 0.0))  # term / (1 - r)
+    bound = torch.where(r < 1, torch.clamp(geometric, max=0.0), 0.0)
+    bound = torch.where(inside, bound, 0.0)
+    bound = torch.where((k >= 1) & (p <= 0), -math.inf, bound)
+    return torch.where(k > n, -math.inf, bound)
+
+
+def log_coincidence(n: int, q: float, m: int) -> float:
+    """log of an upper bound on the probability that two independent Poisson batches over ``n`` examples at rate
+    ``q`` are the same set of at least ``m`` examples: sum_{k >= m} C(n, k) q^{2k} (1 - q)^{2(n - k)}
+    = s^n P(Binomial(n, q^2 / s) >= m), s = q^2 + (1 - q)^2 (:func:`log_upper_tail` for the tail)."""
+    a, b = q * q, (1 - q) * (1 - q)
+    s = a + b
+    return n * math.log(s) + float(log_upper_tail(n, m, a / s))
+
+
+def _groups(sampler) -> tuple[int, list[int]]:
+    """(b, the size of each group): b = 1 and one group of N for Poisson sampling."""
+    if getattr(sampler, "kind", "") == "cyclic_poisson":
+        return int(sampler.cycle_length), [len(g) for g in sampler.groups]
+    return 1, [int(sampler.n)]
+
+
+def _pairs_per_group(first: int, last: int, b: int) -> list[int]:
+    """Pairs of steps first+1 .. last (1-based) drawn from the same group (step t draws group (t - 1) mod b)."""
+    per = [0] * b
+    for g in range(b):
+        # steps t in (first, last] with (t - 1) mod b == g
+        lo = first + ((g - first) % b)  # the smallest t - 1 >= first with (t - 1) mod b == g
+        per[g] = max(0, (last - 1 - lo) // b + 1) if lo <= last - 1 else 0
+    return [c * (c - 1) // 2 for c in per]
+
+
+def repeat_false_alarm(sampler, first: int, last: int, m: int) -> float:
+    """Upper bound on the probability that an honest Poisson-type sampler draws, at two of steps first+1 .. last,
+    the same set of at least ``m`` examples, or two different sets sharing a digest (2^-64 per pair)."""
+    b, sizes = _groups(sampler)
+    q = float(sampler.q)
+    pairs = _pairs_per_group(first, last, b)
+    total = (last - first) * (last - first - 1) // 2
+    chance = sum(c * math.exp(log_coincidence(n, q, m)) for c, n in zip(pairs, sizes, strict=True) if c)
+    return chance + total * 2.0 ** (-8 * DIGEST_BYTES)
+
+
+def min_repeat_size(sampler, first: int, last: int) -> int | None:
+    """The smallest m >= 1 with :func:`repeat_false_alarm` <= :data:`REPEAT_FALSE_ALARM` over steps
+    first+1 .. last (None: even repeats of whole groups are too likely, or too many pairs for the digests). The
+    bound falls with m, so a bisection finds it."""
+    hi = max(_groups(sampler)[1])
+    if repeat_false_alarm(sampler, first, last, hi) > REPEAT_FALSE_ALARM:
+        return None
+    lo = 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (
+            (lo, mid)
+            if repeat_false_alarm(sampler, first, last, mid) <= REPEAT_FALSE_ALARM
+            else (mid + 1, hi)
+        )
+    return lo
+
+
+def _hypotheses(unobserved: int, first: int, last: int, b: int) -> int:
+    """(step, gap) pairs the near-repeat check may test at steps first+1 .. last: at step t, the gaps j b that
+    reach back to an observed step (t - j b > ``unobserved``)."""
+
+    def upto(m: int) -> int:  # sum_{i=0}^{m-1} floor(i / b)
+        full, rest = divmod(max(m, 0), b)
+        return b * full * (full - 1) // 2 + full * rest
+
+    return upto(last - unobserved) - upto(first - unobserved)
+
+
+def repeat_checks(part: ParticipationLedger, sampler, steps: int) -> tuple[list[dict], dict]:
+    """The repeated-batch and near-repeat checks (module docstring) of the steps the ledger recorded one by one,
+    for a Poisson-type ``sampler`` (its q, and its groups under cyclic Poisson), and what they can see."""
+    q, first, last = float(sampler.q), part.recorded_from, part.recorded_from + len(part.sizes)
+    b, sizes = _groups(sampler)
+    info: dict = {
+        "false_alarm": REPEAT_FALSE_ALARM,
+        "steps_recorded": last - first,
+        "bytes_per_step": STEP_BYTES,
+    }
+    if not 0 < q < 1:
+        detail = f"q = {q:.6g}: every member of a group is in every batch of it; repeats are the design"
+        return [_check("repeated_batch", True, detail)], info
+    return [
+        _repeated_batch_check(part, sampler, q, first, last, info),
+        _near_repeat_check(part, q, b, sizes, info),
+    ], info
+
+
+def _repeated_batch_check(
+    part: ParticipationLedger, sampler, q: float, first: int, last: int, info: dict
+) -> dict:
+    m = min_repeat_size(sampler, first, last) if last - first >= 2 else None
+    info["min_repeat_size"] = m
+    where = f"Poisson sampling at q = {q:.6g}" + (
+        f" within {sampler.cycle_length} groups" if getattr(sampler, "kind", "") == "cyclic_poisson" else ""
+    )
+    if last - first < 2:
+        return _check("repeated_batch", True, f"{last - first} batch(es) recorded: no pair to compare")
+    if m is None:
+        whole = max(_groups(sampler)[1])
+        return _check(
+            "repeated_batch",
+            True,
+            f"cannot see a repeated batch at this run's size: under {where}, even two batches of all {whole} "
+            f"examples coincide with probability {math.exp(2 * whole * math.log(q)):.3g} per pair, above the "
+            f"false alarm {REPEAT_FALSE_ALARM:g} over the run's pairs",
+        )
+    bound = repeat_false_alarm(sampler, first, last, m)
+    info["bound"] = bound
+    seen: dict[tuple[int, int], int] = {}
+    found: list[tuple[int, int, int]] = []
+    for i, (digest, size) in enumerate(zip(part.digests, part.sizes, strict=True)):
+        if size < m:
+            continue
+        step = first + 1 + i
+        earlier = seen.setdefault((digest, size), step)
+        if earlier != step:
+            found.append((earlier, step, size))
+    pairs = (last - first) * (last - first - 1) // 2
+    odds = (
+        f"under {where} from {part.n} examples, two batches are the same set of >= {m} examples with probability "
+        f"<= {bound:.2g} over the run's {pairs} pairs of steps (false alarm {REPEAT_FALSE_ALARM:g})"
+    )
+    if not found:
+        return _check(
+            "repeated_batch",
+            True,
+            f"no two of {last - first} batches are the same set of >= {m} examples ({odds}); any batch of >= {m} "
+            "drawn twice is caught",
+        )
+    a, c, size = found[0]
+    more = f"; {len(found) - 1} more step(s) drew an earlier batch again" if len(found) > 1 else ""
+    return _check(
+        "repeated_batch", False, f"steps {a} and {c} drew the same batch of {size} examples{more} ({odds})"
+    )
+
+
+def _near_repeat_check(part: ParticipationLedger, q: float, b: int, sizes: list[int], info: dict) -> dict:
+    first, last = part.recorded_from, part.recorded_from + len(part.sizes)
+    tests = _hypotheses(part.unobserved, first, last, b)
+    alarm = math.log(REPEAT_FALSE_ALARM / max(tests, 1))
+    expected = max(1, round(q * max(sizes)))
+    shares = torch.arange(1, expected + 1)
+    caught = torch.nonzero(log_upper_tail(expected, shares, q) <= alarm)
+    power = int(caught[0]) + 1 if caught.numel() else None
+    info.update(near_repeat_tests=tests, near_repeat_alarm_log_p=alarm, near_repeat_caught_share=power)
+    sees = (
+        f"a step that draws >= {power} of {expected} examples (the expected batch) at gap {b} is caught"
+        if power is not None
+        else f"no share of a batch of {expected} examples at one gap is visible at this run's size"
+    )
+    lags = torch.tensor(part.gap_lags, dtype=torch.int64).reshape(-1, GAPS_KEPT)
+    counts = torch.tensor(part.gap_counts, dtype=torch.int64).reshape(-1, GAPS_KEPT)
+    n = torch.tensor(part.sizes, dtype=torch.int64).reshape(-1, 1).expand_as(counts)
+    valid = (counts > 0) & (lags > 0) & (lags % b == 0)
+    if not bool(valid.any()):
+        return _check(
+            "near_repeat",
+            True,
+            f"no example took part again at a gap this sampler draws (multiples of {b}); {sees}",
+        )
+    logp = math.log(q) + (lags.double() / b - 1) * math.log1p(-q)
+    tail = torch.where(valid, log_upper_tail(n.double(), counts.double(), logp.exp()), 0.0)
+    i = int(tail.argmin())
+    row, col = divmod(i, GAPS_KEPT)
+    step, gap, c, size = first + 1 + row, int(lags[row, col]), int(counts[row, col]), int(part.sizes[row])
+    worst = float(tail.reshape(-1)[i])
+    info["worst"] = {"step": step, "gap": gap, "count": c, "size": size, "log_p": worst}
+    said = (
+        f"step {step} drew {c} of its {size} examples {gap} step(s) after their previous participation "
+        f"(each with probability {math.exp(float(logp[row, col])):.3g} under Poisson sampling at q = {q:.6g}: "
+        f"P(>= {c}) <= {math.exp(worst):.2g}; alarm below {math.exp(alarm):.2g}, false alarm "
+        f"{REPEAT_FALSE_ALARM:g} over {tests} (step, gap) tests)"
+    )
+    if worst <= alarm:
+        return _check("near_repeat", False, f"{said}: step {step - gap}'s batch drawn again, or most of it")
+    return _check("near_repeat", True, f"the largest share at one gap: {said}; {sees}")
+
+
 def reconcile(part: ParticipationLedger, plan, ledger, streams: int, steps: int, noise=None) -> dict:
     """The participation record against the plan and the privacy ``ledger`` after ``steps`` steps, when the
     variant's releases need ``streams`` noise streams (0 without noise): ``{"verdict": "consistent" |
     "MISMATCH: ...", "checks": [...], ...}`` with :meth:`ParticipationLedger.describe` beside. Callable at any
     step (each check is about the steps taken so far; the module docstring says what each one checks)."""
     checks = [_steps_check(part, steps), _batches_check(part)]
-    rate, caveats = None, []
+    rate, repeats, caveats = None, None, []
     if plan.noisy:
         checks.append(_rounds_check(plan, ledger, steps))
         k = part.max_participations
@@ -302,6 +581,9 @@ def reconcile(part: ParticipationLedger, plan, ledger, streams: int, steps: int,
         rate_check, rate = _rate_check(part, plan, ledger, steps)
         if rate_check is not None:
             checks.append(rate_check)
+        if plan.sampler.kind in ("poisson", "cyclic_poisson"):
+            found, repeats = repeat_checks(part, plan.sampler, steps)
+            checks += found
         if plan.sampler.kind == "shuffle":
             caveats.append(
                 "train.sampler=shuffle: fixed-size shuffled batches accounted as Poisson sampling at q = B / N, "
@@ -314,7 +596,7 @@ def reconcile(part: ParticipationLedger, plan, ledger, streams: int, steps: int,
         caveats.append(
             f"steps 1-{part.unobserved} ran before this participation ledger existed (older checkpoint): not seen"
         )
-    return _report(part, checks, rate, caveats)
+    return _report(part, checks, rate, caveats, repeats)
 
 
 def _steps_check(part: ParticipationLedger, steps: int) -> dict:
@@ -429,9 +711,15 @@ def _streams_check(part: ParticipationLedger, streams: int, steps: int) -> dict:
     )
 
 
-def _report(part: ParticipationLedger, checks: list[dict], rate: dict | None, caveats: list[str]) -> dict:
-    """The verdict (every failed check named, with its detail), the checks, the record, the rate test and the
-    caveats."""
+def _report(
+    part: ParticipationLedger,
+    checks: list[dict],
+    rate: dict | None,
+    caveats: list[str],
+    repeats: dict | None = None,
+) -> dict:
+    """The verdict (every failed check named, with its detail), the checks, the record, the rate test, the
+    repeat tests and the caveats."""
     failed = [c for c in checks if not c["ok"]]
     verdict = (
         "consistent"
@@ -441,6 +729,8 @@ def _report(part: ParticipationLedger, checks: list[dict], rate: dict | None, ca
     out = {"verdict": verdict, "checks": checks, **part.describe()}
     if rate is not None:
         out["rate_test"] = rate
+    if repeats is not None:
+        out["repeat_test"] = repeats
     if caveats:
         out["caveats"] = caveats
     return out
