@@ -57,9 +57,10 @@ gradient: DP clips each example's gradient to ``PrivacyArguments.clip`` instead)
   mechanism state, ledger, variant state, random streams) in ``checkpoint-<step>/privacy_state/``
   (:mod:`dp_adam_bench.engine.checkpoint`: atomic, loaded without unpickling code, refused when written by another
   configuration). ``train(resume_from_checkpoint=True | path)`` restores both and continues exactly as the
-  uninterrupted run. The privacy state holds the noise generators' state: keep checkpoints as private as the data
-  (they are not pushed to the Hub; ``push_to_hub`` of the final model pushes no ``checkpoint-*`` folder), and a
-  ``secure_rng`` run writes none.
+  uninterrupted run; a resume whose privacy plan differs from the checkpoint's (another ``train_dataset`` size,
+  batch, sampler, sigma, ...) is refused in one line naming what changed, before anything is loaded. The privacy
+  state holds the noise generators' state: keep checkpoints as private as the data (they are not pushed to the Hub;
+  ``push_to_hub`` of the final model pushes no ``checkpoint-*`` folder), and a ``secure_rng`` run writes none.
 * **Model selection.** ``load_best_model_at_end`` and ``EarlyStoppingCallback`` choose by ``eval_dataset``'s
   metrics; the epsilon covers the training set only, so evaluate on public or held-out data.
 * **Budget.** With ``epsilon_budget`` the run stops before the step that would exceed it (the plan caps the steps;
@@ -396,9 +397,13 @@ class DPTrainer(transformers.Trainer):
     """A :class:`transformers.Trainer` whose :meth:`train` trains privately (the module docstring).
 
     ``privacy``: a :class:`PrivacyArguments` (or a dict of its fields). ``compute_loss_per_example(model, inputs) ->
-    (batch,)``: one loss per example instead of the built-in loss of ``privacy.loss_kind``. Every other argument is
-    the ``Trainer``'s. After :meth:`train`, :attr:`private` is the run (``trainer.private.epsilon()``,
-    ``.guarantee()``, ``.check_participation()``)."""
+    (batch,)``: one loss per example instead of the built-in loss of ``privacy.loss_kind``. ``public_dataset``:
+    public rows, in ``train_dataset``'s form, for ``privacy.optimizer="side_info"`` alone (required by it, refused
+    otherwise; :func:`dp_adam_bench.make_private`'s ``public_dataset``): collated and padded as the training rows,
+    never sampled, clipped, noised or accounted, and refused if a row of it is one of ``train_dataset``'s (by
+    content: :mod:`dp_adam_bench.engine.public_data`). Every other argument is the ``Trainer``'s. After
+    :meth:`train`, :attr:`private` is the run (``trainer.private.epsilon()``, ``.guarantee()``,
+    ``.check_participation()``)."""
 
     def __init__(
         self,

@@ -51,6 +51,7 @@ def test_an_examples_digest_sees_values_dtype_shape_and_structure_not_key_order(
         assert example_digest(a) == example_digest(b), (a, b)
     different = [
         (x, x.double()),  # dtype
+        (x, x.view(torch.int32)),  # the same bytes read as another dtype
         (x, x.view(2, 3)),  # shape
         (x, x + torch.tensor([0, 0, 0, 0, 0, 1e-6])),  # one value, by one ulp-ish step
         ((x, 1), (1, x)),  # order of a pair
