@@ -136,8 +136,9 @@ def trained(cfg, task, control, positions, self_check: bool):
 
 def twin_of(cfg, task: FinetuneMeterTask, control, run):
     """The run prepared again by the same path on other private data (``data_seed`` 1: another assignment of the
-    examples' own features or tokens), its engine closed and no engine check run: a model, a method and a variant
-    that never saw the run's data. Its trainable tensors must be the run's, by name and shape."""
+    examples' own features or tokens), without the engine self-check (``prepare``'s engine probe reads one of the
+    twin's examples) and its engine closed: a model, a method and a variant that never saw the run's data. Its
+    trainable tensors must be the run's, by name and shape."""
     from dp_adam_bench.engine import trainer
 
     other = FinetuneMeterTask(task.n, task.clip, task.family, task.shared, task.included, data_seed=1)
