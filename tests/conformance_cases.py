@@ -6,7 +6,8 @@ grad-sampler tests parametrise over (convolutions with strides, paddings incl. `
 groups, bias, every ``padding_mode``; Linear on 2-D to 4-D inputs; embeddings with ``padding_idx`` /
 ``scale_grad_by_freq``; EmbeddingBag; the norm layers; GPT-2's ``Conv1D``; attention), plus the layers a
 transformer user's model holds (``nn.MultiheadAttention`` in its configurations, ``nn.TransformerEncoderLayer`` /
-``nn.TransformerEncoder``, Opacus' ``DPMultiheadAttention``) and module reuse and frozen parameters.
+``nn.TransformerEncoder``, Opacus' ``DPMultiheadAttention``) and module reuse and frozen parameters. ``FOLDED``: layers
+on a batch folded into rows whose arrangement depends on the data (tests/test_fold_layouts.py).
 
 Inputs hold padding tokens and repeated ids on purpose: those are where rules go wrong.
 """
@@ -393,6 +394,47 @@ def _composition_cases():
     yield Case("custom_parameter", _Scale, _x(T, 6))
 
 
+# ------------------------------------------------------------------------------------------------ folded batches
+
+#: real tokens per example in the folded cases' batch (of T positions); tests/test_fold_layouts.py also runs them
+#: after a batch whose examples all have T (the same shapes and B·T rows, in another arrangement)
+PACKED_LENGTHS = (4, 2, 3, 4, 1)
+
+
+def _packed_inputs(lengths):
+    def make(g):
+        x = torch.randn(B, T, 6, generator=g, dtype=torch.float64)
+        mask = (torch.arange(T)[None] < torch.tensor(lengths)[:, None]).long()
+        return {"x": x, "mask": mask}
+
+    return make
+
+
+def _packed_call(layer, x, mask):
+    """The layer on every example's real tokens first, in example order, then the padding positions (whose
+    outputs are dropped): one (B·T, d) matrix of rows whose arrangement depends on each example's length, as
+    FlashAttention's ``unpad_input`` packs a batch, in a static shape (``torch.func.vmap`` runs it per example).
+    The rows go back to their places after the layer."""
+    d = x.shape[-1]
+    keep = mask.reshape(-1) > 0
+    order = torch.argsort((~keep).long(), stable=True)
+    rows = layer(x.reshape(-1, d)[order]) * keep[order, None].to(x.dtype)
+    return rows[torch.argsort(order)].reshape(*x.shape[:-1], -1)
+
+
+def _folded_cases():
+    yield Case(
+        "packed-linear", lambda: nn.Linear(6, 5), _packed_inputs(PACKED_LENGTHS), _packed_call, tags={"fold"}
+    )
+    yield Case(
+        "packed-layernorm",
+        lambda: _affine(nn.LayerNorm(6)),
+        _packed_inputs(PACKED_LENGTHS),
+        _packed_call,
+        tags={"fold"},
+    )
+
+
 CASES: list[Case] = [
     *_conv_cases(),
     *_linear_cases(),
@@ -401,3 +443,8 @@ CASES: list[Case] = [
     *_attention_cases(),
     *_composition_cases(),
 ]
+
+#: layers on a batch folded into rows with a data-dependent arrangement; run by tests/test_fold_layouts.py, alone
+#: and after a batch of the same shapes arranged otherwise, not by the grid of tests/test_conformance.py: Opacus'
+#: hooks and ghost take each row for an example there (a RuntimeError, not a refusal naming the layer)
+FOLDED: list[Case] = list(_folded_cases())

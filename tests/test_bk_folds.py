@@ -87,17 +87,13 @@ def test_folded_rows_are_placed_and_exact(how):
     torch.manual_seed(0)
     model = Folded(how).double()
     engine = BKEngine(model, _loss)
-    for seed, b in (
-        (0, 4),
-        (1, 4),
-        (2, 3),
-        (3, 1),
-    ):  # the same shape twice (the arrangement kept), then others
+    for seed, b in ((0, 4), (1, 4), (2, 3), (3, 1)):  # the same shape twice, then others
         _check(engine, model, _batch(b, seed))
-    if how == "unpadded":  # read again on every batch
-        assert not engine._folds
-    else:  # kept per layer call and rows per example, whatever the batch size
-        assert engine._folds == {(name, 0, T): how for name in ("fc", "norm", "scale")}
+        if b > 1:  # read on this batch, never kept for the next one (test_fold_layouts.py)
+            want = how if how != "unpadded" else "irregular"
+            folded = ("fc", "norm") if how == "unpadded" else ("fc", "norm", "scale")
+            assert {n: engine.choices[f"{n} (folded)"] for n in folded} == dict.fromkeys(folded, want)
+    assert engine.fold_probes == 3  # one probe backward per batch of more than one example (fp64: one digit)
     engine.close()
 
 

@@ -51,13 +51,17 @@ batch dimension at all, has its own adapter (:mod:`dp_adam_bench.engine.bk_rules
 A hooked layer whose input leads with rows that are not one per example (OPT's (B·T, H) before its feed-forward
 block, Swin's (B·windows, tokens, C), the real tokens of a batch with its padding dropped) is *folded*: after the
 backward, each row's example is read off a second backward of the losses weighted by example
-(:mod:`dp_adam_bench.engine.folds`; skipped for a layer call and shape whose regular arrangement is already known),
-and the rows are gathered per example as more positions. The Linear, Embedding and norm rules and the generic rule
-take folded inputs; a convolution, ``nn.MultiheadAttention`` or ``EmbeddingBag`` with a folded input is refused
-naming the layer, and so is a row that carries the losses of several examples.
+(:mod:`dp_adam_bench.engine.folds`), on every batch (an arrangement can depend on the data: never kept from one
+batch for the next), over the part of the graph above the deepest folded call; the rows are then gathered per
+example as more positions. An input expanded from a row shared by the batch is read the same way. The Linear,
+Embedding and norm rules and the generic rule take folded inputs; a convolution, ``nn.MultiheadAttention`` or
+``EmbeddingBag`` with a folded input is refused naming the layer, and so is a row that carries the losses of
+several examples.
 
 Limitations: a sequence-first input whose length happens to equal B cannot be told apart from a batch-first one, as
 in Opacus (``nn.MultiheadAttention`` handles its own ``batch_first=False``; the self-check compares with the loop);
+a layer whose input leads with B is taken to hold example i in row i, unread: a model that reorders its batch between
+layers (sorting it by length, as packing does) gets wrong norms there, seen only by the self-check and the watch;
 a hooked layer's output must not be modified in place afterwards (refused with a ValueError, as torch refuses it
 with full backward hooks).
 """
@@ -119,10 +123,12 @@ class _Layer:
 class _Capture(torch.autograd.Function):
     """Identity on a layer's output that records the gradient reaching it. Its second input, the anchor, is the
     only tensor the backward asks for, so autograd runs exactly the nodes that lead to some capture: the
-    output-gradient chain, never the parameters' (non-clipped) gradients."""
+    output-gradient chain, never the parameters' (non-clipped) gradients. A folded call's capture also takes the
+    *fold anchor*: the probe backwards of :mod:`~dp_adam_bench.engine.folds` ask for that one alone, so they run
+    only the part of the graph above the deepest folded call."""
 
     @staticmethod
-    def forward(ctx, out, anchor, call, clone=False):
+    def forward(ctx, out, anchor, call, clone=False, fold_anchor=None):
         ctx.call = call
         # returned as is, the output is a view of the layer's own; a copy where the model changes it in place
         return out.clone() if clone else out
@@ -130,7 +136,7 @@ class _Capture(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         ctx.call.grad = grad.detach()
-        return grad, None, None, None
+        return grad, None, None, None, None
 
 
 def _unshareable(shared: dict) -> None:
@@ -218,6 +224,9 @@ def _unfolded(call: _Call) -> _Call:
         return call
     index = call.rows
     R = call.grad.shape[0]
+    if index.shape == (R, 1) and torch.equal(index[:, 0], torch.arange(R, device=index.device)):
+        call.folded = False  # one row per example, each its own (an expanded input or output): as it is
+        return call
     call.grad = folds.gather(call.grad, index)
     if call.output is not None:
         call.output = folds.gather(call.output, index)
@@ -274,6 +283,7 @@ class BKEngine(GradEngine):
                 self.layers.append(_Layer(mname or "<root>", m, rule_for(m) or GENERIC, list(own.values())))
         # set only inside clipped_sum: outside it (evaluation, mean_grad) nothing is recorded
         self._anchor: torch.Tensor | None = None
+        self._fold_anchor: torch.Tensor | None = None  # the folded calls' second anchor (_Capture)
         self._batch = 0
         self._scale: dict[int, torch.Tensor] | None = None  # id(param) -> per-coordinate scale (stp only)
         self._undo = []
@@ -296,8 +306,8 @@ class BKEngine(GradEngine):
         #: generic rule: each module's parent, and while recording the leading size of each such parent's input
         self._parents: dict[str, nn.Module] = {}
         self._rows_in: dict[nn.Module, int] = {}
-        #: engine/folds.py: per folded layer call and shape, a regular arrangement of its rows found before
-        self._folds: dict[tuple, tuple] = {}
+        #: engine/folds.py: probe backwards run (each folded batch of more than one example reads its rows' owners)
+        self.fold_probes = 0
         modules = dict(model.named_modules())
         for layer in self.layers:
             if layer.rule is GENERIC and layer.name != "<root>":
@@ -323,12 +333,21 @@ class BKEngine(GradEngine):
     def recording(self) -> bool:
         return self._anchor is not None and torch.is_grad_enabled()
 
-    def capture(self, layer: _Layer, out: torch.Tensor, args: tuple, kwargs: dict | None = None, piece=None):
+    def capture(
+        self,
+        layer: _Layer,
+        out: torch.Tensor,
+        args: tuple,
+        kwargs: dict | None = None,
+        piece=None,
+        folded: bool = False,
+    ):
         """``out`` routed through ``_Capture`` with a new call of ``layer`` holding ``args`` (the first one must
-        have the examples along dim 0); ``out`` itself when nothing is being recorded."""
+        have the examples along dim 0); ``out`` itself when nothing is being recorded. ``folded``: its rows are to
+        be placed per example after the backward (engine/folds.py) even though the input leads with B (an input
+        the engine expanded from a row shared by the batch)."""
         if not self.recording() or not isinstance(out, torch.Tensor) or not out.requires_grad:
             return out
-        folded = False
         if args:
             x = args[0]
             own = ", ".join(own_trainable(layer.module))
@@ -356,7 +375,7 @@ class BKEngine(GradEngine):
         )
         call.folded = folded
         layer.calls.append(call)
-        return _Capture.apply(out, self._anchor, call, self._clone)
+        return _Capture.apply(out, self._anchor, call, self._clone, self._fold_anchor if folded else None)
 
     def _note_rows(self, module, args, kwargs):
         """Pre-hook on a generic module's parent: the leading size of its first tensor input while recording."""
@@ -403,9 +422,11 @@ class BKEngine(GradEngine):
                     folded = broadcast = False
                     if t.dim() > 0 and t.shape[0] == 1 and b > 1:
                         # broadcast over the batch: one row per example, or per row of the parent's input where
-                        # that folds the examples (Swin's relative position bias beside (B·windows, ...) scores)
+                        # that folds the examples (Swin's relative position bias beside (B·windows, ...) scores);
+                        # which example uses which row is read after the backward (engine/folds.py), as for an
+                        # expanded input: a model that reads one copy for every example is refused
                         rows = max(self._rows_in.get(parent, b), b)
-                        broadcast = folded = rows != b
+                        broadcast, folded = rows != b, True
                         t = t.expand(rows, *t.shape[1:])
                     elif t.dim() == 0:
                         raise ValueError(
@@ -419,7 +440,9 @@ class BKEngine(GradEngine):
                     call = _Call(*stored, piece=k, output=t.detach(), group=self._group)
                     call.folded, call.broadcast = folded, broadcast
                     layer.calls.append(call)
-                    t = _Capture.apply(t, self._anchor, call, self._clone)
+                    t = _Capture.apply(
+                        t, self._anchor, call, self._clone, self._fold_anchor if folded else None
+                    )
                 new.append(t)
             return pytree.tree_unflatten(new, spec)
 
@@ -431,12 +454,14 @@ class BKEngine(GradEngine):
                 return None
             expanded = id(layer) in self._pending
             self._pending.discard(id(layer))
-            out = self.capture(
-                layer, output, tuple(args) if args else tuple(kwargs.values()), kwargs if args else None
+            # an expanded input's rows are checked after the backward like a fold's (engine/folds.py)
+            return self.capture(
+                layer,
+                output,
+                tuple(args) if args else tuple(kwargs.values()),
+                kwargs if args else None,
+                folded=expanded,
             )
-            if expanded and layer.calls and out is not output:
-                layer.calls[-1].folded = True  # its rows are checked after the backward (engine/folds.py)
-            return out
 
         return hook
 
@@ -483,64 +508,58 @@ class BKEngine(GradEngine):
 
     # --- engine interface -------------------------------------------------------------------------------------------
     def _record(self, batch, b: int, anchor: torch.Tensor) -> None:
-        """Steps 1-2 of the module docstring: the forward with captures and the one backward."""
+        """Steps 1-2 of the module docstring: the forward with captures and the one backward (and, where a call
+        is folded, the probe backwards that place its rows: :meth:`_place_rows`)."""
         for layer in self.layers:
             layer.calls = []
         self._rows_in.clear()  # filled again by the parents' pre-hooks in this forward
-        self._anchor, self._batch = anchor, b
+        fold_anchor = torch.zeros((), dtype=anchor.dtype, device=anchor.device, requires_grad=True)
+        self._anchor, self._fold_anchor, self._batch = anchor, fold_anchor, b
         try:
             losses = self.loss_per_example(self.model, batch)
         finally:
-            self._anchor = None
+            self._anchor = self._fold_anchor = None
         if losses.shape != (b,):
             raise ValueError(
                 f"bk clipping: loss_per_example returned shape {tuple(losses.shape)}, want ({b},)"
             )
-        folded = [
-            (layer, i, call) for layer in self.layers for i, call in enumerate(layer.calls) if call.folded
-        ]
-        probe = b > 1 and any(self._fold_key(layer, i, call) not in self._folds for layer, i, call in folded)
+        folded = [(layer, call) for layer in self.layers for call in layer.calls if call.folded]
+        probe = b > 1 and bool(folded)
         torch.autograd.grad(losses.sum(), [anchor], allow_unused=True, retain_graph=probe)
         if folded:
-            self._place_rows(folded, losses, anchor, b, probe)
+            self._place_rows(folded, losses, fold_anchor, b, probe)
 
-    def _fold_key(self, layer: _Layer, i: int, call: _Call) -> tuple:
-        """A folded call's key for a regular arrangement found before: the layer, the call's place among its calls
-        and its rows per example (not the batch size, which Poisson sampling varies)."""
-        R = (call.output if call.output is not None else call.args[0]).shape[0]
-        return (layer.name, i, R // self._batch if R % self._batch == 0 else -R)
-
-    def _place_rows(self, folded, losses, anchor, b: int, probe: bool) -> None:
-        """Each folded call's rows assigned to their examples (:mod:`dp_adam_bench.engine.folds`): a regular
-        arrangement found before for the same layer call and shape, else read off the probe backwards."""
-        weighted: dict[int, list] = {id(call): [] for _, _, call in folded}
+    def _place_rows(self, folded, losses, fold_anchor, b: int, probe: bool) -> None:
+        """Each folded call's rows assigned to their examples, read off the probe backwards of this batch
+        (:mod:`dp_adam_bench.engine.folds`). Never kept for a later batch: which rows are whose can depend on the
+        data (the real tokens of each example, with its padding dropped), and two batches with the same shapes
+        can be arranged differently. The probes ask only for the fold anchor, so they run the graph above the
+        deepest folded call, not the whole backward again."""
+        weighted: dict[int, list] = {id(call): [] for _, call in folded}
         base = 1
         if probe:
             calls = [call for layer in self.layers for call in layer.calls]
             summed = [call.grad for call in calls]
-            dtype = next((c.grad.dtype for _, _, c in folded if c.grad is not None), losses.dtype)
+            dtype = next((c.grad.dtype for _, c in folded if c.grad is not None), losses.dtype)
             base, digits = folds.digits_base(b, dtype)
             for digit in range(digits):
                 w = folds.probe_weights(b, base, digit, losses.dtype, losses.device)
                 for call in calls:
                     call.grad = None
                 torch.autograd.grad(
-                    (losses * w).sum(), [anchor], allow_unused=True, retain_graph=digit < digits - 1
+                    (losses * w).sum(), [fold_anchor], allow_unused=True, retain_graph=digit < digits - 1
                 )
-                for _, _, call in folded:
+                self.fold_probes += 1
+                for _, call in folded:
                     weighted[id(call)].append(call.grad)
             for call, g in zip(calls, summed, strict=True):
                 call.grad = g
-        for layer, i, call in folded:
+        for layer, call in folded:
             if call.grad is None:
                 continue
             R = call.grad.shape[0]
-            key = self._fold_key(layer, i, call)
             if b == 1:
                 kind, index = "example", torch.arange(R, device=call.grad.device)[None]
-            elif key in self._folds:
-                kind = self._folds[key]
-                index = folds.regular(kind, R, b, call.grad.device)
             else:
                 gw = weighted[id(call)]
                 owner, ok = (
@@ -557,8 +576,6 @@ class BKEngine(GradEngine):
                         "functorch / loop"
                     )
                 kind, index = folds.arrangement(owner, b)
-                if kind != "irregular":
-                    self._folds[key] = kind
             call.rows, call.fold_kind = index, kind
             self.record(f"{layer.name} (folded)", kind)
 
