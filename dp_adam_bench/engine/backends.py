@@ -16,6 +16,7 @@ import inspect
 import math
 
 import torch
+from torch.utils import _pytree as pytree
 
 from dp_adam_bench.engine.engines import build_engine
 from dp_adam_bench.engine.privatizer import Privatizer, Release
@@ -218,6 +219,39 @@ class ModelBackend:
                 clipped_sum(self.engine, batch, clip)
         finally:
             self.model.train(training)
+
+    def example_sizes(self, examples: torch.Tensor) -> torch.Tensor:
+        """Each of the private ``examples``' size (dataset indices; the engine watch takes a batch's longest and
+        shortest, :class:`~dp_adam_bench.engine.watch.EngineWatch`): its non-padding positions where the task's
+        batch has an ``attention_mask`` (or another integer or boolean ``...mask``), else the non-zero entries of
+        every tensor of the batch that leads with the examples. The task's random state (augmentation) is left as
+        it was."""
+        saved = self.task.rng_state() if hasattr(self.task, "rng_state") else None
+        try:
+            batch = self.task.get_batch(examples)
+        finally:
+            if saved is not None:
+                self.task.load_rng_state(saved)
+        n = len(examples)
+
+        def nonzero(t) -> torch.Tensor:
+            return (t != 0).reshape(n, -1).sum(1).cpu()
+
+        names = [k for k in batch if k.endswith("mask")] if isinstance(batch, dict) else []
+        for name in sorted(names, key=lambda k: k != "attention_mask"):  # the tokenizer's first
+            mask = batch[name]
+            if (
+                isinstance(mask, torch.Tensor)
+                and mask.dim() >= 2
+                and mask.shape[0] == n
+                and not mask.is_floating_point()
+            ):
+                return nonzero(mask)
+        size = torch.zeros(n, dtype=torch.long)
+        for t in pytree.tree_leaves(batch):
+            if isinstance(t, torch.Tensor) and t.dim() and t.shape[0] == n:
+                size += nonzero(t)
+        return size
 
     def engine_check(
         self, examples: torch.Tensor, generator, clip: float | None, settings, start: bool = True

@@ -11,7 +11,14 @@ contributed 1.026 C to the noised sum, with every start-up check passed. :class:
   step of a resumed run, before its first release), at every checkpoint, and periodically, within a budget of the
   training time it measures itself (``train.engine_watch.budget``, 2 % by default; or every N steps);
 * **on examples drawn at random** from the private population by a generator of its own (seeded from the run's
-  seed, in every checkpoint), not the first k (sorted data leaves branches unchecked);
+  seed, in every checkpoint), not the first k (sorted data leaves branches unchecked), **and on the logical batch's
+  outliers**: its longest and its shortest example (:meth:`EngineWatch.note_batch`; size: the non-padding
+  positions of the task's ``attention_mask`` where its batch has one, else the non-zero entries of the example's
+  tensors), where bugs that depend on the lengths in a batch show (issue 56: a fold layout kept from a batch of
+  equal lengths and reused for one of lengths [6, 4, 5]). A periodic check waits for the step's batch to be drawn,
+  so it sees that batch's outliers before its release; a check at the start or a resume has no batch yet (random
+  examples only), one at a checkpoint takes the last batch's. The outliers cost no generator draws: a resumed run
+  draws the same random examples as an uninterrupted one;
 * **per parameter**: the probe perturbs the weights when a parameter's gradient is exactly zero (a closed gate)
   and lists the parameters still zero as *unverified*; the self-check compares each parameter's clipped sum and
   the norms with every parameter weighted to an equal share. A parameter unverified at one check is verified by a
@@ -23,8 +30,10 @@ complete, so no report reads it. Everything here is a diagnostic on private exam
 summary, never to W&B or the shared metrics.
 
 Cost: each check is one probe (an engine pass and a backward on one example) and one self-check (an engine pass,
-k size-one backwards, one scaled engine pass per 200 parameter tensors). ``budget`` bounds the periodic checks'
-share of the measured step time; the start, resume and checkpoint checks are always made and counted in it.
+k + 2 size-one backwards, one scaled engine pass per 200 parameter tensors), and the sizes of the batch's examples
+(one ``get_batch`` of it). ``budget`` bounds the periodic checks' share of the measured step time (a check made
+inside a step is not counted as training time); the start, resume and checkpoint checks are always made and
+counted in it.
 """
 
 from __future__ import annotations
@@ -47,11 +56,20 @@ class EngineCheckFailed(PrivacyMismatch):
 class EngineWatch:
     """Checks of the engine on the current weights (module docstring). ``check_fn(batch_idx, generator, reason)``
     runs the probe and the self-check on the private examples ``batch_idx`` and returns their records (raising
-    :class:`ConfigError` on a failure); ``population``: the private examples' dataset indices."""
+    :class:`ConfigError` on a failure); ``population``: the private examples' dataset indices; ``sizes(idx)``: each
+    of the examples ``idx``'s size (:meth:`~dp_adam_bench.engine.backends.ModelBackend.example_sizes`), or None for
+    random examples only."""
 
-    def __init__(self, check_fn, population: torch.Tensor, examples: int, seed: int, settings=None):
+    def __init__(
+        self, check_fn, population: torch.Tensor, examples: int, seed: int, settings=None, sizes=None
+    ):
         settings = settings or {}
         self.check_fn = check_fn
+        self.sizes = sizes
+        self.batch: torch.Tensor | None = None  # the last logical batch noted (dataset indices)
+        self.deferred: int | None = None  # a periodic check due at this step, waiting for the step's batch
+        self.noting = False  # whether the session notes its batches (then periodic checks wait for them)
+        self.in_step = 0.0  # seconds of checks made inside the step being timed (not training time)
         self.population = population
         self.examples = max(1, int(examples))
         self.generator = torch.Generator().manual_seed(int(seed))
@@ -76,13 +94,48 @@ class EngineWatch:
             pick = torch.unique(torch.randint(n, (k,), generator=self.generator))
         return self.population[pick]
 
+    def outliers(self, batch: torch.Tensor | None) -> torch.Tensor:
+        """The longest and the shortest example of ``batch`` (dataset indices; the first of equal sizes), by
+        ``sizes``; none without a batch or ``sizes``."""
+        if batch is None or self.sizes is None or not len(batch):
+            return batch.new_zeros(0) if batch is not None else torch.zeros(0, dtype=torch.long)
+        size = torch.as_tensor(self.sizes(batch)).reshape(-1).cpu()
+        if size.shape != (len(batch),):
+            raise ValueError(f"engine watch: sizes gave {tuple(size.shape)} for a batch of {len(batch)}")
+        picks = [int(torch.argmax(size)), int(torch.argmin(size))]
+        return batch.reshape(-1)[torch.tensor(sorted(set(picks)))]
+
+    def check_examples(self) -> torch.Tensor:
+        """A check's examples: :meth:`choose` (random), then the last noted batch's :meth:`outliers` not already
+        among them."""
+        idx = self.choose()
+        extra = self.outliers(self.batch)
+        if len(extra):
+            extra = extra.to(idx.device, idx.dtype)
+            idx = torch.cat([idx, extra[~torch.isin(extra, idx)]])
+        return idx
+
+    def note_batch(self, batch: torch.Tensor) -> None:
+        """The logical batch of the step about to be released (dataset indices), before its release: later checks
+        take its outliers, and a periodic check that :meth:`before_step` found due runs now, on them, so it can stop
+        the run (:class:`EngineCheckFailed`) before this batch is released."""
+        self.batch = batch.detach().reshape(-1)
+        self.noting = True
+        if self.deferred is not None:
+            step, self.deferred = self.deferred, None
+            t0 = time.perf_counter()
+            try:
+                self.check(step, "periodic")
+            finally:
+                self.in_step += time.perf_counter() - t0
+
     def check(self, step: int, reason: str) -> dict:
         """Probe and self-check on the current weights; :class:`EngineCheckFailed` (``reason`` at ``step``) on a
         failure, which happens before the caller's next release."""
         if not len(self.population):
             return {}
         t0 = time.perf_counter()
-        idx = self.choose()
+        idx = self.check_examples()
         try:
             records = self.check_fn(idx, self.generator, reason)
         except ConfigError as err:
@@ -115,10 +168,14 @@ class EngineWatch:
     def before_step(self, step: int) -> None:
         """Before the release of step ``step + 1``: a check when the weights are not the ones last seen here (a
         checkpoint was loaded) or when the periodic schedule says so."""
+        self.in_step = 0.0
         if self.seen_step != step:
             self.check(step, "resume" if step else "start")
         elif self.due(step):
-            self.check(step, "periodic")
+            if self.noting:  # on the step's batch, once drawn (note_batch)
+                self.deferred = step
+            else:
+                self.check(step, "periodic")
 
     def due(self, step: int) -> bool:
         if self.every == "auto":
@@ -126,7 +183,9 @@ class EngineWatch:
         return bool(self.every) and step > 0 and step % self.every == 0
 
     def after_step(self, step: int, seconds: float) -> None:
-        self.trained += seconds
+        """``seconds``: the step as the session timed it, less any check :meth:`note_batch` made inside it."""
+        self.trained += max(0.0, seconds - self.in_step)
+        self.in_step = 0.0
         self.seen_step = step
 
     def describe(self) -> dict:
