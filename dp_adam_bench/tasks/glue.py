@@ -35,6 +35,20 @@ stand-in for RoBERTa's own pretrained head.
 
 Data: GLUE's TSV files (a header; SST-2's offline copy puts the label first). SST-2 is in the shared data; MNLI,
 QQP and QNLI are read from ``task.data_dir`` when a user has them. Scored on GLUE dev, as Li et al. report.
+
+Cached frozen layers (``task.cache_frozen_prefix``, :mod:`~dp_adam_bench.tasks.frozen_prefix`): the embeddings
+and all but the top ``task.trained_blocks`` encoder blocks are computed once per sentence (eval mode) and cached on
+disk; a run trains the top blocks and the head on them (``task.finetune`` null: all of that top; ``head``, ``lora``
+and ``rgp`` as on the whole model). A per-example gradient of the top is the full model's with its lower layers
+frozen, so the privacy is unchanged. ``task.pooling`` ``mean`` gives the classifier the L2-normalised mean of the
+top's token states (the MiniLM checkpoint's own sentence embedding) instead of BERT's pooler on [CLS], which that
+checkpoint never trained (its pooler is missing and starts random).
+
+Tuning without touching the private data or dev (``task.public_split``, ``task.public_val``, ``task.tune``): a
+fixed draw (``data_seed``) of ``public_split`` training sentences is set aside as public and removed from the
+training set of every run; a run with ``task.tune=true`` trains on that split minus ``public_val`` of its sentences
+and is scored on those ``public_val``, so a learning rate chosen on it is a function of public data only and costs
+the private runs no privacy.
 """
 
 from __future__ import annotations
@@ -52,8 +66,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from dp_adam_bench.tasks import fields, text
-from dp_adam_bench.tasks.base import LabelledTask, data_folders, missing_data, subset_indices, task_profile
+from dp_adam_bench import progress
+from dp_adam_bench.paths import cache_dir
+from dp_adam_bench.tasks import fields, frozen_prefix, text
+from dp_adam_bench.tasks.base import (
+    LabelledTask,
+    count_field,
+    data_folders,
+    missing_data,
+    subset_indices,
+    task_profile,
+)
 from dp_adam_bench.tasks.local_or_hub import local_or_hub
 
 log = logging.getLogger(__name__)
@@ -334,6 +357,76 @@ class LabelWordScores(nn.Module):
         return head(torch.gather(hidden, 1, at))[:, 0, :].index_select(1, self.words)
 
 
+class MeanPooledClassifier(nn.Module):
+    """A BERT / RoBERTa encoder (under its own name) with a classifier on the L2-normalised mean of its last token
+    states (:func:`~dp_adam_bench.tasks.frozen_prefix.mean_pooled`), for ``task.pooling=mean`` without cached
+    layers. The encoder's [CLS] pooler is dropped: nothing reads it (a trained tensor that never moves)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        base = model.base_model
+        if getattr(base, "pooler", None) is not None:
+            base.pooler = None
+        self.base_name = model.base_model_prefix
+        self.add_module(self.base_name, base)
+        self.config = model.config
+        top = frozen_prefix.TopBlocksClassifier(model, 0, "mean")
+        self.dropout, self.classifier = top.dropout, top.classifier
+
+    def forward(self, input_ids, attention_mask, token_type_ids, position_ids) -> torch.Tensor:
+        hidden = text.encode(
+            getattr(self, self.base_name), input_ids, attention_mask, token_type_ids, position_ids
+        )
+        return self.classifier(self.dropout(frozen_prefix.mean_pooled(hidden, attention_mask)))
+
+
+# --------------------------------------------------------------------------------------------- settings
+
+
+@dataclass(frozen=True)
+class PublicSplit:
+    """Rows of the training file: ``fit`` + ``val`` form the public tuning split, ``private`` is everything else
+    (each sorted)."""
+
+    fit: np.ndarray
+    val: np.ndarray
+    private: np.ndarray
+
+
+def public_rows(n: int, size, val, seed: int) -> PublicSplit | None:
+    """``size`` of the ``n`` training rows drawn as public (a permutation seeded with ``seed``, its first ``size``),
+    the first ``val`` of them held out for scoring; None for ``size`` null. One-line errors name the field."""
+    if size is None:
+        return None
+    size = count_field(size, "public_split", n - 1)
+    if size < 2:
+        raise ValueError(
+            f"task.public_split must be >= 2 (a part to train on and one to score on), got {size}"
+        )
+    val = count_field(1000 if val is None else val, "public_val", size - 1)
+    perm = np.random.default_rng(seed).permutation(n)
+    return PublicSplit(np.sort(perm[val:size]), np.sort(perm[:val]), np.sort(perm[size:]))
+
+
+def trained_blocks(value, cached: bool, layers: int) -> int | None:
+    """``task.trained_blocks``: how many top encoder blocks train above the cached frozen layers (0: the head alone
+    on the encoder's output; null: 1, the SNLI task's split); only with ``task.cache_frozen_prefix=true``."""
+    if not cached:
+        if value is not None:
+            raise ValueError(
+                f"task.trained_blocks={value!r} needs task.cache_frozen_prefix=true (without it every layer runs "
+                "and task.finetune chooses what trains)"
+            )
+        return None
+    if value is None:
+        return 1
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value).is_integer():
+        raise ValueError(f"task.trained_blocks must be an integer in [0, {layers}], got {value!r}")
+    if not 0 <= int(value) <= layers:
+        raise ValueError(f"task.trained_blocks must be in [0, {layers}] (the encoder's layers), got {value}")
+    return int(value)
+
+
 # --------------------------------------------------------------------------------------------- task
 
 
@@ -343,7 +436,9 @@ class GlueTask(text.ClassifierLoss, LabelledTask):
     Config fields: ``glue``, ``objective``, ``profile``, ``model`` (null = the profile's), ``pretrained``,
     ``pretrain`` (infilling: a bert_mlm_head preset giving the masked-LM head; null = model's own head),
     ``data_dir``, ``train_split`` / ``eval_split``, ``max_length``, ``pad_to``, ``train_subset`` / ``test_subset``
-    (seeded with ``data_seed``), ``eval_batch_size``, ``dropout``, ``template`` / ``label_words`` (null = LM-BFF's).
+    (seeded with ``data_seed``), ``eval_batch_size``, ``dropout``, ``template`` / ``label_words`` (null = LM-BFF's),
+    ``pooling`` (cls | mean), ``cache_frozen_prefix`` and ``trained_blocks``, ``public_split`` / ``public_val`` /
+    ``tune`` (module docstring).
     """
 
     name = "glue_sst2"
@@ -365,6 +460,16 @@ class GlueTask(text.ClassifierLoss, LabelledTask):
         self.pad_to = fields.pad_to(cfg, "longest")
         self.eval_batch_size = fields.positive(cfg, "eval_batch_size", 256)
         self.dropout = cfg.get("dropout")
+        self.pooling = str(cfg.get("pooling") or "cls")
+        if self.pooling not in frozen_prefix.POOLINGS:
+            raise ValueError(f"task.pooling={self.pooling!r}; valid: {', '.join(frozen_prefix.POOLINGS)}")
+        if self.pooling != "cls" and self.objective != "classifier":
+            raise ValueError(
+                f"task.pooling={self.pooling!r} is for task.objective=classifier; infilling reads the mask position"
+            )
+        self.cache_frozen_prefix = bool(cfg.get("cache_frozen_prefix", False))
+        self.train_features: text.Ragged | None = None  # cache_frozen_prefix: the frozen layers' outputs
+        self.test_features: text.Ragged | None = None
         self.model_name, self.pretrained = self._choose_model(cfg)
         config = text.load_config(self.model_name, hint=MODEL_HINT)
         self.family = str(getattr(config, "model_type", None))
@@ -373,6 +478,9 @@ class GlueTask(text.ClassifierLoss, LabelledTask):
                 f"{self.name} supports BERT and RoBERTa checkpoints (model_type {' or '.join(FAMILIES)}); "
                 f"{self.model_name} has model_type={self.family!r}"
             )
+        self.trained_blocks = trained_blocks(
+            cfg.get("trained_blocks"), self.cache_frozen_prefix, int(config.num_hidden_layers)
+        )
         self.padding_idx = int(getattr(config, "pad_token_id", None) or 0)
         self.tokenizer = text.load_tokenizer(self.model_name, hint=MODEL_HINT)
         self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
@@ -386,10 +494,29 @@ class GlueTask(text.ClassifierLoss, LabelledTask):
             raise ValueError(f"task.train_split and task.eval_split are both {train_split!r}")
         where = (cfg.get("data_dir"), str(cfg.get("source") or "auto"), str(cfg.get("hf_name") or HF_NAME))
         train, self.train_source = load_glue_split(self.spec, train_split, *where)
-        test, self.test_source = load_glue_split(self.spec, self.eval_split, *where)
-        rng = np.random.default_rng(int(cfg.get("data_seed", 0)))
-        tr = subset_indices(len(train.labels), cfg.get("train_subset"), rng, "train_subset")
-        te = subset_indices(len(test.labels), cfg.get("test_subset"), rng, "test_subset")
+        data_seed = int(cfg.get("data_seed", 0))
+        self.public = public_rows(
+            len(train.labels), cfg.get("public_split"), cfg.get("public_val", 1000), data_seed
+        )
+        self.tune = bool(cfg.get("tune", False))
+        if self.tune and self.public is None:
+            raise ValueError(
+                "task.tune=true trains on the public split: set task.public_split (a number of sentences)"
+            )
+        rng = np.random.default_rng(data_seed)
+        if self.tune:  # train on the public split, score on its held-out part: never the eval split
+            test, self.test_source = train, f"{self.train_source} (public split)"
+            tr, te = self.public.fit, self.public.val
+            if cfg.get("test_subset") is not None:
+                te = te[subset_indices(len(te), cfg.get("test_subset"), rng, "test_subset")]
+        else:
+            test, self.test_source = load_glue_split(self.spec, self.eval_split, *where)
+            pool = None if self.public is None else self.public.private  # train_subset draws among these
+            tr = subset_indices(len(train.labels) if pool is None else len(pool), cfg.get("train_subset"), rng,
+                                "train_subset")  # fmt: skip
+            if pool is not None:
+                tr = pool if tr is None else pool[tr]
+            te = subset_indices(len(test.labels), cfg.get("test_subset"), rng, "test_subset")
         self.train_ids, self.train_seg, self.train_mask, self.y_train = self._encode(train, tr)
         self.test_ids, self.test_seg, self.test_mask, self.y_test = self._encode(test, te)
         self.train_lengths = self.train_ids.lengths()  # the sort key of micro_batch_order
@@ -439,10 +566,24 @@ class GlueTask(text.ClassifierLoss, LabelledTask):
 
     def _data_note(self, train_split: str, tr, te) -> str:
         sub = {True: " subset", False: ""}
-        notes = [
-            f"GLUE {self.glue} {train_split} ({self.dataset_size}{sub[tr is not None]}) / {self.eval_split} "
-            f"({self.test_size}{sub[te is not None]})"
-        ]
+        n_public = 0 if self.public is None else len(self.public.fit) + len(self.public.val)
+        if self.tune:
+            notes = [
+                f"tuning run on GLUE {self.glue} {train_split}'s public split ({n_public} sentences, data_seed's "
+                f"draw, outside every private run's training set): trained on {self.dataset_size}, scored on "
+                f"{self.test_size} held-out training sentences (never {self.eval_split})"
+            ]
+        elif self.public is not None:
+            notes = [
+                f"GLUE {self.glue} {train_split} ({self.dataset_size}{sub[len(tr) < len(self.public.private)]}: the "
+                f"training sentences outside the {n_public}-sentence public tuning split) / {self.eval_split} "
+                f"({self.test_size}{sub[te is not None]})"
+            ]
+        else:
+            notes = [
+                f"GLUE {self.glue} {train_split} ({self.dataset_size}{sub[tr is not None]}) / {self.eval_split} "
+                f"({self.test_size}{sub[te is not None]})"
+            ]
         if self.objective == "infilling":
             words = ", ".join(f"{v} -> {self.words[v]!r}" for v in self.spec.labels)
             notes.append(f"text infilling, template {self.template!r}, label words {words} (LM-BFF's)")
@@ -453,6 +594,17 @@ class GlueTask(text.ClassifierLoss, LabelledTask):
             )
         elif self.model_name == str(text.minilm_folder()):
             notes.append("encoder MiniLM-L6-H384 instead of RoBERTa")
+        if self.cache_frozen_prefix:
+            k = self.trained_blocks
+            top = f"the top {k} encoder block{'s' if k != 1 else ''} and the head" if k else "the head alone"
+            notes.append(
+                f"{top} trained on the cached outputs of the frozen layers below (computed once in eval mode: no "
+                "dropout there)"
+            )
+        if self.pooling == "mean":
+            notes.append(
+                "the classifier reads the L2-normalised mean of the token states (the sentence embedding)"
+            )
         return "; ".join(notes)
 
     # ------------------------------------------------------------------------------------------------- model
@@ -483,7 +635,55 @@ class GlueTask(text.ClassifierLoss, LabelledTask):
         else:
             model = cls.from_config(config)
         text.prepare_bert_for_dp(model)
-        return model if self.objective == "classifier" else LabelWordScores(model, self.word_ids)
+        if self.cache_frozen_prefix:
+            if self.train_features is None:
+                self._cache_features(model, int(config.num_hidden_layers) - self.trained_blocks)
+            if self.objective == "infilling":
+                return frozen_prefix.TopBlocksLabelWords(model, self.trained_blocks, self.word_ids)
+            return frozen_prefix.TopBlocksClassifier(model, self.trained_blocks, self.pooling)
+        if self.objective == "infilling":
+            return LabelWordScores(model, self.word_ids)
+        return MeanPooledClassifier(model) if self.pooling == "mean" else model
+
+    def _cache_features(self, model: nn.Module, layers: int) -> None:
+        """The embeddings' and the first ``layers`` encoder layers' outputs for every training and scored sentence
+        (once per task: they never change), read from or written to the disk cache under a key of the checkpoint,
+        the token ids and the layer count (a random init, ``pretrained=false``, is computed each time)."""
+
+        def features(which: str):
+            ids, seg = (
+                (self.train_ids, self.train_seg) if which == "train" else (self.test_ids, self.test_seg)
+            )
+            key = None
+            if self.pretrained:
+                extra = f"glue|{self.family}|layers={layers}"
+                key = frozen_prefix.cache_key(self.model_name, model.config, ids, seg, self.max_length, extra)
+            path = None if key is None else cache_dir() / "glue_features" / f"{which}-{key}.npz"
+            return frozen_prefix.load_or_compute(
+                path,
+                lambda: frozen_prefix.prefix_features(
+                    model,
+                    ids,
+                    seg,
+                    pad_id=self.pad_id,
+                    max_length=self.max_length,
+                    batch_size=self.eval_batch_size,
+                    iterate=lambda it: progress.iterate(it, desc=f"frozen layers ({which})"),
+                    layers=layers,
+                    batch_of=lambda idx: self._batch(which, idx, "longest"),
+                ),
+            )
+
+        self.train_features = features("train")
+        self.test_features = features("test")
+        log.info(
+            "glue %s: cached the outputs of the embeddings and %d frozen layers for %d + %d sentences (%.0f MB)",
+            self.glue,
+            layers,
+            self.dataset_size,
+            self.test_size,
+            (self.train_features.flat.nbytes + self.test_features.flat.nbytes) / 2**20,
+        )
 
     # ------------------------------------------------------------------------------------------------- data
 
@@ -509,8 +709,29 @@ class GlueTask(text.ClassifierLoss, LabelledTask):
             batch["mask_position"] = mask[torch.from_numpy(idx)]
         return batch
 
+    def _feature_batch(self, which: str, idx) -> dict[str, torch.Tensor]:
+        """The cached frozen layers' outputs of these rows, padded: ``hidden_states``, ``attention_mask`` (and the
+        infilling ``mask_position``)."""
+        features, mask = (
+            (self.train_features, self.train_mask)
+            if which == "train"
+            else (self.test_features, self.test_mask)
+        )
+        if features is None:
+            raise RuntimeError(
+                "task.cache_frozen_prefix=true: build_model() computes the features; call it first"
+            )
+        idx = np.asarray(torch.as_tensor(idx, dtype=torch.long).cpu().numpy()).reshape(-1)
+        batch = frozen_prefix.pad_features([features[int(i)] for i in idx])
+        if mask is not None:
+            batch["mask_position"] = mask[torch.from_numpy(idx)]
+        return batch
+
     def get_batch(self, indices) -> dict[str, torch.Tensor]:
-        batch = self._batch("train", indices, self.pad_to)
+        if self.cache_frozen_prefix:
+            batch = self._feature_batch("train", indices)
+        else:
+            batch = self._batch("train", indices, self.pad_to)
         batch["labels"] = self.y_train[torch.as_tensor(indices, dtype=torch.long).cpu()]
         return batch
 
@@ -522,10 +743,15 @@ class GlueTask(text.ClassifierLoss, LabelledTask):
         return idx[torch.argsort(key, stable=True).to(idx.device)]
 
     def logits(self, forward: Callable[..., torch.Tensor], batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        inputs = text.bert_inputs(batch)
+        if "hidden_states" in batch:  # cache_frozen_prefix: the trained top on the frozen layers' outputs
+            inputs = {"hidden_states": batch["hidden_states"], "attention_mask": batch["attention_mask"]}
+        else:
+            inputs = text.bert_inputs(batch)
         if self.objective == "infilling":
             return forward(**inputs, mask_position=batch["mask_position"])
         out = forward(**inputs)
+        if isinstance(out, torch.Tensor):
+            return out
         return out.logits if hasattr(out, "logits") else out[0]
 
     def evaluate(self, model: nn.Module) -> dict[str, float]:
@@ -533,7 +759,9 @@ class GlueTask(text.ClassifierLoss, LabelledTask):
             model,
             self.test_ids.lengths(),
             self.y_test,
-            lambda idx: self._batch("test", idx, "longest"),
+            (lambda idx: self._feature_batch("test", idx))
+            if self.cache_frozen_prefix
+            else (lambda idx: self._batch("test", idx, "longest")),
             self.logits,
             self.eval_batch_size,
         )
