@@ -126,7 +126,8 @@ def test_ganesh_fig3_cells_selection_and_claims(g3_store):
     assert "[ours] DP-BandMF: scale-then-privatize has the lowest loss of the DP variants: **holds**" in md
     assert "[ours] DP-SGD, sigma at BandMF's RMSE: IME is worse than post-processing: **holds**" in md
     assert "[ours] DP-BandMF beats DP-SGD at the same epsilon for every DP variant: **holds**" in md
-    assert "[paper] DP-SGD, sigma at BandMF's epsilon: IME is worse than post-processing: **holds**" in md
+    assert "[paper] DP-SGD, sigma at BandMF's epsilon: IME is worse than post-processing: **matches**" in md
+    assert "exact: the paper's printed means compared as printed" in md
     assert "Incomplete runs left out: stp-crashed" in md
     # each ordering with Welch's t over the seeds (scipy's, the oracle), and the seed-noise section with one line
     # per compared pair: post-processing 7.3 / 7.31 vs IME 7.4 / 7.41 in the first column
@@ -144,7 +145,7 @@ def test_ganesh_fig3_cells_selection_and_claims(g3_store):
     assert "| stp @ bandmf_sigma1_b128 | postprocessing @ bandmf_sigma1_b128 |" in md
     # one seed a cell (the non-private rows here): no test, and the claim says so
     assert (
-        "non-private Adam beats non-private SGD: **holds** (7.000 vs 7.450, margin +0.450; no test: 1 / 1 "
+        "non-private Adam beats non-private SGD: **untested** (7.000 vs 7.450, margin +0.450; no test: 1 / 1 "
         in md
     )
     assert "| nonprivate_adam @ dpsgd_sigma0.134 | nonprivate_sgd @ dpsgd_sigma0.134 | +0.4500 |" in md
@@ -223,8 +224,9 @@ def test_pilots_report_chooses_per_group_and_checks_the_grid_edges(isolated_dirs
         df[(df.optimizer == "adam") & (df.lr == 1e-3)].test_loss.iloc[0]
     )  # diverged: listed, not chosen
     md = (isolated_dirs / "results" / "ganesh_fig3_pilots.md").read_text()
-    assert "optimizer=adam, noise=none: the chosen optimizer.lr is inside its grid: **holds**" in md
-    assert "optimizer=sgd, noise=none: the chosen optimizer.lr is inside its grid: **does not hold**" in md
+    assert "optimizer=adam, noise=none: the chosen optimizer.lr is inside its grid: **matches**" in md
+    assert "optimizer=sgd, noise=none: the chosen optimizer.lr is inside its grid: **differs**" in md
+    assert "exact: which grid value the tuning chose is a fact of its runs, no test over seeds" in md
     assert "make reproduce-table TABLE=ganesh_fig3_pilots PROFILE=cpu" in md
     assert "`ganesh_fig3` uses the chosen values" in md
     # pilots shared by two tables name both
@@ -259,9 +261,9 @@ def test_tuning_report_checks_each_knob_through_the_chosen_setting(isolated_dirs
     md = (isolated_dirs / "results" / "ganesh_fig3_tuning.md").read_text()
     assert md.startswith("# Tuning runs of ganesh_fig3")
     label = "optimizer=stp, noise=independent, sigma=0.015625: the chosen optimizer"
-    assert f"{label}.lr is inside its grid: **holds**" in md
+    assert f"{label}.lr is inside its grid: **matches**" in md
     assert (
-        f"{label}.eps_s1 is inside its grid: **does not hold** (optimizer.eps_s1 = 1e-06 of 1e-07, 1e-06)"
+        f"{label}.eps_s1 is inside its grid: **differs** (optimizer.eps_s1 = 1e-06 of 1e-07, 1e-06; exact: "
         in md
     )
     assert "optimizer=adam, noise=independent, sigma=0.015625: the chosen optimizer.eps_s1" not in md
@@ -365,8 +367,16 @@ def test_ganesh_figs4_6_from_the_same_runs(g3_store):
     assert "| STP: fraction of coordinates with sqrt(v^) > eps_s1 |  | 0.2 |  |" in md
     assert "bandmf_sigma1_b128: eps_s1 = 1e-06, C = 1, sigma C / B = 0.000488" in md
     assert "| BC: fraction of v^ - Phi < 0 | 0.47 |  |  |" in md
-    assert "about half of the bias-corrected coordinates are negative" in md and "**holds**" in md
-    assert "most coordinates of the non-private second moment fall below the bias" in md
+    # one bias-correction run and one non-private run logged them: one seed, so every claim is untested
+    assert (
+        "about half of the bias-corrected coordinates are negative: the median over rounds of the fraction is in "
+        "45%-50% (+-5 points): **untested**"
+    ) in md
+    assert (
+        "most coordinates of the non-private second moment fall below the bias C^2 sigma^2 / B^2: **untested**"
+        in md
+    )
+    assert "no test: 1 seeds against" in md and "**holds**" not in md
     assert (g3_store / "results" / "ganesh_figs4_6.png").exists()
 
 
@@ -438,8 +448,14 @@ def test_tang_table1_and_fig2(isolated_dirs):
     ours = df[(df.source.str.startswith("ours")) & (df.t == 120) & (df.quantity == "v^p")].iloc[0]
     assert ours["median"] == pytest.approx(2.44140625e-8)
     md = (isolated_dirs / "results" / "tang_table1.md").read_text()
-    assert "Phi = (sigma C / B)^2 equals the paper's 2.441e-8: **holds**" in md
-    assert "v^p sits at the noise bias" in md and "**does not hold**" not in md
+    assert "Phi = (sigma C / B)^2 equals the paper's 2.441e-8: **matches**" in md
+    # the paper's ratio cited at the step it belongs to (2.426e-8 / 2.441e-8 at t = 5000, 2.460e-8 at t = 20000)
+    assert "median v^p / Phi in [0.9, 1.2] (paper: 0.994 at t = 5000, 1.008 at t = 20000)" in md
+    # two seeds with the same ratio 1.0 (no spread): inside the band by 0.1, decided exactly (Welch, n - 1 df)
+    assert (
+        "median v^p / Phi = 1.000 at t = 120 (mean over seeds); t = +inf (Welch, df 1.0), p = 0.0e+00" in md
+    )
+    assert ": **holds** (median v^p / Phi = 1.000" in md and "**differs**" not in md
     tang_fig2.build(ReportContext())
     md = (isolated_dirs / "results" / "tang_fig2.md").read_text()
     assert (
@@ -472,28 +488,29 @@ def test_tang_fig3_sorts_runs_into_ablations(isolated_dirs):
     assert len(df[df.ablation == "phi"]) == 3 and len(df[df.ablation == "gamma_bc"]) == 3
     md = (isolated_dirs / "results" / "tang_fig3_snli.md").read_text()
     assert (
-        "subtracting more than the true Phi hurts: accuracy(true Phi) > accuracy(Phi' > Phi): **holds**" in md
-    )
-    assert "DP-Adam-Biased: beta2 = 0.99 is the best of the beta sweep: **holds**" in md
-    assert (
-        "spread over the gamma' grid > spread over the gamma grid: **holds** (5.00 (45.00-50.00) vs 1.00"
+        "subtracting more than the true Phi hurts: accuracy(true Phi) > accuracy(Phi' > Phi): **untested**"
         in md
     )
-    # one seed a point: no Welch test, so every ordering is flagged in the Gap's own words
-    no_test = "no test: 1 / 1 seeds; WITHIN SEED NOISE (no test: fewer than 2 seeds a cell))"
+    assert "DP-Adam-Biased: beta2 = 0.99 is the best of the beta sweep: **untested**" in md
     assert (
-        "DP-AdamBC (true Phi) > DP-Adam-Biased at the best of its gamma: **holds** (50.00 vs 43.00, margin +7.00; "
+        "spread over the gamma' grid > spread over the gamma grid: **untested** (5.00 (45.00-50.00) vs 1.00"
+        in md
+    )
+    # one seed a point: no Welch test, so every ordering is untested, in the Gap's own words
+    no_test = "no test: 1 / 1 seeds)"
+    assert (
+        "DP-AdamBC (true Phi) > DP-Adam-Biased at the best of its gamma: **untested** (50.00 vs 43.00, margin +7.00; "
         + no_test
     ) in md
     assert (
-        "DP-AdamBC (true Phi) > DP-Adam-Biased at the best of its betas: **holds** (50.00 vs 44.00, margin +6.00; "
+        "DP-AdamBC (true Phi) > DP-Adam-Biased at the best of its betas: **untested** (50.00 vs 44.00, margin +6.00; "
         + no_test
     ) in md
     assert (
         "(beta2 0.9: 40.00, beta2 0.99: 44.00, beta2 0.999: 42.00; 44.00 vs 42.00, margin +2.00; " + no_test
     ) in md
-    assert ("vs 1.00 (42.00-43.00); " + no_test) in md
-    assert md.count("WITHIN SEED NOISE") == 6 and "**not checked**" not in md
+    assert ("vs 1.00 (42.00-43.00), the paper's direction; " + no_test) in md
+    assert md.count("**untested**") == 6 and "**not checked**" not in md and "**holds**" not in md
     # one seed has no spread: the sample std is empty, not 0
     assert df["test_accuracy_sample_std"].isna().all() and "std" not in df.columns
 
@@ -511,8 +528,7 @@ def test_tang_fig3_names_its_profile_and_seeds_per_point(isolated_dirs):
     md = (isolated_dirs / "results" / "paper" / "tang_fig3_snli.md").read_text()
     assert "- 1-2 seeds per point on the paper profile: one seed gives a point no spread" in md
     assert (
-        "accuracy(true Phi) > accuracy(Phi' > Phi): **holds** (50.00 vs 45.00, margin +5.00; no test: 2 / 1 seeds; "
-        "WITHIN SEED NOISE (no test: fewer than 2 seeds a cell))"
+        "accuracy(true Phi) > accuracy(Phi' > Phi): **untested** (50.00 vs 45.00, margin +5.00; no test: 2 / 1 seeds)"
     ) in md
     assert "see results/paper/tang_fig1_snli.md." in md and "cpu profile" not in md
     assert (
@@ -553,13 +569,13 @@ def test_tang_fig3_judges_its_orderings_by_welchs_t(isolated_dirs):
     under = stats.ttest_ind([50.0, 51.0, 52.0], [50.0, 51.5, 53.0], equal_var=False)
     under_line = next(v for k, v in lines.items() if "subtracting less" in k)
     assert (
-        f"**does not hold** (51.00 vs 51.50, margin -0.50; t = {under.statistic:+.2f} (Welch, df {under.df:.1f}), "
-        f"p = {under.pvalue:.2g} over 3 / 3 seeds; WITHIN SEED NOISE (p = {under.pvalue:.2g} >= 0.05"
+        f"**disagrees, not decided** (51.00 vs 51.50, margin -0.50; t = {under.statistic:+.2f} (Welch, df "
+        f"{under.df:.1f}), p = {under.pvalue:.2g} over 3 / 3 seeds; not decided: p = {under.pvalue:.2g} >= 0.05"
     ) in under_line
     spread = next(v for k, v in lines.items() if "spread over the gamma' grid" in k)
     assert spread.endswith(
-        "**holds** (5.00 (46.00-51.00) vs 1.00 (43.00-44.00); no test: 3 / 3 seeds; WITHIN SEED NOISE (no test: "
-        "Welch's t compares two cells, not the spreads of two grids))"
+        "**untested** (5.00 (46.00-51.00) vs 1.00 (43.00-44.00), the paper's direction; no test: 3 / 3 seeds, and "
+        "Welch's t compares two cells, not the spreads of two grids)"
     )
     best_gamma = stats.ttest_ind([50.0, 51.0, 52.0], [43.0, 44.0, 45.0], equal_var=False)
     assert (
@@ -642,21 +658,22 @@ def test_li_e2e_pretrained_and_scratch_rows_and_claims(isolated_dirs):
     assert gdp.loc[("pretrained", "eps8"), "paper"] == pytest.approx(6.77)
     assert gdp.loc[("pretrained", "eps8"), "ours"] == pytest.approx(7.2)
     md = (isolated_dirs / "results" / "li_e2e.md").read_text()
-    assert "bleu, pretrained: non-private > eps = 8 > eps = 3: **holds**" in md
+    assert "bleu, pretrained: non-private > eps = 8 > eps = 3: **untested**" in md
     assert "bleu, eps3: under DP the pretrained model beats the same network trained from scratch" in md
-    # one seed a cell: no Welch test, every seed claim flagged in the Gap's own words
-    no_test = "no test: 1 / 1 seeds; WITHIN SEED NOISE (no test: fewer than 2 seeds a cell)"
+    # one seed a cell: no Welch test, every seed claim untested in the Gap's own words, whichever way it goes
+    no_test = "no test: 1 / 1 seeds"
     assert (
-        "(Li et al.: pretraining is what makes DP fine-tuning work): **holds** (40.00 vs 1.00, margin +39.00; "
+        "(Li et al.: pretraining is what makes DP fine-tuning work): **untested** (40.00 vs 1.00, margin +39.00; "
         f"{no_test})" in md
     )
-    scratch_wins = "(Li et al.: pretraining is what makes DP fine-tuning work): **does not hold** ("
-    assert f"{scratch_wins}45.00 vs 47.00, margin -2.00; {no_test})" in md and md.count(scratch_wins) == 3
-    no_test_link = "no test: 1 / 1 seeds, WITHIN SEED NOISE (no test: fewer than 2 seeds a cell)"
+    scratch_wins = "(Li et al.: pretraining is what makes DP fine-tuning work): **untested** (45.00 vs 47.00"
+    assert f"{scratch_wins}, margin -2.00; {no_test})" in md
+    no_test_link = "no test: 1 / 1 seeds"
     assert (
-        "test_loss, pretrained: non-private < eps = 8 < eps = 3: **holds** (5.00 / 5.50 / 6.00; eps 8 - eps 3 = "
+        "test_loss, pretrained: non-private < eps = 8 < eps = 3: **untested** (5.00 / 5.50 / 6.00; eps 8 - eps 3 = "
         f"-0.50: {no_test_link}; non-private - eps 8 = -0.50: {no_test_link})" in md
     )
+    assert "**holds**" not in md
     assert (
         "test_loss, eps3: under DP the pretrained model beats" in md
         and f"(6.00 vs 9.90, margin +3.90; {no_test})" in md
@@ -665,12 +682,15 @@ def test_li_e2e_pretrained_and_scratch_rows_and_claims(isolated_dirs):
     assert loss.loc[("scratch", "eps3"), "ours"] == pytest.approx(9.9) and np.isnan(loss["paper"]).all()
     # 45 / 50 = 0.90 >= 0.8
     assert (
-        "x the non-private BLEU (our goal for the CPU profile; paper 0.91): **holds** (45.00 / 50.00 = 0.90; "
+        "x the non-private BLEU (our goal for the CPU profile; paper 0.91): **untested** (45.00 / 50.00 = 0.90; "
         f"eps 8 - 0.8 x non-private = +5.00: {no_test_link})" in md
     )
-    # the accountants' claims compare one run's epsilons, not seeds: no test, no flag
-    assert "PRV than under RDP (as in the paper): **holds** (RDP 3.000, GDP-CLT 2.700, PRV 2.850)\n" in md
-    assert "No ordering above can be tested: with one seed a cell there is no spread" in md
+    # the accountants' claims compare one run's epsilons, not seeds: exact, with the reason
+    assert (
+        "PRV than under RDP (as in the paper): **matches** (RDP 3.000, GDP-CLT 2.700, PRV 2.850; exact: each "
+        "epsilon is a deterministic function of the run's sigma, q, steps and delta" in md
+    )
+    assert "No comparison above can be tested (each says why: one seed a cell" in md
     assert "PRETRAINED NON-PRIVATELY" in md
     assert "Adam lr 0.002 constant" in md
 
@@ -709,10 +729,12 @@ def test_li_e2e_seed_spread_seed_noise_and_schedule_words(isolated_dirs):
         for n in range(3, 10_000)
         if stats.ttest_ind_from_stats(42, np.sqrt(8), n, 40, np.sqrt(2), n, equal_var=False).pvalue < 0.05
     )
+    # one link decided, the other not: the chain agrees with the paper, not decided
+    assert "bleu, pretrained: non-private > eps = 8 > eps = 3: **agrees, not decided** (" in md
     assert (
         f"eps 8 - eps 3 = +2.00: t = {low.statistic:+.2f} (Welch, df {low.df:.1f}), p = {low.pvalue:.2g} over "
-        f"2 / 2 seeds, WITHIN SEED NOISE (p = {low.pvalue:.2g} >= 0.05 by Welch's t; ~{need} seeds a cell would "
-        "decide it if the gap and spread seen were the truth); "
+        f"2 / 2 seeds, not decided: p = {low.pvalue:.2g} >= 0.05 by Welch's t; ~{need} seeds a cell would "
+        "decide it if the gap and spread seen were the truth; "
         f"non-private - eps 8 = +19.00: t = {high.statistic:+.2f} (Welch, df {high.df:.1f}), "
         f"p = {high.pvalue:.2g} over 2 / 2 seeds)" in md
     )
@@ -726,8 +748,7 @@ def test_li_e2e_goal_ratio_fails_below_0_8(isolated_dirs):
     li_e2e.build(ReportContext())
     md = (isolated_dirs / "results" / "li_e2e.md").read_text()
     assert (
-        "**does not hold** (39.00 / 50.00 = 0.78; eps 8 - 0.8 x non-private = -1.00: no test: 1 / 1 seeds, "
-        "WITHIN SEED NOISE (no test: fewer than 2 seeds a cell))" in md
+        "**untested** (39.00 / 50.00 = 0.78; eps 8 - 0.8 x non-private = -1.00: no test: 1 / 1 seeds)" in md
     )
     assert "scratch" not in pd.read_csv(isolated_dirs / "results" / "li_e2e.csv")["init"].tolist()
 
@@ -754,8 +775,15 @@ def test_li_ghost_clipping_reads_the_engine_benchmark(isolated_dirs, tmp_path, m
     assert list(out["mode"]) == ["nonprivate", "hooks", "ghost", "bk"]
     assert out.set_index("mode").loc["bk", "examples_per_s"] == pytest.approx(8 / 15.0)
     md = (isolated_dirs / "results" / "li_ghost_clipping.md").read_text()
+    # one process per configuration: no repeat to test against, so untested, with the direction it goes
     assert (
-        "gpt2_small: ghost clipping needs less memory than per-example gradients" in md and "**holds**" in md
+        "gpt2_small: ghost clipping needs less memory than per-example gradients at every batch size: **untested** "
+        "(B=8: 5.00 vs 12.00 GiB; the claimed direction at every batch size; no test: one process per "
+        "configuration" in md
+    )
+    assert (
+        "gpt2_small: book-keeping (one backward) is at least as fast as Opacus ghost clipping (two): **untested** "
+        "(B=8: 0.5 vs 0.3 ex/s; the claimed direction at every batch size;" in md
     )
 
 
@@ -781,7 +809,7 @@ def test_tang_fig1_snli_checks_the_snli_orderings(isolated_dirs):
     assert (
         "DP-Adam-Biased > DP-SGD: **holds**" in md and "DP-SGD >= DP-AdamBC" not in md
     )  # that is CIFAR-10's
-    assert "WITHIN SEED NOISE" not in md and "indistinguishable" not in md
+    assert "not decided:" not in md and "indistinguishable" not in md and md.count("**holds**") == 3
 
 
 def test_tang_fig1_says_when_every_ordering_is_within_seed_noise(isolated_dirs):
@@ -803,15 +831,12 @@ def test_tang_fig1_says_when_every_ordering_is_within_seed_noise(isolated_dirs):
     # test is the oracle); 0.3 / sqrt(2 * 0.5 / n) passes t(0.975, 2n - 2) first at n = 44 seeds a cell
     welch = stats.ttest_ind([68.8, 69.8], [68.5, 69.5], equal_var=False)
     assert (
-        f"DP-Adam-Biased > DP-SGD: **holds** (69.30 vs 69.00 %, margin +0.30; t = {welch.statistic:+.2f} "
-        in md
+        f"DP-Adam-Biased > DP-SGD: **agrees, not decided** (69.30 vs 69.00 %, margin +0.30; t = "
+        f"{welch.statistic:+.2f} " in md
     )
     assert f"(Welch, df {welch.df:.1f}), p = {welch.pvalue:.2g} over 2 / 2 seeds" in md
-    assert (
-        f"WITHIN SEED NOISE (p = {welch.pvalue:.2g} >= 0.05 by Welch's t; ~44 seeds a cell would decide it"
-        in md
-    )
-    assert "DP-AdamBC > DP-Adam-Biased: **does not hold**" in md
+    assert f"not decided: p = {welch.pvalue:.2g} >= 0.05 by Welch's t; ~44 seeds a cell would decide it" in md
+    assert "DP-AdamBC > DP-Adam-Biased: **disagrees, not decided**" in md
     assert "at this budget the optimizers are indistinguishable" in md
 
 
@@ -912,7 +937,7 @@ def test_ganesh_horizon_follows_the_gaps_across_horizons(isolated_dirs):
     grid = ", ".join(f"{v:g}" for v in lrs)
     assert f"postprocessing @ dpsgd_sigma1, 64 steps: lr = {lrs[-1]:g} of {{{grid}}}, the top" in md  # a note
     assert (
-        "[grid] postprocessing @ dpsgd_sigma1, 64 steps: lr: the chosen value is inside its grid: **does not hold**"
+        "[grid] postprocessing @ dpsgd_sigma1, 64 steps: lr: the chosen value is inside its grid: **differs**"
         in md
     ) == (len(lrs) > 2)
     # the step-size reading: Phi ratio 2.25 -> BandMF's steps 1 / 1.5 as large; Phi 1e8 x the clean v
@@ -923,12 +948,12 @@ def test_ganesh_horizon_follows_the_gaps_across_horizons(isolated_dirs):
         f"STP - post-processing, DP-SGD noise at BandMF's sigma: {claim}: **holds** (from 96 steps on; " in md
     )
     assert (
-        f"BandMF - DP-SGD (same epsilon), post-processing: {claim}: **does not hold** (at none of the horizons "
+        f"BandMF - DP-SGD (same epsilon), post-processing: {claim}: **contradicted** (at none of the horizons "
         "run; " in md
     )
     assert (
-        f"post-processing - DP-SGD with momentum, DP-SGD noise at BandMF's sigma: {claim}: **does not hold** (at "
-        "none of the horizons run; " in md
+        f"post-processing - DP-SGD with momentum, DP-SGD noise at BandMF's sigma: {claim}: **disagrees, not "
+        "decided** (at none of the horizons run; " in md
     )
     assert (
         "32 steps: +0.1000 ± 0.0071, t = " in md
@@ -939,7 +964,7 @@ def test_ganesh_horizon_follows_the_gaps_across_horizons(isolated_dirs):
     assert (
         at32.pvalue < 0.05
         and (
-            f"| 32 | 0.1000 | 2 | against the paper | 0.0071 | {at32.statistic:.4f} | {at32.df:.4f} | "
+            f"| 32 | 0.1000 | 2 | contradicted | 0.0071 | {at32.statistic:.4f} | {at32.df:.4f} | "
             f"{at32.pvalue:.4f} | yes |  |"
         )
         in md
@@ -953,7 +978,7 @@ def test_ganesh_horizon_follows_the_gaps_across_horizons(isolated_dirs):
         at64.pvalue >= 0.05
         and need > 2
         and (
-            f"| 64 | 0.0300 | 2 | within seed noise | 0.0071 | {at64.statistic:.4f} | {at64.df:.4f} | "
+            f"| 64 | 0.0300 | 2 | disagrees, not decided | 0.0071 | {at64.statistic:.4f} | {at64.df:.4f} | "
             f"{at64.pvalue:.4f} | no | {need} |"
         )
         in md

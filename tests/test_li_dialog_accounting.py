@@ -108,18 +108,23 @@ def _inverse_from(df: pd.DataFrame, n: int) -> m.Inverse:
 def test_the_eps8_claim_follows_the_digits_it_is_given(committed):
     inv = _inverse_from(committed, N)
     verdicts = [
-        c.holds for c in m.prediction_claims("utterances", inv, ACCOUNTING["eps8"], ACCOUNTING["eps3"])
+        c.state == "matches"
+        for c in m.prediction_claims("utterances", inv, ACCOUNTING["eps8"], ACCOUNTING["eps3"])
     ]
     assert verdicts == [False, False, False]
     predicted = {"rdp": 8.0, "gdp_clt": round(inv.fit.eps8[1], 2), "prv": round(inv.fit.eps8[2], 2)}
-    assert [c.holds for c in m.prediction_claims("utterances", inv, predicted, ACCOUNTING["eps3"])] == [
+    assert [
+        c.state == "matches" for c in m.prediction_claims("utterances", inv, predicted, ACCOUNTING["eps3"])
+    ] == [
         True,
         True,
         True,
     ]
     for column, index in (("gdp_clt", 0), ("prv", 1)):
         moved = {**predicted, column: predicted[column] + 0.3}
-        verdicts = [c.holds for c in m.prediction_claims("utterances", inv, moved, ACCOUNTING["eps3"])]
+        verdicts = [
+            c.state == "matches" for c in m.prediction_claims("utterances", inv, moved, ACCOUNTING["eps3"])
+        ]
         assert verdicts[index] is False and verdicts[2] is False and verdicts[1 - index] is True
 
 
@@ -130,7 +135,12 @@ def test_the_md_states_the_verdicts_of_its_own_numbers(committed):
     line = next(
         ln for ln in md.splitlines() if ln.startswith("- N = 131,438") and "GDP + CLT digit predicted" in ln
     )
-    assert ("**holds**" in line) == (f"{gdp8:.2f}" == "6.00") and f"{gdp8:.3f} at the fit" in line
+    verdict = "**matches**" if f"{gdp8:.2f}" == "6.00" else "**differs**"
+    assert (
+        verdict in line
+        and f"{gdp8:.3f} at the fit" in line
+        and "exact: the accountants are deterministic" in line
+    )
 
 
 @pytest.mark.slow
@@ -145,7 +155,7 @@ def test_round_trip_the_rounding_region_holds_the_schedule_behind_rounded_digits
     epochs = [p.epochs for p in inv.region]
     assert min(qs) <= q0 <= max(qs) and min(epochs) <= q0 * steps0 <= max(epochs)
     # the digits of this world are self-consistent: the eps = 8 digits are predicted from the eps = 3 region
-    assert all(c.holds for c in m.prediction_claims("round trip", inv, eps8, eps3))
+    assert all(c.state == "matches" for c in m.prediction_claims("round trip", inv, eps8, eps3))
     assert math.isclose(inv.fit.eps3[1], eps3["gdp_clt"], abs_tol=2e-4)
 
 

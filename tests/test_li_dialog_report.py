@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+from scipy import stats
 from test_language_reports import write_run
 
 from dp_adam_bench.report import li_dialog
@@ -46,6 +47,14 @@ def _store(root, cells: dict):
             )
 
 
+def _state(better, worse) -> str:
+    """The state scipy's Welch test puts ``better`` ahead of ``worse`` in (dp_adam_bench/report/stats.py)."""
+    ref = stats.ttest_ind(better, worse, equal_var=False)
+    if ref.pvalue < 0.05:
+        return "holds" if ref.statistic > 0 else "contradicted"
+    return "agrees, not decided" if ref.statistic > 0 else "disagrees, not decided"
+
+
 def test_cells_paper_row_and_orderings(isolated_dirs):
     cells = {
         ("pretrained", "independent", 3.0): [(10.0, 40.0), (11.0, 42.0)],
@@ -74,10 +83,15 @@ def test_cells_paper_row_and_orderings(isolated_dirs):
         "## The paper's other rows (not run here)" in md
         and "| DialoGPT-medium | eps8 | 17.56 | 16.79 |" in md
     )
-    assert "f1: non-private > eps = 8: **holds**" in md and "paper: 17.96 vs 16.08 (GPT-2)" in md
-    assert "perplexity: eps = 8 < eps = 3: **holds**" in md and "paper: 23.57 vs 24.59 (GPT-2)" in md
-    assert "perplexity, eps3: pretrained < from scratch: **does not hold**" in md
-    assert "perplexity, eps8: pretrained < from scratch: **holds**" in md
+    # each ordering in the state scipy's Welch test (the oracle) puts it in, t > 0 the paper's direction
+    assert f"f1: non-private > eps = 8: **{_state([15, 16], [12, 13])}**" in md
+    assert "paper: 17.96 vs 16.08 (GPT-2)" in md
+    assert f"perplexity: eps = 8 < eps = 3: **{_state([40, 42], [35, 36])}**" in md
+    assert "paper: 23.57 vs 24.59 (GPT-2)" in md
+    assert f"perplexity, eps3: pretrained < from scratch: **{_state([30, 31], [40, 42])}**" in md
+    assert f"perplexity, eps8: pretrained < from scratch: **{_state([80, 81], [35, 36])}**" in md
+    assert _state([30, 31], [40, 42]) == "contradicted" and _state([80, 81], [35, 36]) == "holds"
+    assert _state([15, 16], [12, 13]) == "agrees, not decided"  # p = 0.051: not decided
     assert "STAND-IN DATA" in md
 
 
@@ -96,14 +110,27 @@ def test_the_gap_to_non_private_is_read_against_the_papers_relative_gap():
         ("pretrained", "eps8"): SeedStats(7.0, None, 1),  # 30 % > 20 %: does not
     }
     eps3, eps8 = li_dialog.gap_claims("f1", f1, pm)
-    assert eps3.holds and not eps8.holds
-    assert "ours +20.0 % (8 vs 10, the private cell's spread over seeds 0.2), paper +25.0 %" in eps3.detail
+    # eps3 against 0.75 x non-private (its mean and spread scaled): Welch's t, scipy's from the cells' stats
+    ref = stats.ttest_ind_from_stats(8.0, 0.2, 2, 7.5, 0.075, 2, equal_var=False)
+    assert eps3.state == ("holds" if ref.pvalue < 0.05 else "agrees, not decided")
+    se2 = (0.2**2 / 2, 0.075**2 / 2)
+    df = sum(se2) ** 2 / (se2[0] ** 2 + se2[1] ** 2)  # Welch-Satterthwaite, n - 1 = 1 on each side
+    assert (
+        f"t = {ref.statistic:+.2f} (Welch, df {df:.1f}), p = {ref.pvalue:.2g} over 2 / 2 seeds" in eps3.detail
+    )
+    assert eps8.state == "untested"  # one seed: 30 % against 20 %, but no spread to test it
+    assert "ours +20.0 % (8 vs 10), paper +25.0 %" in eps3.detail and "ours +30.0 %" in eps8.detail
     ppl = {
         ("pretrained", "nonprivate"): SeedStats(10.0, 0.1, 2),
         ("pretrained", "eps8"): SeedStats(10.5, 0.1, 2),
     }
     (only,) = li_dialog.gap_claims("perplexity", ppl, pm)  # no eps3 cell: no claim
-    assert only.holds and "ours +5.0 %" in only.detail and "paper +10.0 %" in only.detail
+    ref = stats.ttest_ind_from_stats(
+        11.0, 0.11, 2, 10.5, 0.1, 2, equal_var=False
+    )  # 1.1 x non-private vs eps8
+    assert ref.pvalue < 0.05 and only.state == "holds"
+    assert "ours +5.0 %" in only.detail and "paper +10.0 %" in only.detail
+    assert "private - 1.100 x non-private = -0.5: " in only.detail
     zero = {
         ("pretrained", "nonprivate"): SeedStats(0.0, 0.0, 2),
         ("pretrained", "eps8"): SeedStats(0.0, 0.0, 2),

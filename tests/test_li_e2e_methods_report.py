@@ -68,6 +68,13 @@ def _store(root, bleu: dict):
             )
 
 
+def _state(ref) -> str:
+    """The state of a comparison by scipy's Welch test, t > 0 the paper's direction."""
+    if ref.pvalue < 0.05:
+        return "holds" if ref.statistic > 0 else "contradicted"
+    return "agrees, not decided" if ref.statistic > 0 else "disagrees, not decided"
+
+
 def test_cells_paper_digits_claims_and_counts(isolated_dirs):
     bleu = {}
     for method, base in [
@@ -98,19 +105,33 @@ def test_cells_paper_digits_claims_and_counts(isolated_dirs):
         and prv.loc[("prefix", "eps3"), "ours"] == 2.7
     )
     md = (isolated_dirs / "results" / "li_e2e_methods.md").read_text()
-    t, p = sps.ttest_ind([40.0, 42.0], [38.0, 40.0], equal_var=False)
-    assert "eps3: full ~ LoRA (BLEU within 5): **holds** (41.00 vs 39.00 BLEU, |gap| 2.00" in md
-    assert "eps8: full ~ LoRA (BLEU within 5): **does not hold** (45.00 vs 30.50 BLEU, |gap| 14.50" in md
-    assert "eps8: LoRA slightly ahead of full (BLEU): **does not hold**" in md
-    assert "eps3: full > RGP (BLEU): **holds**" in md and "paper: 61.519 vs 58.482" in md
-    assert "eps8: top2 > retrain (BLEU): **holds**" in md
-    assert "lora: eps = 8 > eps = 3 (BLEU): **does not hold**" in md
-    assert "rgp: eps = 8 > eps = 3 (BLEU): **holds**" in md and "paper: 58.455 vs 58.482" in md
+    # "within 5 BLEU": Welch's test of the nearer bound, the cell behind lifted by 5 against the one ahead
+    near3 = sps.ttest_ind([43.0, 45.0], [40.0, 42.0], equal_var=False)  # LoRA + 5 vs full at eps = 3: inside
+    near8 = sps.ttest_ind([35.0, 36.0], [44.0, 46.0], equal_var=False)  # LoRA + 5 vs full at eps = 8: outside
+    assert (
+        f"eps3: full ~ LoRA (BLEU within 5): **{_state(near3)}** (41.00 vs 39.00 BLEU, |gap| 2.00 against 5; "
+        f"5 - |gap| = +3.00: t = {near3.statistic:+.2f} (Welch" in md
+    )
+    assert f"eps8: full ~ LoRA (BLEU within 5): **{_state(near8)}** (45.00 vs 30.50 BLEU, |gap| 14.50" in md
+    assert _state(near3) == "agrees, not decided" and _state(near8) in (
+        "contradicted",
+        "disagrees, not decided",
+    )
+    lora_full = sps.ttest_ind([30.0, 31.0], [44.0, 46.0], equal_var=False)
+    assert f"eps8: LoRA slightly ahead of full (BLEU): **{_state(lora_full)}**" in md
+    full_rgp = sps.ttest_ind([40.0, 42.0], [35.0, 37.0], equal_var=False)
+    assert f"eps3: full > RGP (BLEU): **{_state(full_rgp)}**" in md and "paper: 61.519 vs 58.482" in md
+    top2 = sps.ttest_ind([24.0, 26.0], [14.0, 16.0], equal_var=False)
+    assert f"eps8: top2 > retrain (BLEU): **{_state(top2)}**" in md and _state(top2) == "holds"
+    lora_eps = sps.ttest_ind([30.0, 31.0], [38.0, 40.0], equal_var=False)
+    assert f"lora: eps = 8 > eps = 3 (BLEU): **{_state(lora_eps)}**" in md
+    rgp_eps = sps.ttest_ind([39.0, 41.0], [35.0, 37.0], equal_var=False)
+    assert f"rgp: eps = 8 > eps = 3 (BLEU): **{_state(rgp_eps)}**" in md and "paper: 58.455 vs 58.482" in md
     assert "lora 12,288 (2.0 min a run)" in md
     assert "Non-private test loss above full fine-tuning's at eps = 3 (2.00): prefix 5.00." in md
     assert b.loc[("full", "eps3"), "paper"] == pytest.approx(61.519)
     assert df[df.quantity == "test_loss"]["paper"].isna().all()
-    assert f"t = {t:+.2f} (Welch" in md and f"p = {p:.2f} over 2 / 2 seeds" in md
+    assert f"p = {near3.pvalue:.2g} over 2 / 2 seeds" in md
 
 
 def test_a_missing_method_leaves_its_claims_out(isolated_dirs):

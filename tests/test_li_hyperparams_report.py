@@ -75,23 +75,32 @@ def test_grid_sigma_eff_snr_and_claims(isolated_dirs):
     want = 0.2 * math.sqrt(256) * C / (1.4 * C * math.sqrt(D) / 256)
     assert df.loc[(256, 5e-4), "gradient_snr"] == pytest.approx(want)
     md = (isolated_dirs / "results" / "li_hyperparams.md").read_text()
-    # 22 < 30 > 28, each cell's seeds at -/+ 0.5: both gaps decided by Welch's t
+    # 22 < 30 > 28, each cell's seeds at -/+ 0.5: both gaps p < 0.05 by Welch's t, but each best lr is picked on
+    # the seeds the test reads: agreed and disagreed with, never decided, and said why
     assert (
-        "the best BLEU over learning rates is higher at B = 256 (lr 0.002) than at B = 64 (lr 0.002): **holds** "
-        "(30.00 vs 22.00 BLEU, margin +8.00" in md
+        "the best BLEU over learning rates is higher at B = 256 (lr 0.002) than at B = 64 (lr 0.002): **agrees, "
+        "not decided** (30.00 vs 22.00 BLEU, margin +8.00" in md
     )
     assert (
         "the best BLEU over learning rates is higher at B = 1024 (lr 0.0005) than at B = 256 (lr 0.002): "
-        "**does not hold** (28.00 vs 30.00" in md
+        "**disagrees, not decided** (28.00 vs 30.00" in md
     )
+    assert (
+        md.count("not an independent test: each batch size's best learning rate is picked on the very seeds")
+        == 2
+    )
+    assert "**holds**" not in md
     assert "larger batches do better at a fixed eps and number of epochs" in md and "Welch" in md
     # B = 1024's best is not higher: the note gives each batch size's step count at one epoch
     assert "(Adam steps per run: B = 64: 256, B = 256: 64, B = 1024: 16)" in md
-    assert "sigma_eff = sigma N / B falls as the batch size grows: **holds**" in md
-    assert "the gradient-SNR grows with the batch size (diagnostic): **holds**" in md
+    assert "sigma_eff = sigma N / B falls as the batch size grows: **matches**" in md
+    assert "exact: sigma is calibrated by the RDP accountant" in md
+    # the SNR cells keep no spread over seeds: untested, its direction said
+    assert "the gradient-SNR grows with the batch size (diagnostic): **untested**" in md
+    assert "the paper's direction; no test: the table keeps each cell's mean gradient-SNR" in md
     # sqrt rule anchored at B = 1024: 3.5 sqrt(64 / 1024) = 0.875 < 0.9, the sigma B = 64 was calibrated to
     assert df.loc[(64, 5e-4), "sigma_sqrt_rule"] == pytest.approx(0.875)
-    assert "underestimates the noise multiplier at the smallest batch size: **holds**" in md
+    assert "underestimates the noise multiplier at the smallest batch size: **matches**" in md
     # the exact curve: RDP calibration for the runs' N, one epoch, eps 3; sigma rises with B, and the rule's
     # shortfall is largest at the smallest B (B_min / 8 = 8 .. 1024)
     assert "| 8 | 2048 |" in md and "| 1024 | 16 |" in md
@@ -128,6 +137,9 @@ def test_the_steps_note_appears_only_where_a_larger_batch_is_not_better():
 
     frame = pd.DataFrame({"batch_size": [64, 1024], "steps": [256, 16]})
     text = "the best BLEU over learning rates is higher at B = 1024 (lr 0.002) than at B = 64 (lr 0.002)"
-    assert li_hyperparams.steps_note(frame, [Claim(text, True, "")]) == []
-    (note,) = li_hyperparams.steps_note(frame, [Claim(text, False, "")])
+    for state in ("holds", "agrees, not decided", "untested"):  # untested: no direction to read it against
+        assert li_hyperparams.steps_note(frame, [Claim(text, state, "")]) == []
+    for state in ("disagrees, not decided", "contradicted"):
+        assert len(li_hyperparams.steps_note(frame, [Claim(text, state, "")])) == 1
+    (note,) = li_hyperparams.steps_note(frame, [Claim(text, "disagrees, not decided", "")])
     assert "(Adam steps per run: B = 64: 256, B = 1024: 16)" in note

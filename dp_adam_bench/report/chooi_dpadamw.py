@@ -23,6 +23,7 @@ from dp_adam_bench.report.common import Claim, load_paper
 from dp_adam_bench.report.context import ReportContext
 from dp_adam_bench.report.restate import Restatement, register
 from dp_adam_bench.report.skeleton import (
+    GRID_EXACT,
     Ordering,
     SeedStats,
     Table,
@@ -139,10 +140,12 @@ def _grid_claims(chosen) -> list[Claim]:
             grid = sorted({c[knob] for c, _ in cell.candidates})
             if len(grid) > 2:  # a 2-point grid has no inside; lambda's lower neighbour 0 is DP-Adam itself
                 claims.append(
-                    Claim(
+                    Claim.exact(
                         f"{GRID} {LABELS.get(opt, opt)}, eps = {eps:g}: the chosen {knob} is inside its grid",
                         grid[0] < value < grid[-1],
                         f"{knob} = {value:g} of {', '.join(f'{v:g}' for v in grid)}",
+                        GRID_EXACT,
+                        from_runs=True,
                     )
                 )
     return claims
@@ -228,5 +231,6 @@ register(
         notes=lambda old, claims: restated_rule_notes(old, _orderings(claims), OLD_RULE_NOTES, WHAT),
         digits=2,
         text=("lr", "weight_decay"),
+        exact={GRID: GRID_EXACT},
     )
 )

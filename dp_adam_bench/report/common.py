@@ -15,6 +15,7 @@ import pandas as pd
 import yaml
 
 from dp_adam_bench.paths import PAPER_DIR
+from dp_adam_bench.report import stats
 
 
 def load_paper(name: str) -> dict:
@@ -27,22 +28,60 @@ def load_paper(name: str) -> dict:
         return yaml.safe_load(fh)
 
 
-VERDICTS = ("holds", "does not hold", "not checked", "incomplete")
+#: a claim that the runs cannot check (the paper's own numbers only, a setting no profile runs)
+NOT_CHECKED = "not checked"
+#: a claim checked on a table that lacks runs its preset expects
+INCOMPLETE = "incomplete"
+#: every verdict a claim line can carry (:mod:`dp_adam_bench.report.stats`: five states of a comparison of our cells,
+#: two of an exact quantity), then the two that are neither
+VERDICTS = (*stats.STATES, *stats.EXACT, NOT_CHECKED, INCOMPLETE)
 
 
 @dataclass(frozen=True)
 class Claim:
-    """A paper claim stated as a checkable inequality, with whether it holds in our numbers.
+    """A paper claim stated as a checkable inequality, and its state in our numbers (:data:`VERDICTS`).
 
-    ``from_runs``: checked on numbers from runs (False for a check of the paper's own numbers), so it is
-    ``incomplete`` while runs the preset expects are missing (:meth:`incomplete`).
+    Build one with :meth:`compared` (a comparison of our cells: Welch's test over seeds), :meth:`exact` (an exact
+    quantity against a tolerance whose reason it states) or :meth:`not_checked`. ``from_runs``: checked on numbers
+    from runs (False for a check of the paper's own numbers or an exact computation), so it is ``incomplete`` while
+    runs the preset expects are missing (:meth:`incomplete`).
     """
 
     text: str
-    holds: bool | None
+    state: str
     detail: str = ""
     from_runs: bool = True
     missing: int = 0  # expected runs missing when it was checked: > 0 makes the verdict "incomplete"
+
+    def __post_init__(self):
+        if self.state not in VERDICTS[:-1]:
+            raise ValueError(f"claim state {self.state!r} is not one of {VERDICTS[:-1]}")
+
+    @classmethod
+    def compared(
+        cls, text: str, state: str, detail: str = "", *, from_runs: bool = True, not_independent: str = ""
+    ) -> Claim:
+        """A comparison of our cells in one of the five states (:func:`stats.state`, :func:`stats.combine`).
+        ``not_independent``: why its test is not an independent one (the cells were chosen on the seeds it
+        reads), said in the detail."""
+        if state not in stats.STATES:
+            raise ValueError(f"a comparison's state is one of {stats.STATES}, got {state!r}")
+        if not_independent:
+            detail = f"{detail}; not an independent test: {not_independent}" if detail else not_independent
+        return cls(text, state, detail, from_runs)
+
+    @classmethod
+    def exact(cls, text: str, ok: bool, detail: str, why: str, *, from_runs: bool = False) -> Claim:
+        """An exact quantity (an accountant, a deterministic value, a count of checked rows): ``matches`` when
+        ``ok``, else ``differs``; ``why``: the tolerance and its reason, or why no test over seeds applies."""
+        if not why:
+            raise ValueError(f"an exact claim states why it is exact and its tolerance: {text!r}")
+        detail = f"{detail}; exact: {why}" if detail else f"exact: {why}"
+        return cls(text, stats.MATCHES if ok else stats.DIFFERS, detail, from_runs)
+
+    @classmethod
+    def not_checked(cls, text: str, detail: str = "", *, from_runs: bool = True) -> Claim:
+        return cls(text, NOT_CHECKED, detail, from_runs)
 
     def incomplete(self, missing: int) -> Claim:
         """This claim checked on a table that lacks ``missing`` expected runs."""
@@ -50,11 +89,12 @@ class Claim:
 
     @property
     def verdict(self) -> str:
-        if self.missing:
-            return "incomplete"
-        return {True: "holds", False: "does not hold", None: "not checked"}[
-            None if self.holds is None else bool(self.holds)
-        ]
+        return INCOMPLETE if self.missing else self.state
+
+    @property
+    def decided(self) -> bool:
+        """Decided by the seeds (holds or contradicted) or exact (matches or differs)."""
+        return self.state in (stats.HOLDS, stats.CONTRADICTED, *stats.EXACT)
 
     def line(self) -> str:
         detail = self.detail
@@ -109,8 +149,10 @@ def write_csv(df: pd.DataFrame, path: Path, digits: int = CSV_SIGNIFICANT_DIGITS
 def markdown_table(df: pd.DataFrame, digits: int = 4) -> str:
     cols = list(df.columns)
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for _, row in df.iterrows():
-        lines.append("| " + " | ".join(fmt(row[c], digits) for c in cols) + " |")
+    # column by column: a row of an all-numeric frame (iterrows) would turn its integers into floats ("64.0000")
+    values = [df[c].tolist() for c in cols]
+    for i in range(len(df)):
+        lines.append("| " + " | ".join(fmt(v[i], digits) for v in values) + " |")
     return "\n".join(lines)
 
 

@@ -13,11 +13,14 @@ import re
 from pathlib import Path
 
 from dp_adam_bench.paths import results_dir
-from dp_adam_bench.report.common import VERDICTS
+from dp_adam_bench.report import stats
+from dp_adam_bench.report.common import INCOMPLETE, NOT_CHECKED, VERDICTS
 from dp_adam_bench.report.registry import GROUPS, results_for, spec
 
 CLAIM = re.compile(
-    r"^- (?P<text>.+?): \*\*(?P<verdict>" + "|".join(VERDICTS) + r")\*\*(?: \((?P<detail>.*)\))?$"
+    r"^- (?P<text>.+?): \*\*(?P<verdict>"
+    + "|".join(map(re.escape, VERDICTS))
+    + r")\*\*(?: \((?P<detail>.*)\))?$"
 )
 
 
@@ -40,6 +43,39 @@ def claims_of(markdown: str) -> list[tuple[str, str, str]]:
 def _command(markdown: str) -> str:
     m = re.search(r"^Regenerate: `(.+)`$", markdown, flags=re.M)
     return m.group(1) if m else ""
+
+
+#: REPORT.md's statement of the rule, above its summary
+RULE = (
+    "Every claim follows one rule (`dp_adam_bench/report/stats.py`). A comparison of our cells over seeds is in one "
+    "of five states: *holds* (the paper's direction, Welch's t-test p < 0.05, its degrees of freedom printed), "
+    "*agrees, not decided* (the paper's direction, p >= 0.05), *disagrees, not decided* (the other direction, "
+    "p >= 0.05), *contradicted* (the other direction, p < 0.05) or *untested* (fewer than 2 seeds a cell); cells "
+    "whose hyper-parameters were chosen on the seeds the test reads are at most agreed or disagreed with. An exact "
+    "quantity (an accountant's epsilon, a deterministic value, a count of audited rows) *matches* or *differs* "
+    "against a tolerance whose reason the claim states. *not checked*: a claim the runs cannot check. Tables "
+    "written under earlier rules were re-stated from their own CSVs, their runs not re-run; each says so in its "
+    "notes."
+)
+#: the columns of the count table, in order: the five states, the exact two, then the rest
+COUNTED = (*stats.STATES, *stats.EXACT, NOT_CHECKED, INCOMPLETE)
+
+
+def state_counts(counts: dict[tuple[str, str], dict[str, int]]) -> list[str]:
+    """The count table: per table (and profile), how many claims are in each state, and the totals."""
+    shown = [v for v in COUNTED if v != INCOMPLETE or any(c[INCOMPLETE] for c in counts.values())]
+    lines = [
+        "Claims per table and state:",
+        "",
+        "| table | profile | " + " | ".join(shown) + " |",
+        "|---|---|" + "---|" * len(shown),
+    ]
+    for (tid, label), c in counts.items():
+        lines.append(f"| [{tid}](#{tid}-{label}) | {label} | " + " | ".join(str(c[v]) for v in shown) + " |")
+    total = {v: sum(c[v] for c in counts.values()) for v in shown}
+    lines.append("| **all** | | " + " | ".join(f"**{total[v]}**" for v in shown) + " |")
+    lines += ["", "Totals: " + ", ".join(f"{total[v]} {v}" for v in shown if total[v]) + "."]
+    return lines
 
 
 PROFILES = ("cpu", "paper")
@@ -81,29 +117,29 @@ def build_document(results: Path | None = None) -> Path:
         "Assembled from `results/<id>.md` by `dp-adam-bench report --document`; each section below says the command "
         "that regenerates it. Numbers come from runs of this repository; paper numbers are printed beside them.",
         "",
-        "Every claim about seeds follows one rule (`dp_adam_bench/report/stats.py`): it holds when the means are in "
-        "the paper's order, and the seeds decide it when Welch's t-test gives p < 0.05; one they do not decide says "
-        "WITHIN SEED NOISE and how many seeds a cell would decide it. Tables written under the earlier rule (> 2 "
-        "standard errors) were re-stated from their own CSVs, their runs not re-run; each says so in its notes.",
+        RULE,
         "",
         "## Summary of paper claims",
         "",
-        "| table | profile | claim | verdict | detail |",
-        "|---|---|---|---|---|",
     ]
-    n_hold = n_fail = n_incomplete = 0
+    counts, rows = {}, []
     for tid, _, label, md, _ in present:
+        per_table = counts.setdefault((tid, label), dict.fromkeys(VERDICTS, 0))
         for text, verdict, detail in claims_of(md):
-            n_hold += verdict == "holds"
-            n_fail += verdict == "does not hold"
-            n_incomplete += verdict == "incomplete"
-            lines.append(
+            per_table[verdict] += 1
+            rows.append(
                 f"| [{tid}](#{tid}-{label}) | {label} | {text} | **{verdict}** | {detail.replace('|', '/')} |"
             )
-    counts = f"{n_hold} claims hold, {n_fail} do not" + (
-        f", {n_incomplete} are incomplete (runs missing)" if n_incomplete else ""
-    )
-    lines += ["", counts + ".", ""]
+    lines += [
+        *state_counts(counts),
+        "",
+        "Every claim:",
+        "",
+        "| table | profile | claim | verdict | detail |",
+        "|---|---|---|---|---|",
+        *rows,
+        "",
+    ]
     if missing:
         lines += [
             "Not generated yet: " + ", ".join(f"`{t}` (`make reproduce-table TABLE={t}`)" for t in missing),

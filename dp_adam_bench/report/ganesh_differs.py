@@ -25,22 +25,26 @@ OURS, PAPER = "[ours] ", "[paper] "
 
 
 def differing_claims(claims: list[Claim]) -> list[tuple[Claim, Claim]]:
-    """(ours, paper) for every statement checked on both tables whose verdicts differ."""
+    """(ours, paper) for every statement checked on both tables that goes another way here: true of the paper's
+    numbers (matches) and against it in ours (disagrees or contradicted), or the reverse; an untested one of ours
+    goes no way."""
     paper = {c.text.removeprefix(PAPER): c for c in claims if c.text.startswith(PAPER)}
     out = []
     for c in claims:
         theirs = paper.get(c.text.removeprefix(OURS)) if c.text.startswith(OURS) else None
-        if theirs is not None and c.verdict != theirs.verdict:
+        if theirs is None or c.state == stats.UNTESTED:
+            continue
+        if (c.state in (stats.HOLDS, stats.AGREES)) != (theirs.state == stats.MATCHES):
             out.append((c, theirs))
     return out
 
 
 def decided(claim: Claim) -> bool | None:
-    """Whether the seeds decide one of ganesh_fig3's claims on our cells (its detail states Welch's test and, where
-    they do not, the :data:`~dp_adam_bench.report.stats.WITHIN_SEED_NOISE` flag); None where it states no test."""
-    if within_noise(claim):
-        return False
-    return True if "Welch" in claim.detail else None
+    """Whether the seeds decide one of ganesh_fig3's claims on our cells (holds or contradicted); None where it
+    has no test (untested)."""
+    if claim.state == stats.UNTESTED:
+        return None
+    return not within_noise(claim)
 
 
 def differs_section(
@@ -60,8 +64,8 @@ def differs_section(
     ]
     for ours, theirs in differ:
         lines.append(
-            f"- {ours.text.removeprefix(OURS)}: paper {theirs.verdict} ({theirs.detail}); here {ours.verdict} "
-            f"({ours.detail})"
+            f"- {ours.text.removeprefix(OURS)}: on the paper's numbers {_truth(theirs)} ({theirs.detail}); here "
+            f"{ours.verdict} ({ours.detail})"
         )
     lines += ["", *_noise_sentence([decided(ours) for ours, _ in differ]), reading]
     if gaps is not None and len(gaps):
@@ -72,6 +76,11 @@ def differs_section(
             "On seeds no choice saw (the horizon study's held-out seeds): " + _per_gap(heldout) + ".",
         ]
     return "\n".join(lines).strip()
+
+
+def _truth(paper_claim: Claim) -> str:
+    """A statement checked on the paper's printed numbers, in words: true (matches) or false (differs)."""
+    return "true" if paper_claim.state == stats.MATCHES else "false"
 
 
 def _noise_sentence(seen: list[bool | None]) -> list[str]:

@@ -58,7 +58,7 @@ from dp_adam_bench.report.ganesh_cells import (
 from dp_adam_bench.report.restate import Markdown, parse_markdown, restated_frame
 from dp_adam_bench.report.restate_md import MdRestatement, read_markdown_table, replaced, section
 from dp_adam_bench.report.restate_md import register as register_reading_md
-from dp_adam_bench.report.skeleton import SeedStats, Table, gap, restated_rule_notes, rule_notes
+from dp_adam_bench.report.skeleton import GRID_EXACT, SeedStats, Table, gap, restated_rule_notes, rule_notes
 from dp_adam_bench.report.welch_columns import COLUMNS as WELCH_COLUMNS
 from dp_adam_bench.report.welch_columns import welch_columns
 
@@ -189,7 +189,9 @@ def grid_positions(cells: dict) -> list[tuple[str, bool, str, int]]:
 def grid_claims(positions) -> list[Claim]:
     """A claim per knob whose grid has an inside (3+ values): the choice is inside it, not at an edge."""
     return [
-        Claim(f"[grid] {where}: the chosen value is inside its grid", inside, detail)
+        Claim.exact(
+            f"{GRID} {where}: the chosen value is inside its grid", inside, detail, GRID_EXACT, from_runs=True
+        )
         for where, inside, detail, size in positions
         if size > 2
     ]
@@ -244,11 +246,8 @@ def gap_table(cells: dict[tuple[str, str, int], SeedStats]) -> pd.DataFrame:
 
 
 def _verdict(g: stats.Gap) -> str:
-    if g.p is None:
-        return "fewer than 2 seeds" if min(g.n_a, g.n_b) < 2 else "no test (a value not finite)"
-    if not g.decided:
-        return "within seed noise"
-    return "paper's sign" if g.diff < 0 else "against the paper"
+    """The gap's state (:func:`stats.state`), the paper's sign being negative."""
+    return stats.state(stats.flipped(g))
 
 
 def trend(steps: list[int], diffs: list[float]) -> tuple[float, float | None] | None:
@@ -282,11 +281,17 @@ def gap_claims(cells: dict[tuple[str, str, int], SeedStats]) -> list[Claim]:
 
 
 def _gap_claim(per_horizon: list) -> Claim:
+    """Holds from the first horizon on which every longer one holds; so it holds when the longest horizon does,
+    and is otherwise in that horizon's state."""
     what, steps = per_horizon[0][0], [h for _, h, _ in per_horizon]
-    good = [g.decided and g.diff < 0 for _, _, g in per_horizon]
+    good = [_verdict(g) == stats.HOLDS for _, _, g in per_horizon]
     first = next((i for i in range(len(good)) if all(good[i:])), None)
     where = f"from {steps[first]} steps on" if first is not None else "at none of the horizons run"
-    detail = [where, *(f"{h} steps: {_gap_text(g)}" for _, h, g in per_horizon)]
+    last = per_horizon[-1][2]
+    detail = [
+        f"{where}; its state is the longest horizon's ({steps[-1]} steps: {_gap_text(last)})",
+        *(f"{h} steps: {_gap_text(g)}" for _, h, g in per_horizon),
+    ]
     fit = trend(steps, [g.diff for _, _, g in per_horizon])
     if fit is not None:
         cross = (
@@ -295,10 +300,9 @@ def _gap_claim(per_horizon: list) -> Claim:
             else f" (a straight line would cross zero near {fit[1]:,.0f} steps: an extrapolation)"
         )
         detail.append(f"trend {fit[0]:+.4f} per doubling of the steps{cross}")
-    last = per_horizon[-1][2]
     if last.flag():
         detail.append(f"at {steps[-1]} steps {last.flag()}")
-    return Claim(GAP_CLAIM.format(what=what), first is not None, "; ".join(detail))
+    return Claim.compared(GAP_CLAIM.format(what=what), _verdict(last), "; ".join(detail))
 
 
 def _gap_text(g: stats.Gap) -> str:
@@ -312,9 +316,9 @@ def heldout_claims(cells: dict[tuple[str, str, int], SeedStats], seeds) -> list[
     no choice saw."""
     seeds_text = ", ".join(map(str, sorted(seeds)))
     return [
-        Claim(
+        Claim.compared(
             f"[held-out seeds] {what}, {h} steps: negative (the paper's sign) beyond seed noise",
-            g.decided and g.diff < 0,
+            _verdict(g),
             f"{_gap_text(g)} (seeds {seeds_text}), each cell at the setting seeds outside them chose"
             + (f"; {g.flag()}" if g.flag() else ""),
         )
@@ -593,11 +597,13 @@ def notes_for(claims: list[Claim], found: Study, positions, diag: pd.DataFrame, 
 
 
 WHAT = "the two cells of every gap"
+#: the opening of a grid claim's text
+GRID = "[grid]"
 
 
 def seed_claims(claims: list[Claim]) -> list[Claim]:
     """The claims the seeds decide or not (the gaps; the grid claims are about the tuning grid)."""
-    return [c for c in claims if not c.text.startswith("[grid]")]
+    return [c for c in claims if not c.text.startswith(GRID)]
 
 
 def _setting_text(profile: str, s: dict, horizons: list[int], spec, reads_base: bool) -> str:
@@ -783,6 +789,12 @@ def _retext(text: str) -> str:
 
 
 RESTATEMENT = MdRestatement(
-    TABLE_ID, {"std": (STD, "population")}, restated_claims, restated_notes, restated_sections, _retext
+    TABLE_ID,
+    {"std": (STD, "population")},
+    restated_claims,
+    restated_notes,
+    restated_sections,
+    _retext,
+    exact={GRID: GRID_EXACT},
 )
 register_reading_md(RESTATEMENT)

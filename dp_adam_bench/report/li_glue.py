@@ -28,12 +28,14 @@ from dp_adam_bench.report.context import ReportContext
 from dp_adam_bench.report.li_e2e import cells_by, epsilon_rows, lr_schedule_words, metric_rows
 from dp_adam_bench.report.li_hyperparams import noise_over_clip
 from dp_adam_bench.report.paper_rows import NOT_RUN_TITLE, NotRun, fmt, larger_is_better, section
+from dp_adam_bench.report.restate import Restatement, register
 from dp_adam_bench.report.skeleton import (
     Ordering,
     SeedStats,
     Table,
     complete_runs,
     ordering_claims,
+    restated_rule_notes,
     rule_notes,
 )
 from dp_adam_bench.report.stats import STD_SUFFIX
@@ -414,3 +416,14 @@ def _notes(found, profile: str) -> list[str]:
         "The paper's epsilon columns are for its own N, B and epochs (results/li_glue_accounting.md), not ours."
     )
     return notes + incomplete_note(found.incomplete)
+
+
+register(
+    Restatement(
+        TABLE_ID,
+        {},
+        claims=lambda frame: claims_from_frame(frame, load_paper("li")["glue"]),
+        notes=lambda old, claims: restated_rule_notes(old, claims, (), WHAT),
+        digits=3,
+    )
+)

@@ -26,9 +26,15 @@ from dp_adam_bench.report.aggregate import group_values, select_best
 from dp_adam_bench.report.common import Claim, incomplete_note, write_table
 from dp_adam_bench.report.context import ReportContext
 from dp_adam_bench.report.expected import preset_runs
+from dp_adam_bench.report.restate import Restatement, register
+from dp_adam_bench.report.skeleton import GRID_EXACT
 
 if TYPE_CHECKING:
     from dp_adam_bench.sweep import Selection
+
+
+#: the opening of a pilot table's claim lines
+PILOT = "[pilot]"
 
 
 def _order(v):
@@ -90,10 +96,12 @@ class PilotGroup:
                 )
             if len(grid) > 1:
                 claims.append(
-                    Claim(
-                        f"[pilot] {label}: the chosen {tuned[i]} is inside its grid",
+                    Claim.exact(
+                        f"{PILOT} {label}: the chosen {tuned[i]} is inside its grid",
                         grid[0] < best[i] < grid[-1],
                         f"{tuned[i]} = {best[i]:g} of {', '.join(f'{v:g}' for v in grid)}",
+                        GRID_EXACT,
+                        from_runs=True,
                     )
                 )
         return claims, unchecked
@@ -173,3 +181,21 @@ def build(ctx: ReportContext | None, preset: str, table: str | tuple[str, ...], 
         digits=4,
         missing=runs.missing,
     )
+
+
+def _restatement(table: str) -> Restatement:
+    """A pilot table re-stated from its md: its only claims are the grid checks, exact (:data:`GRID_EXACT`)."""
+    return Restatement(
+        table, {}, claims=lambda frame: [], notes=lambda old, claims: old, exact={PILOT: GRID_EXACT}
+    )
+
+
+def _register_pilot_tables() -> None:
+    from dp_adam_bench.report.registry import REPORTS
+
+    for name in REPORTS.names():
+        if REPORTS.get(name).builder.endswith("pilots:build"):
+            register(_restatement(name))
+
+
+_register_pilot_tables()

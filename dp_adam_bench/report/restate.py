@@ -18,20 +18,27 @@ import importlib
 import re
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from dp_adam_bench.report import stats
-from dp_adam_bench.report.common import VERDICTS, Claim, write_table
+from dp_adam_bench.report.common import INCOMPLETE, VERDICTS, Claim, write_table
 
 CLAIMS_HEADING = "## Paper claims checked here"
 NOTES_HEADING = "## Notes"
 RESTATED = (
+    "Re-stated from this table's own CSV (and md) under the shared rule (dp_adam_bench/report/stats.py: five "
+    "states by Welch's t, sample std; exact quantities against a stated tolerance), its runs not re-run: "
+    "`python -m dp_adam_bench.report.restate {table}`. The numbers are the runs'; the claim lines and the notes "
+    "that word the rule are new."
+)
+#: the notes that said so under the rules before (replaced by :data:`RESTATED`)
+OLD_RESTATED = (
     "Re-stated from this table's CSV under the shared rule (dp_adam_bench/report/stats.py: Welch's t, sample "
     "std), its runs not re-run: `python -m dp_adam_bench.report.restate {table}`. The numbers are the runs'; the "
-    "claim lines and the notes that word the rule are new."
+    "claim lines and the notes that word the rule are new.",
 )
 
 
@@ -54,6 +61,12 @@ class Restatement:
     #: (frame, the md's (heading, body) sections) -> the sections; None keeps them as they are. For a section the
     #: builder computes from the table's cells (a table of gaps), it returns the section as the builder writes it.
     sections: Callable[[pd.DataFrame, list[tuple[str, str]]], list[tuple[str, str]]] | None = None
+    #: exact claims the builder does not re-check from the CSV (their inputs are not in it): claim-text prefix ->
+    #: why the claim is exact (its tolerance and reason, :meth:`Claim.exact`). An old line of one keeps its
+    #: detail, its verdict turned into matches / differs (an exact quantity's verdict is the same under every rule)
+    exact: Mapping[str, str] = field(default_factory=dict)
+    #: (frame, the notes :attr:`notes` gave) -> the notes, for notes the builder computes from the table's cells
+    frame_notes: Callable[[pd.DataFrame, list[str]], list[str]] | None = None
 
     def restate(self, results: Path) -> list[Path]:
         return apply(self, results)
@@ -63,9 +76,40 @@ class Restatement:
 REGISTRY: dict = {}
 
 
+@dataclass(frozen=True)
+class Rebuild:
+    """An exact table, built from no runs (an accountant, a benchmark's CSV): re-stated by building it again into
+    the folder, its builder's claims under the current rule."""
+
+    table: str
+
+    def restate(self, results: Path) -> list[Path]:
+        from dp_adam_bench.report.context import ReportContext
+        from dp_adam_bench.report.registry import build, spec
+
+        if spec(self.table).experiment is not None:
+            raise ValueError(f"table {self.table!r} is built from runs: it needs a restatement from its CSV")
+        return build(self.table, ReportContext(out=results))[:2]
+
+
 def register(r):
     REGISTRY[r.table] = r
     return r
+
+
+def read_table_csv(path: Path, text: tuple[str, ...] = ()) -> pd.DataFrame:
+    """A table's CSV as its builder's frame held it: ``text`` columns as text, and a column of whole numbers with
+    blanks (a nullable integer the builder wrote, e.g. the seeds of a row that has none) as integers again, not the
+    floats pandas reads them as (which would print "4.000" where the builder printed "4")."""
+    frame = pd.read_csv(path, dtype={c: str for c in text})
+    raw = pd.read_csv(path, dtype=str, keep_default_na=False)
+    for col in frame.columns:
+        if col in text or not pd.api.types.is_float_dtype(frame[col]) or not frame[col].isna().any():
+            continue
+        written = [v for v in raw[col] if v != ""]
+        if written and all(re.fullmatch(r"-?\d+", v) for v in written):
+            frame[col] = frame[col].astype("Int64")
+    return frame
 
 
 def restated_frame(frame: pd.DataFrame, spreads: Mapping[str, tuple[str, str]]) -> pd.DataFrame:
@@ -123,19 +167,52 @@ def parse_markdown(text: str) -> Markdown:
     )
 
 
-def claim_of_line(line: str) -> Claim:
-    """The :class:`Claim` whose :meth:`~Claim.line` is ``line``."""
-    m = re.match(r"- (.*?): \*\*(" + "|".join(map(re.escape, VERDICTS)) + r")\*\*(?: \((.*)\))?$", line, re.S)
-    if not m or m.group(2) == "incomplete":
+#: verdicts of the rules before the five states, read back from an old md (a line carrying one is re-checked)
+LEGACY_VERDICTS = ("does not hold",)
+#: verdicts that an old rule wrote too, with another meaning: a line carrying one is re-checked, never kept
+AMBIGUOUS_VERDICTS = ("holds",)
+
+
+@dataclass(frozen=True)
+class ClaimLine:
+    """One claim line of an md as written: its text, its verdict and its detail."""
+
+    text: str
+    verdict: str
+    detail: str
+
+    def claim(self, exact: Mapping[str, str] | None = None) -> Claim:
+        """The :class:`Claim` of a line under the current rule; an old exact one (its text starts with a key of
+        ``exact``) in matches / differs with its reason; ValueError for another of an old rule."""
+        why = next((w for prefix, w in (exact or {}).items() if self.text.startswith(prefix)), None)
+        if why is not None and self.verdict in ("holds", "does not hold"):
+            return Claim.exact(self.text, self.verdict == "holds", self.detail, why, from_runs=True)
+        if self.verdict in (*LEGACY_VERDICTS, *AMBIGUOUS_VERDICTS):
+            raise ValueError(
+                f"claim {self.text[:80]!r} says {self.verdict!r}: re-check it under the current rule"
+            )
+        return Claim(self.text, self.verdict, self.detail)
+
+
+def claim_of_line(line: str) -> ClaimLine:
+    """The text, verdict and detail of a claim line (:meth:`Claim.line`), under the current rule or an old one."""
+    verdicts = (*VERDICTS, *LEGACY_VERDICTS)
+    m = re.match(r"- (.*?): \*\*(" + "|".join(map(re.escape, verdicts)) + r")\*\*(?: \((.*)\))?$", line, re.S)
+    if not m or m.group(2) == INCOMPLETE:
         raise ValueError(f"not a complete claim line: {line[:80]!r}")
-    holds = {"holds": True, "does not hold": False, "not checked": None}[m.group(2)]
-    return Claim(m.group(1), holds, m.group(3) or "")
+    return ClaimLine(m.group(1), m.group(2), m.group(3) or "")
 
 
-def merged_claims(old_lines: list[str], new: list[Claim]) -> list[Claim]:
-    """The md's claims with each one the builder re-checks replaced in place by its new statement."""
+def merged_claims(
+    old_lines: list[str], new: list[Claim], exact: Mapping[str, str] | None = None
+) -> list[Claim]:
+    """The md's claims with each one the builder re-checks replaced in place by its new statement. A line the
+    builder does not re-check is kept where it is under the current rule, or turned into matches / differs where
+    it is exact (``exact``: :attr:`Restatement.exact`); another under an old rule is refused."""
     by_text = {c.text: c for c in new}
-    out = [by_text.pop(c.text, c) for c in map(claim_of_line, old_lines)]
+    out = []
+    for parsed in map(claim_of_line, old_lines):
+        out.append(by_text.pop(parsed.text) if parsed.text in by_text else parsed.claim(exact))
     if by_text:
         raise ValueError(f"re-checked claims not in the md: {sorted(by_text)}")
     return out
@@ -147,6 +224,8 @@ def restate(table: str, results: Path) -> list[Path]:
     :class:`~dp_adam_bench.report.restate_md.MdRestatement`, which re-states it its own way."""
     if table not in REGISTRY:
         load_builder(table)
+    if table not in REGISTRY and table in REBUILT:
+        register(Rebuild(table))
     if table not in REGISTRY:
         for other in _report_tables():  # every builder registers its restatements when imported
             load_builder(other)
@@ -170,11 +249,15 @@ def apply(r: Restatement, results: Path, md_text: str | None = None) -> list[Pat
     caller has already read (and reworded) it; nothing is written before the whole table is re-stated."""
     csv_path, md_path = committed(results, r.table)
     table = r.table
-    frame = restated_frame(pd.read_csv(csv_path, dtype={c: str for c in r.text}), r.spreads)
+    frame = restated_frame(read_table_csv(csv_path, r.text), r.spreads)
     md = parse_markdown(md_path.read_text() if md_text is None else md_text)
-    claims = merged_claims(md.claims, r.claims(frame))
+    claims = merged_claims(md.claims, r.claims(frame), r.exact)
     line = RESTATED.format(table=table)
-    notes = [n for n in r.notes(md.notes, claims) if n != line] + [line]
+    said = {line, *(old.format(table=table) for old in OLD_RESTATED)}
+    notes = r.notes(md.notes, claims)
+    if r.frame_notes is not None:
+        notes = r.frame_notes(frame, notes)
+    notes = [n for n in notes if n not in said] + [line]
     figure = Path(re.match(r"!\[.*?\]\((.*)\)", md.figure).group(1)) if md.figure else None
     return write_table(
         table,
@@ -189,6 +272,19 @@ def apply(r: Restatement, results: Path, md_text: str | None = None) -> list[Pat
         digits=r.digits,
         extra_sections=r.sections(frame, md.sections) if r.sections else md.sections,
     )[:2]
+
+
+#: the exact tables (no runs) re-stated by building them again, each in seconds to a minute (privacy_audit, which
+#: audits 175 runs in minutes, and li_ghost_clipping, a view of a benchmark that moves, are re-stated from their md
+#: and CSV instead)
+REBUILT = (
+    "ganesh_mechanisms",
+    "li_e2e_accounting",
+    "li_glue_accounting",
+    "li_dialog_accounting",
+    "tang_budget",
+    "lecture_mechanisms",
+)
 
 
 def _report_tables() -> tuple[str, ...]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -33,6 +33,7 @@ class MdRestatement:
     notes: Callable[[list[str], list[Claim], restate.Markdown], list[str]]
     sections: Callable[[pd.DataFrame, restate.Markdown, Path], Sections]
     retext: Callable[[str], str] = str
+    exact: Mapping[str, str] = field(default_factory=dict)  # restate.Restatement.exact
     digits: int = 4
     text: tuple[str, ...] = ()  # columns read back as text (restate.Restatement.text)
 
@@ -59,6 +60,7 @@ def restate_md(r: MdRestatement, results: Path) -> list[Path]:
         digits=r.digits,
         text=r.text,
         sections=lambda frame, _: r.sections(frame, md, results),
+        exact=r.exact,
     )
     return restate.apply(bound, results, md_text=retexted(text, md.claims, r.retext))
 

@@ -7,7 +7,7 @@ A builder on this skeleton reads, top to bottom::
     found = complete_runs(ctx, table_id, command)            # the preset's runs, or one line saying what to run
     cells = {key: SeedStats.of(values), ...}                # one cell per row of the table, over seeds
     frame = pd.DataFrame(rows)                              # paper beside ours, ours_sample_std, n
-    claims = ordering_claims(ORDERINGS, cells, ...)         # each with its Welch test and, if undecided, the flag
+    claims = ordering_claims(ORDERINGS, cells, ...)         # each in one of the five states, with its Welch test
     notes = rule_notes(claims) + [...] + run_folder_notes(found)  # the rule first, then the table's
     return Table(table_id, title, command, frame, ...).write(ctx.out)
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
@@ -59,11 +59,27 @@ def gap(a: SeedStats, b: SeedStats, over: str = "seeds") -> stats.Gap:
     return stats.welch(a.mean, a.std, a.n, b.mean, b.std, b.n, unit=over)
 
 
+def versus(cell: SeedStats, threshold: float, *, above: bool, over: str = "seeds") -> stats.Gap:
+    """Welch's test of a cell against a number (:func:`stats.against`), its difference positive in the claimed
+    direction (``above``: the cell above the number)."""
+    g = stats.against(cell.mean, cell.std, cell.n, threshold, unit=over)
+    return g if above else stats.flipped(g)
+
+
+def within(cell: SeedStats, lo: float, hi: float, over: str = "seeds") -> stats.Gap:
+    """A cell inside the band [lo, hi]: the test against the nearer end, positive inside (the binding one of the two
+    one-sided tests of an equivalence claim)."""
+    if abs(cell.mean - lo) <= abs(hi - cell.mean):
+        return versus(cell, lo, above=True, over=over)
+    return versus(cell, hi, above=False, over=over)
+
+
 @dataclass(frozen=True)
 class Ordering:
     """A paper's ordering claim between two cells: ``better`` ahead of ``worse`` (by a larger mean, or a smaller one
-    with ``lower_is_better``). ``strict``: a tie does not hold. ``paper``: what the paper reports for it (printed
-    in the claim's detail)."""
+    with ``lower_is_better``). ``strict``: a tie is not the paper's direction. ``paper``: what the paper reports
+    for it (printed in the claim's detail). ``not_independent``: why the cells' test is not an independent one
+    (their hyper-parameters were chosen on the seeds it reads): then the claim agrees or disagrees, never more."""
 
     better: Hashable
     worse: Hashable
@@ -71,29 +87,29 @@ class Ordering:
     strict: bool = True
     paper: str = ""
     lower_is_better: bool = False
+    not_independent: str = ""
 
 
 def ordering_claim(
     o: Ordering, better: SeedStats, worse: SeedStats, *, unit: str = "", digits: int = 2, over: str = "seeds"
 ) -> Claim:
-    """The claim ``o`` checked on two cells: it holds when the means are in the paper's order; its detail gives the
-    means, the margin and Welch's test (t > 0 in the paper's order; ``over``: what a cell averages over), and
-    :data:`stats.WITHIN_SEED_NOISE` when the seeds cannot decide it."""
+    """The claim ``o`` checked on two cells, in one of the five states (:func:`stats.state`): its detail gives the
+    means, the margin and Welch's test (t > 0 in the paper's order; ``over``: what a cell averages over), and where
+    the seeds do not decide it, the seeds a cell that would."""
     g = (
         gap(worse, better, over) if o.lower_is_better else gap(better, worse, over)
     )  # t > 0: the paper's order
-    margin = g.diff
-    holds = margin > 0 if o.strict else margin >= 0
+    state = stats.state(g, strict=o.strict, independent=not o.not_independent)
     u = f" {unit}" if unit else ""
     parts = [
-        f"{better.mean:.{digits}f} vs {worse.mean:.{digits}f}{u}, margin {margin:+.{digits}f}",
+        f"{better.mean:.{digits}f} vs {worse.mean:.{digits}f}{u}, margin {g.diff:+.{digits}f}",
         g.test(),
     ]
     if o.paper:
         parts.append(f"paper: {o.paper}")
     if g.flag():
         parts.append(g.flag())
-    return Claim(o.text, holds, "; ".join(parts))
+    return Claim.compared(o.text, state, "; ".join(parts), not_independent=o.not_independent)
 
 
 def ordering_claims(
@@ -109,33 +125,42 @@ def ordering_claims(
     for o in orderings:
         if o.better in cells and o.worse in cells:
             claim = ordering_claim(o, cells[o.better], cells[o.worse], unit=unit, digits=digits)
-            out.append(Claim(prefix + claim.text, claim.holds, claim.detail) if prefix else claim)
+            out.append(replace(claim, text=prefix + claim.text) if prefix else claim)
     return out
 
 
 def within_noise(claim: Claim) -> bool:
-    """Whether an ordering claim carries the :data:`stats.WITHIN_SEED_NOISE` flag."""
-    return stats.WITHIN_SEED_NOISE in claim.detail
+    """Whether the seeds leave a comparison undecided: agrees or disagrees, not decided, or untested."""
+    return claim.state in (stats.AGREES, stats.DISAGREES, stats.UNTESTED)
 
 
-#: the opening words of the notes :func:`rule_notes` writes (a re-statement replaces every note that opens so)
-RULE_NOTE_OPENINGS = ("Claims: 'holds' when", "No ordering above")
+#: why a claim that a tuned value was chosen inside its grid is exact (:meth:`Claim.exact`)
+GRID_EXACT = (
+    "which grid value the tuning chose is a fact of its runs, no test over seeds; inside = strictly between the "
+    "grid's two ends"
+)
+
+
+#: the opening words of the notes :func:`rule_notes` writes, now and under the rules before (a re-statement
+#: replaces every note that opens so)
+RULE_NOTE_OPENINGS = ("Verdicts (", "No comparison above", "Claims: 'holds' when", "No ordering above")
 
 
 def noise_note(claims: Sequence[Claim], what: str = "the optimizers") -> list[str]:
-    """The note a table gets when none of its ordering claims is decided by its seeds: untested (one seed a cell)
-    or, where some are tested, not decided by Welch's t."""
-    if not claims or not all(within_noise(c) for c in claims):
+    """The note a table gets when none of its comparisons is decided by its seeds: untested (one seed a cell) or,
+    where some are tested, not decided by Welch's t."""
+    compared = [c for c in claims if c.state in stats.STATES]
+    if not compared or not all(within_noise(c) for c in compared):
         return []
-    if all(f"{stats.WITHIN_SEED_NOISE} (no test: fewer than 2 " in c.detail for c in claims):
+    if all(c.state == stats.UNTESTED for c in compared):
         return [
-            "No ordering above can be tested: with one seed a cell there is no spread to test a gap against, so this "
-            "profile neither reproduces nor contradicts the paper's orderings."
+            "No comparison above can be tested (each says why: one seed a cell, or no spread over seeds kept), so "
+            "this profile neither reproduces nor contradicts the paper's orderings."
         ]
     return [
-        f"No ordering above is decided by the seeds (Welch's t: p >= {stats.LEVEL:g}, or no test, for every one): "
-        f"at this budget {what} are indistinguishable, so this profile neither reproduces nor contradicts the "
-        "paper's orderings."
+        f"No comparison above is decided by the seeds (Welch's t: p >= {stats.LEVEL:g}, or no test, for every "
+        f"one): at this budget {what} are indistinguishable, so this profile neither reproduces nor contradicts "
+        "the paper's orderings."
     ]
 
 
@@ -155,13 +180,21 @@ def restated_rule_notes(
 
 
 def rule_note() -> str:
-    """The statistical rule in one line, for a table's notes."""
-    return (
-        f"Claims: 'holds' when the means are in the paper's order; whether the seeds decide it is Welch's t-test "
-        f"(two-sided, p < {stats.LEVEL:g}, Welch-Satterthwaite degrees of freedom); one they do not decide is "
-        "flagged as within seed noise, with the seeds a cell that would decide it if the gap and spread seen "
-        f"were the truth. Spreads are the {stats.STD_CONVENTION}."
-    )
+    """The rule in one line, for a table's notes."""
+    return RULE_NOTE
+
+
+#: the rule in one line (:mod:`dp_adam_bench.report.stats`)
+RULE_NOTE = (
+    f"Verdicts (dp_adam_bench/report/stats.py): a comparison of our cells *holds* when its means are in the "
+    f"paper's direction and Welch's t-test (two-sided, Welch-Satterthwaite degrees of freedom, printed) gives "
+    f"p < {stats.LEVEL:g}; it is *agrees, not decided* or *disagrees, not decided* with p >= {stats.LEVEL:g} (with "
+    "the seeds a cell that would decide it if the gap and spread seen were the truth), *contradicted* against the "
+    f"paper's direction with p < {stats.LEVEL:g}, and *untested* with fewer than 2 seeds a cell; cells whose "
+    "hyper-parameters were chosen on the seeds the test reads are at most agreed or disagreed with. An exact "
+    "quantity *matches* or *differs* against the tolerance it states. Spreads are the "
+    f"{stats.STD_CONVENTION}."
+)
 
 
 def complete_runs(ctx: ReportContext, table_id: str, command: str, preset: str | None = None) -> PresetRuns:

@@ -1,4 +1,5 @@
-"""The one statistical rule every report applies to a claim about seeds: Welch's t-test.
+"""The one statistical rule every report applies to a claim: five states for a comparison of our cells over seeds,
+two for an exact quantity.
 
 A table cell is the mean of a metric over ``n`` seeds. An ordering claim ("A beats B") compares two cells; whether
 the seeds can decide it is Welch's unequal-variance t-test (Welch 1947, Biometrika 34(1-2)), with its
@@ -7,9 +8,14 @@ where a gap of 2 standard errors is p ~ 0.13-0.24: "beyond 2 SE" is no test at t
 
 * **Spread.** Every std a report prints or writes to a CSV is the *sample* standard deviation over seeds
   (ddof = 1, :data:`STD_CONVENTION`); CSV columns carrying one end in :data:`STD_SUFFIX`, so the header names it.
-* **Verdict.** A claim's verdict (holds / does not hold) is the sign of the gap of the means; :class:`Gap` says
-  whether the seeds decide it (p < :data:`LEVEL`) and, where they do not, the report writes
-  :data:`WITHIN_SEED_NOISE` beside the verdict.
+* **States** (:func:`state`). A comparison of our cells is :data:`HOLDS` (the paper's direction, Welch's
+  p < :data:`LEVEL`, its degrees of freedom printed), :data:`AGREES` (the paper's direction, p >= LEVEL),
+  :data:`DISAGREES` (the other direction, p >= LEVEL), :data:`CONTRADICTED` (the other direction, p < LEVEL) or
+  :data:`UNTESTED` (fewer than 2 seeds a cell, or a value not finite). Where the cells' hyper-parameters were chosen
+  on the very seeds the test reads, no p is an independent test: the claim agrees or disagrees, never more. A claim
+  made of several comparisons (every row, a chain a > b > c) holds only if each part holds (:func:`combine`).
+* **Exact quantities** (an accountant's epsilon, a deterministic value, a count of audited rows) are
+  :data:`MATCHES` or :data:`DIFFERS` against a tolerance whose reason the claim states.
 * **Seeds to decide.** Where two cells cannot be told apart, :func:`seeds_to_decide` says how many seeds a cell
   would, *if the gap and the spread seen were the truth* (the smallest n per cell at which that gap gives
   p < LEVEL). It is always more than the seeds already run: the count already run never "suffices".
@@ -19,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from scipy import stats as _scipy_stats
 
@@ -29,8 +35,17 @@ LEVEL = 0.05
 STD_CONVENTION = "sample std over seeds (ddof = 1)"
 #: the suffix of every CSV column that holds a spread (the header names the convention)
 STD_SUFFIX = "_sample_std"
-#: the flag a claim carries when its seeds cannot decide it
-WITHIN_SEED_NOISE = "WITHIN SEED NOISE"
+#: the five states of a comparison of our cells (:func:`state`)
+HOLDS = "holds"
+AGREES = "agrees, not decided"
+DISAGREES = "disagrees, not decided"
+CONTRADICTED = "contradicted"
+UNTESTED = "untested"
+STATES = (HOLDS, AGREES, DISAGREES, CONTRADICTED, UNTESTED)
+#: the two states of an exact quantity against a stated tolerance
+MATCHES = "matches"
+DIFFERS = "differs"
+EXACT = (MATCHES, DIFFERS)
 #: the most seeds a cell :func:`seeds_to_decide` looks for before it says "more than"
 MAX_SEEDS = 10_000
 
@@ -56,7 +71,8 @@ def _welch_df(va: float, na: int, vb: float, nb: int) -> float:
     a, b = va / na, vb / nb
     if a + b == 0:
         return float(na + nb - 2)
-    return (a + b) ** 2 / (a**2 / (na - 1) + b**2 / (nb - 1))
+    # a side without variance (a number, not a cell) adds nothing to the denominator
+    return (a + b) ** 2 / ((a**2 / (na - 1) if a else 0.0) + (b**2 / (nb - 1) if b else 0.0))
 
 
 def _p_value(diff: float, va: float, na: int, vb: float, nb: int) -> tuple[float, float, float, float]:
@@ -86,6 +102,7 @@ class Gap:
     p: float | None = None
     seeds: int | None = None  # seeds a cell that would decide this gap (None: decided, or cannot say)
     unit: str = "seeds"  # what a cell averages over ("trials" where one run's trials are the repetitions)
+    threshold: str | None = None  # against a number, not a cell (:func:`against`): the number as printed
 
     @property
     def decided(self) -> bool:
@@ -94,12 +111,15 @@ class Gap:
 
     def test(self) -> str:
         """The test in words: ``t = 2.31 (Welch, df 1.8), p = 0.16 over 2 / 2 seeds``."""
+        over = (
+            f"{self.n_a} / {self.n_b} {self.unit}"
+            if self.threshold is None
+            else f"{self.n_a} {self.unit} against {self.threshold}"
+        )
         if self.p is None:
-            return f"no test: {self.n_a} / {self.n_b} {self.unit}" + (
-                "" if math.isfinite(self.diff) else ", a value not finite"
-            )
+            return f"no test: {over}" + ("" if math.isfinite(self.diff) else ", a value not finite")
         t = f"{self.t:+.2f}" if math.isfinite(self.t) else ("+inf" if self.t > 0 else "-inf")
-        return f"t = {t} (Welch, df {self.df:.1f}), p = {format_p(self.p)} over {self.n_a} / {self.n_b} {self.unit}"
+        return f"t = {t} (Welch, df {self.df:.1f}), p = {format_p(self.p)} over {over}"
 
     @property
     def one_seed(self) -> bool:
@@ -113,11 +133,10 @@ class Gap:
         return f"fewer than 2 {self.unit} a cell" if self.one_seed else "a value not finite"
 
     def flag(self) -> str:
-        """``""`` when decided; else the :data:`WITHIN_SEED_NOISE` flag with how many seeds would decide it."""
-        if self.decided:
+        """``""`` when decided or untested (:meth:`test` says why there is no test); else how many seeds a cell
+        would decide it."""
+        if self.decided or self.p is None:
             return ""
-        if self.p is None:
-            return f"{WITHIN_SEED_NOISE} (no test: {self.untested()})"
         need = (
             f"~{self.seeds} {self.unit} a cell would decide it if the gap and spread seen were the truth"
             if self.seeds
@@ -127,7 +146,7 @@ class Gap:
                 else f"more than {MAX_SEEDS:,} {self.unit} a cell would be needed at the spread seen"
             )
         )
-        return f"{WITHIN_SEED_NOISE} (p = {format_p(self.p)} >= {LEVEL:g} by Welch's t; {need})"
+        return f"not decided: p = {format_p(self.p)} >= {LEVEL:g} by Welch's t; {need}"
 
 
 def format_p(p: float) -> str:
@@ -170,16 +189,14 @@ def seeds_to_decide(diff: float, std_a: float, std_b: float, *, start: int) -> i
     if diff == 0 or not all(math.isfinite(x) for x in (diff, std_a, std_b)):
         return None
     va, vb = std_a**2, std_b**2
+    return _first_deciding(lambda n: _p_value(diff, va, n, vb, n)[3] < LEVEL, start)
 
-    def decides(n: int) -> bool:
-        return _p_value(diff, va, n, vb, n)[3] < LEVEL
 
+def _first_deciding(decides, start: int) -> int | None:
+    """The smallest n > ``start`` (at most :data:`MAX_SEEDS`) with ``decides(n)``; p falls as n grows, so bisect."""
     if not decides(MAX_SEEDS):
         return None
-    lo, hi = (
-        max(start, 1),
-        MAX_SEEDS,
-    )  # decides(hi); p falls as n grows, so bisect on the first n that decides
+    lo, hi = max(start, 1), MAX_SEEDS
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if decides(mid):
@@ -187,3 +204,54 @@ def seeds_to_decide(diff: float, std_a: float, std_b: float, *, start: int) -> i
         else:
             lo = mid
     return hi
+
+
+def state(g: Gap, *, strict: bool = True, independent: bool = True) -> str:
+    """The state of a comparison whose ``g.diff > 0`` is the paper's direction (``>= 0`` when not ``strict``: a tie
+    is the paper's "at least"). ``independent``: False where the cells' hyper-parameters were chosen on the seeds
+    the test reads, so that p is no independent test and the claim is at most agreed or disagreed with."""
+    if g.p is None:
+        return UNTESTED
+    agree = g.diff > 0 if strict else g.diff >= 0
+    if g.decided and independent:
+        return HOLDS if agree else CONTRADICTED
+    return AGREES if agree else DISAGREES
+
+
+def combine(states: Sequence[str]) -> str:
+    """The state of a claim made of several comparisons that must all go the paper's way (every row, a chain
+    a > b > c): contradicted by any contradicted part, held only when every part holds, untested where a part is
+    untested, else not decided: disagrees where a part does, agrees where every part does."""
+    states = list(states)
+    if not states:
+        raise ValueError("combine needs at least one state")
+    bad = [s for s in states if s not in STATES]
+    if bad:
+        raise ValueError(f"combine takes the states of comparisons {STATES}, got {bad}")
+    if CONTRADICTED in states:
+        return CONTRADICTED
+    if all(s == HOLDS for s in states):
+        return HOLDS
+    if UNTESTED in states:
+        return UNTESTED
+    return DISAGREES if DISAGREES in states else AGREES
+
+
+def against(mean: float, std: float | None, n: int, threshold: float, unit: str = "seeds") -> Gap:
+    """Welch's test of ``mean - threshold`` where the threshold is a number, not a cell: Welch-Satterthwaite with the
+    other side's variance 0, i.e. the one-sample t-test on n - 1 degrees of freedom."""
+    diff = float(mean) - float(threshold)
+    name = f"{threshold:.4g}"
+    if n < 2 or std is None or not all(math.isfinite(x) for x in (mean, std, threshold)):
+        return Gap(diff, n, n, unit=unit, threshold=name)
+    va = float(std) ** 2
+    se, t, df, p = _p_value(diff, va, n, 0.0, 1)
+    seeds = None
+    if p >= LEVEL and diff != 0 and se > 0:
+        seeds = _first_deciding(lambda k: _p_value(diff, va, k, 0.0, 1)[3] < LEVEL, n)
+    return Gap(diff, n, n, se=se, t=t, df=df, p=p, seeds=seeds, unit=unit, threshold=name)
+
+
+def flipped(g: Gap) -> Gap:
+    """``g`` read the other way round (b - a): its difference and t change sign, its test does not."""
+    return replace(g, diff=-g.diff, t=None if g.t is None else -g.t)
