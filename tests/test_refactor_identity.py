@@ -457,8 +457,8 @@ PLANNED = (
 #: what runs record since the goldens (issue 45: which parameters trained, and that each moved), left out: the
 #: summary's and the checkpoint's new entries, and the config's new lines at the values that compute what the
 #: goldens' runs computed
-ADDED_SUMMARY = ("finetune", "moved_check")
-ADDED_CHECKPOINT = ("moved_check",)
+ADDED_SUMMARY = ("finetune", "moved_check", "post_processing_check")
+ADDED_CHECKPOINT = ("moved_check", "post_processing_check")
 #: the participation ledger's batch-repeat checks (issue 56): their checks, their entry in its report, and its
 #: per-step record in its state, left out in the same way
 ADDED_CHECKS = ("repeated_batch", "near_repeat")
@@ -476,7 +476,10 @@ def _before_added_checks(record: dict) -> dict:
     return out
 
 
-ADDED_CONFIG_LINES = ("  moved_check: 3\n",)
+ADDED_CONFIG_LINES = (
+    "  moved_check: 3\n",
+    "  post_processing_check:\n    enabled: true\n    every: auto\n    budget: 0.02\n",  # issue 56
+)
 
 #: what the privacy plan records since the goldens (issue 56: N, q, B and the sampler, which a resume compares), left
 #: out of the plan, the summary's privacy_plan and the checkpoint's plan

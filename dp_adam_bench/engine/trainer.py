@@ -258,6 +258,7 @@ def _record_stop(folder: Path, session: PrivateTraining, err: Exception) -> None
         "step": session.steps_done,
         "engine_watch": session.watch.describe() if session.watch is not None else {},
         "noise_check": session.noise_check.describe() if session.noise_check is not None else {},
+        "post_processing_check": session.post_check.describe() if session.post_check is not None else {},
     }
     atomic_write_text(folder / STOPPED_FILE, json.dumps(json_safe(record), indent=2))
 
@@ -502,6 +503,8 @@ def _summary(
         "stopped_by_budget": plan.steps < plan.sampler.steps,
         "train_time_s": time.time() - t0,
         "final_params_sha1": _params_digest(backend.params),
+        # steps replayed behind the same release with another private batch (engine/post_processing.py)
+        "post_processing_check": session.post_check.describe() if session.post_check is not None else None,
     }
     if getattr(backend.task, "data_note", None):  # what model and data (e.g. pretrained on what, how long)
         summary["data_note"] = backend.task.data_note
