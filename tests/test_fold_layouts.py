@@ -287,3 +287,49 @@ def test_a_generic_output_broadcast_over_the_batch_is_placed_or_refused(read):
     else:
         assert_matches_loop(engine.clipped_sum(batch, 0.5), model, _ids_loss, engine.params, batch, 0.5)
     engine.close()
+
+
+# --------------------------------------------------------------------------------------- gradients that cancel
+
+
+class Cancelling(nn.Module):
+    """OPT's flatten before a Linear whose output the model scales up and back down (``y * A - y * (A - 1)``,
+    A = 1e7, in float32): the backward cancels terms 1e7 times its result, so the gradient reaching the Linear is
+    mostly rounding, as on weights trained to 1e5. Weighting an example's loss by 3 changes that rounding; by a
+    power of two it does not."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(V, H)
+        self.fc = nn.Linear(H, H)
+        self.head = nn.Linear(H, C)
+
+    def forward(self, ids):
+        b, t = ids.shape
+        y = self.fc(self.emb(ids).reshape(b * t, H))
+        y = y * 1e7 - y * (1e7 - 1)
+        return self.head(torch.tanh(y).view(b, t, H).mean(1))
+
+
+def test_rows_whose_gradient_is_mostly_rounding_are_read_again_in_binary(monkeypatch):
+    """The first reading (weights 1..B) fails on such rows; the second, in binary digits (weights 1 and 2: exact
+    in floating point), places every row: the batch trains instead of being refused as if rows mixed examples."""
+    from dp_adam_bench.engine import folds
+
+    readings, owners = [], folds.owners
+
+    def spy(g, weighted, base, b):
+        found = owners(g, weighted, base, b)
+        readings.append((base, len(weighted), found[1]))
+        return found
+
+    monkeypatch.setattr(folds, "owners", spy)
+    torch.manual_seed(0)
+    model = Cancelling().to(DEVICE)
+    engine = BKEngine(model, _ids_loss)
+    batch = _gated_batch([], 0)
+    out = engine.clipped_sum(batch, 0.5)
+    assert readings == [(3, 1, False), (2, 2, True)]  # B = 3: one probe in base 3, then two binary digits
+    assert engine.fold_probes == 3 and engine.choices["fc (folded)"] == "example"
+    assert out.norms.shape == (3,) and bool(torch.isfinite(out.norms).all())
+    engine.close()

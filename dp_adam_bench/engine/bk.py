@@ -534,50 +534,70 @@ class BKEngine(GradEngine):
         (:mod:`dp_adam_bench.engine.folds`). Never kept for a later batch: which rows are whose can depend on the
         data (the real tokens of each example, with its padding dropped), and two batches with the same shapes
         can be arranged differently. The probes ask only for the fold anchor, so they run the graph above the
-        deepest folded call, not the whole backward again."""
+        deepest folded call, not the whole backward again.
+
+        Where a row does not read as one example's, the rows are read again in binary digits (weights 1 and 2,
+        ceil(log2 B) probes): a gradient dominated by rounding (a backward that cancels terms far larger than its
+        result, on weights trained to 1e5) is not scaled exactly by a weight of 3, but is by a power of two, so an
+        example's own rows then reproduce bit for bit and only rows that carry several examples' losses stay
+        unread (refused)."""
+        if not probe:  # one example: every row is its own
+            for layer, call in folded:
+                if call.grad is not None:
+                    call.rows = torch.arange(call.grad.shape[0], device=call.grad.device)[None]
+                    call.fold_kind = "example"
+                    self.record(f"{layer.name} (folded)", "example")
+            return
+        dtype = next((c.grad.dtype for _, c in folded if c.grad is not None), losses.dtype)
+        read = self._read_owners(folded, losses, fold_anchor, b, *folds.digits_base(b, dtype))
+        if not all(ok for _, ok in read.values()):
+            again = self._read_owners(folded, losses, fold_anchor, b, 2, max(1, (b - 1).bit_length()))
+            read = {key: again[key] if not ok else (owner, ok) for key, (owner, ok) in read.items()}
+        for layer, call in folded:
+            if call.grad is None:
+                continue
+            owner, ok = read[id(call)]
+            if not ok:
+                raise ValueError(
+                    f"bk clipping: {'module' if layer.rule is GENERIC else 'layer'} {layer.name!r} "
+                    f"({type(layer.module).__name__}) sees {call.grad.shape[0]} rows for a batch of {b} examples, "
+                    "and a row carries the losses of several examples (an input shared by the batch, such as a "
+                    "position-bias table computed once for all examples, or rows that mix examples), so no "
+                    "example's gradient of its parameters can be told apart; freeze the layer "
+                    "(requires_grad_(False)), keep the examples apart in the model's forward, or use clipping "
+                    "functorch / loop"
+                )
+            kind, index = folds.arrangement(owner, b)
+            call.rows, call.fold_kind = index, kind
+            self.record(f"{layer.name} (folded)", kind)
+
+    def _read_owners(self, folded, losses, fold_anchor, b: int, base: int, digits: int) -> dict:
+        """``{id(call): (owner, ok)}`` of every folded call with a gradient, from ``digits`` probe backwards of
+        the losses weighted by their examples' digits in ``base`` (:func:`~dp_adam_bench.engine.folds.owners`);
+        the graph is kept for another reading."""
+        calls = [call for layer in self.layers for call in layer.calls]
+        summed = [call.grad for call in calls]
         weighted: dict[int, list] = {id(call): [] for _, call in folded}
-        base = 1
-        if probe:
-            calls = [call for layer in self.layers for call in layer.calls]
-            summed = [call.grad for call in calls]
-            dtype = next((c.grad.dtype for _, c in folded if c.grad is not None), losses.dtype)
-            base, digits = folds.digits_base(b, dtype)
+        try:
             for digit in range(digits):
                 w = folds.probe_weights(b, base, digit, losses.dtype, losses.device)
                 for call in calls:
                     call.grad = None
-                torch.autograd.grad(
-                    (losses * w).sum(), [fold_anchor], allow_unused=True, retain_graph=digit < digits - 1
-                )
+                torch.autograd.grad((losses * w).sum(), [fold_anchor], allow_unused=True, retain_graph=True)
                 self.fold_probes += 1
                 for _, call in folded:
                     weighted[id(call)].append(call.grad)
+        finally:
             for call, g in zip(calls, summed, strict=True):
                 call.grad = g
-        for layer, call in folded:
-            if call.grad is None:
-                continue
-            R = call.grad.shape[0]
-            if b == 1:
-                kind, index = "example", torch.arange(R, device=call.grad.device)[None]
-            else:
+        read = {}
+        for _, call in folded:
+            if call.grad is not None:
                 gw = weighted[id(call)]
-                owner, ok = (
+                read[id(call)] = (
                     (None, False) if any(g is None for g in gw) else folds.owners(call.grad, gw, base, b)
                 )
-                if not ok:
-                    raise ValueError(
-                        f"bk clipping: {'module' if layer.rule is GENERIC else 'layer'} {layer.name!r} "
-                        f"({type(layer.module).__name__}) sees {R} rows for a batch of {b} examples, and a row "
-                        "carries the losses of several examples (an input shared by the batch, such as a "
-                        "position-bias table computed once for all examples, or rows that mix examples), so no "
-                        "example's gradient of its parameters can be told apart; freeze the layer "
-                        "(requires_grad_(False)), keep the examples apart in the model's forward, or use clipping "
-                        "functorch / loop"
-                    )
-                kind, index = folds.arrangement(owner, b)
-            call.rows, call.fold_kind = index, kind
-            self.record(f"{layer.name} (folded)", kind)
+        return read
 
     def _clipped_sum(self, batch, clip, scale):
         b = batch_len(batch)
