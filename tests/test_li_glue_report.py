@@ -180,10 +180,18 @@ def test_cells_paper_numbers_and_orderings_with_welch(isolated_dirs):
     )
     assert "RGP 50.00 % (2 runs)" in md
     assert "stays there without noise too" not in md  # no cell sits at the majority class
-    assert "MiniLM-L6 (22.7M parameters" in md and "Adam lr 0.0005 decayed linearly" in md
-    # the setting: a private full run's lr (the head's 5e-3 is not it), an infilling run's data note
+    assert (
+        "MiniLM-L6 (22.7M parameters" in md and "Adam decayed linearly to ~0 (each row's lr: the notes)" in md
+    )
+    # the setting: an infilling run's data note; each row's lr in each column, from its runs, in a note
     setting = next(line for line in md.splitlines() if line.startswith("Setting:"))
-    assert "text infilling, template T" in setting and "Adam lr 0.0005 " in setting
+    assert "text infilling, template T" in setting
+    assert (
+        "Learning rates, the preset's (configs/experiment/li_glue.yaml says where each comes from): full: eps3 "
+        "0.0005, eps8 0.0005, nonprivate 5e-05; full + infilling: eps3 0.0005, eps8 0.0005, nonprivate 5e-05; "
+        "LoRA: eps3 0.0005, eps8 0.0005, nonprivate 0.0005; RGP: eps8 0.0005; head (pooler + classifier): eps3 "
+        "0.005, eps8 0.005, nonprivate 0.005." in md
+    )
     assert "## The paper's other rows (not run here)" in md and "| full (RoBERTa-large) | eps3 |" in md
 
 
@@ -262,3 +270,95 @@ def test_the_head_row_is_ordered_against_full_fine_tuning(isolated_dirs):
     # a clean v of 0 at the median coordinate (an embedding most of whose rows no batch reaches): no ratio
     assert "full + infilling eps8: ||g|| / C 0.1, so" in md
     assert "the median coordinate's clean v is 0 (no clean gradient reaches it, the noise does)" in md
+
+
+#: the CPU profile's rows on cached frozen layers: (objective, finetune, trained blocks, pooling) -> lr per column
+CACHED = {
+    ("classifier", None, 1, "mean"): {"eps3": 3e-3, "eps8": 3e-3, "nonprivate": 3e-4},
+    ("infilling", None, 1, "cls"): {"eps3": 1e-3, "eps8": 1e-3, "nonprivate": 3e-4},
+    ("classifier", "lora", 1, "mean"): {"eps3": 1e-2, "eps8": 1e-2, "nonprivate": 1e-3},
+    ("classifier", "head", 0, "mean"): {"eps3": 0.1, "eps8": 0.1, "nonprivate": 0.01},
+}
+SIGMA = {"eps3": 0.8322, "eps8": 0.5834}  # the CPU profile's, calibrated for N = 62,349, B = 1000, 188 steps
+
+
+def _cached_store(root, accuracies: dict):
+    """Runs of the CPU profile's cached rows, three seeds a cell: ``accuracies[(objective, finetune, column)]``."""
+    n = 62_349
+    for (objective, finetune, blocks, pooling), lrs in CACHED.items():
+        for col, lr in lrs.items():
+            target = {"eps3": 3.0, "eps8": 8.0}.get(col)
+            noise = "none" if target is None else "independent"
+            for seed, acc in enumerate(accuracies[(objective, finetune, col)]):
+                cfg = _cfg(objective, noise, target, seed, finetune)
+                cfg["task"].update(cache_frozen_prefix=True, trained_blocks=blocks, pooling=pooling,
+                                   public_split=5000, public_val=1000)  # fmt: skip
+                cfg["optimizer"]["lr"] = lr
+                cfg["train"]["batch_size"] = 1000
+                sigma = SIGMA.get(col, 0.0)
+                write_run(
+                    root,
+                    "li_glue_cpu",
+                    f"{objective}-{finetune}-{col}-{seed}",
+                    cfg,
+                    {
+                        "metrics": {"test_accuracy": acc, "test_loss": 0.4},
+                        "epsilon": {"rdp": target, "prv": 0.8 * target} if target else {},
+                        "finetune": {"method": finetune, "trainable_params": 1000},
+                        "sigma": sigma,
+                        "steps": 188,
+                        "privacy_plan": {"population": n, "sampling_rate": 1000 / n},
+                        "data_note": "GLUE sst2 train (62349: the training sentences outside the 5000-sentence "
+                        "public tuning split) / dev (872)",
+                    },
+                )
+
+
+@pytest.mark.slow
+def test_rows_on_cached_layers_are_named_for_what_trains_beside_the_papers_sigma_over_b(isolated_dirs):
+    from opacus.accountants.utils import get_noise_multiplier
+
+    acc = {}
+    for (objective, finetune, _, _), lrs in CACHED.items():
+        for col in lrs:
+            base = {"eps3": 80.0, "eps8": 82.0, "nonprivate": 86.0}[col] + (
+                1.0 if objective == "infilling" else 0.0
+            )
+            acc[(objective, finetune, col)] = (base, base + 0.5, base + 1.0)
+    _cached_store(isolated_dirs / "runs", acc)
+    li_glue.build(ReportContext())
+    df = pd.read_csv(isolated_dirs / "results" / "li_glue.csv")
+    rows = dict(zip(df.method, df.row, strict=False))
+    assert rows == {
+        "classifier": "top1",
+        "infilling": "top1 + infilling",
+        "lora": "LoRA (top1)",
+        "head": "head (frozen encoder: linear on the mean-pooled embedding)",
+        "rgp": "RGP",  # no run: the paper's name
+    }
+    # sigma / B: ours from the runs' sigma and B; the paper's sigma from Opacus' own RDP calibration (the oracle)
+    ratio = df[df.quantity == "noise-batch ratio sigma / B"].set_index(["method", "column"])
+    for col, eps in (("eps3", 3.0), ("eps8", 8.0)):
+        assert ratio.loc[("classifier", col), "ours"] == pytest.approx(SIGMA[col] / 1000)
+        want = get_noise_multiplier(
+            target_epsilon=eps, target_delta=1 / (2 * 67_349), sample_rate=1000 / 67_349, steps=203,
+            accountant="rdp", epsilon_tolerance=0.001,
+        )  # fmt: skip
+        assert ratio.loc[("head", col), "paper"] == pytest.approx(want / 1000, rel=2e-3)
+    md = (isolated_dirs / "results" / "li_glue.md").read_text()
+    assert "eps3: top1 + infilling beats top1 (the plain classifier) on SST-2 accuracy: **" in md
+    head = "eps8: top1 fine-tuning beats training the head alone (frozen encoder: linear on the mean-pooled embedding)"
+    assert f"{head}: **" in md and "LoRA (top1): eps = 8 > eps = 3 (accuracy): **holds**" in md
+    assert (
+        "Learning rates, each the best final accuracy of a grid on a public tuning split (5,000 training sentences "
+        "removed from every private run's training set: trained on all but 1,000 of them" in md
+    )
+    assert "top1: eps3 0.003, eps8 0.003, nonprivate 0.0003; top1 + infilling: eps3 0.001" in md
+    setting = next(line for line in md.splitlines() if line.startswith("Setting:"))
+    assert "188 Poisson steps (q = 0.0160 of N = 62,349: 3.02 epochs)" in setting
+    assert "sigma calibrated under RDP to the column's epsilon (eps3 0.832, eps8 0.583)" in setting
+    assert "Full fine-tuning of every layer (no cached layers) is not run on the CPU profile" in md
+    # the re-statement reads the names from the CSV: the same claims as the table's
+    claims = li_glue.claims_from_frame(df, li_glue.load_paper("li")["glue"])
+    for c in claims:
+        assert f"{c.text}: **" in md, c.text

@@ -6,12 +6,16 @@ does not have either).
 
 Reads ``runs/li_glue_<profile>`` (preset ``configs/experiment/li_glue.yaml``): one cell per (method, privacy
 column) over seeds, GLUE dev accuracy and loss beside the paper's RoBERTa-base numbers (``configs/paper/li.yaml``,
-glue.metrics), and each private run's epsilon under every accountant beside the table's (the exact re-derivation of
-those digits is ``results/li_glue_accounting.md``). Claims, each with Welch's t-test of its seeds
-(:mod:`dp_adam_bench.report.stats`): infilling beats the classifier at the same epsilon (the paper's claim), RGP
-beats full fine-tuning at eps = 8 (the paper's numbers), full fine-tuning beats the head alone (the paper's thesis
-that full fine-tuning's dimension does not hurt it), and each method's non-private > eps = 8 > eps = 3 (the paper's
-own numbers do not order full's eps = 3 and 8).
+glue.metrics), each private run's epsilon under every accountant beside the table's (the exact re-derivation of
+those digits is ``results/li_glue_accounting.md``), and each private cell's noise-batch ratio sigma / B beside the
+paper's (the quantity Li et al. and McKenna et al. 2025, arXiv:2501.18914, scale on). Where the runs train the top
+of the encoder on cached frozen layers (the CPU profile, ``task.cache_frozen_prefix``) the rows are named for what
+trains (top1, top1 + infilling, LoRA on top1, the head on the frozen encoder), in the column ``row``.
+
+Claims, each judged by Welch's t-test of its seeds (:mod:`dp_adam_bench.report.stats`): infilling beats the
+classifier at the same epsilon (the paper's claim), RGP beats full fine-tuning at eps = 8 (the paper's numbers),
+full fine-tuning beats the head alone (the paper's thesis that full fine-tuning's dimension does not hurt it), and
+each method's non-private > eps = 8 > eps = 3 (the paper's own numbers do not order full's eps = 3 and 8).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import pandas as pd
 from dp_adam_bench.report.aggregate import get
 from dp_adam_bench.report.common import Claim, incomplete_note, load_paper
 from dp_adam_bench.report.context import ReportContext
-from dp_adam_bench.report.li_e2e import cells_by, epsilon_rows, lr_schedule_words, metric_rows
+from dp_adam_bench.report.li_e2e import cells_by, column_of, epsilon_rows, lr_schedule_words, metric_rows
 from dp_adam_bench.report.li_hyperparams import noise_over_clip
 from dp_adam_bench.report.paper_rows import NOT_RUN_TITLE, NotRun, fmt, larger_is_better, section
 from dp_adam_bench.report.restate import Restatement, register
@@ -58,6 +62,8 @@ PAPER_ROWS = {
     "rgp": "rgp_roberta_base",
 }
 METRICS = {"accuracy": "test_accuracy", "loss": "test_loss"}
+#: the quantity of the noise-batch ratio rows
+SIGMA_OVER_B = "noise-batch ratio sigma / B"
 TASK = "SST-2"
 #: GLUE SST-2 dev has 444 positive and 428 negative sentences: the accuracy of predicting one class throughout
 MAJORITY = 100.0 * 444 / 872
@@ -74,12 +80,19 @@ def build(ctx: ReportContext | None = None) -> list[Path]:
     found = complete_runs(ctx, TABLE_ID, command)
     by_cell = cells_by(found.complete, method_of)
     methods = {**METHODS, **{g: g for g, _ in sorted(by_cell) if g not in METHODS}}
-    frame = pd.DataFrame(_metric_rows(by_cell, paper, methods) + _privacy_rows(by_cell, paper, methods))
+    names = row_names(found.complete)
+    frame = pd.DataFrame(
+        _metric_rows(by_cell, paper, methods)
+        + _privacy_rows(by_cell, paper, methods)
+        + _noise_batch_rows(by_cell, paper, methods)
+    )
+    frame.insert(2, "row", frame["method"].map(lambda m: names.get(m, METHODS.get(m, m))))
     frame["ours_minus_paper"] = frame["ours"] - frame["paper"]
     frame["n"] = frame["n"].astype("Int64")
     claims = claims_from_frame(frame, paper)
-    notes = rule_notes(claims, WHAT) + _majority_note(frame) + _noise_note(by_cell) + _start_note(by_cell)
-    notes += _notes(found, ctx.profile) + _unchecked_claim_notes(paper)
+    notes = rule_notes(claims, WHAT) + _majority_note(frame) + _noise_note(by_cell, names)
+    notes += _start_note(by_cell, names)
+    notes += _lr_note(by_cell, names) + _notes(found, ctx.profile) + _unchecked_claim_notes(paper)
     return Table(
         TABLE_ID,
         TITLE,
@@ -154,6 +167,41 @@ def method_of(cfg) -> str:
     return str(finetune) if objective == "classifier" else f"{finetune}+{objective}"
 
 
+def row_names(complete) -> dict[str, str]:
+    """The printed name of each row whose runs train the top of the encoder on cached frozen layers
+    (``task.cache_frozen_prefix``): top<k> for full fine-tuning's objectives, LoRA / RGP on that top, the head on
+    the frozen encoder (its pooling said); rows of runs over every layer keep :data:`METHODS`' names."""
+    names = {}
+    for r in complete:
+        if not get(r.config, "task.cache_frozen_prefix"):
+            continue
+        method, k = method_of(r.config), get(r.config, "task.trained_blocks")
+        k = 1 if k is None else int(k)
+        mean = get(r.config, "task.pooling") == "mean"
+        if method == "head" or k == 0:
+            name = (
+                "head (frozen encoder: linear on the mean-pooled embedding)"
+                if mean
+                else "head (pooler + classifier, the encoder frozen)"
+            )
+        elif method == "classifier":
+            name = f"top{k}"
+        elif method == "infilling":
+            name = f"top{k} + infilling"
+        else:
+            name = f"{METHODS.get(method, method)} (top{k})"
+        names[method] = name
+    return names
+
+
+def _names(frame: pd.DataFrame) -> dict[str, str]:
+    """Row key -> printed name, from the frame's ``row`` column (:func:`row_names`); :data:`METHODS` otherwise."""
+    out = dict(METHODS)
+    if "row" in frame:
+        out.update({m: r for m, r in zip(frame["method"], frame["row"], strict=True) if isinstance(r, str)})
+    return out
+
+
 def _published(paper: dict, method: str, col: str):
     return (paper["metrics"].get(col) or {}).get(PAPER_ROWS.get(method, ""), {}).get(TASK)
 
@@ -178,6 +226,46 @@ def _privacy_rows(by_cell: dict, paper: dict, methods: dict) -> list[dict]:
     ]
 
 
+def paper_sigma(paper: dict, col: str) -> float:
+    """The paper's sigma for SST-2 at a column's epsilon: calibrated under RDP from its N, B and epochs, as
+    :mod:`~dp_adam_bench.report.li_glue_accounting` re-derives the table's epsilons."""
+    from dp_adam_bench.privacy.accounting import calibrate_sigma
+    from dp_adam_bench.report.li_glue_accounting import CALIBRATION_TOL, _setting
+
+    delta, q, steps = _setting(paper["tasks"][TASK])
+    return calibrate_sigma(
+        float(paper["accounting"][col]["rdp"]), delta, q, steps, "rdp", tol=CALIBRATION_TOL
+    )
+
+
+def _noise_batch_rows(by_cell: dict, paper: dict, methods: dict) -> list[dict]:
+    """Per private cell, sigma / B (the noise in the averaged update, in units of the clip: sigma C / B over C) from
+    the runs' own sigma and expected batch, beside the paper's (its sigma over its B = 1000)."""
+    rows = []
+    batch = float(paper["tasks"][TASK]["batch_size"])
+    for method in methods:
+        if not any(g == method for g, _ in by_cell):
+            continue
+        for col in ("eps3", "eps8"):
+            vals = [
+                float(r.summary["sigma"]) / float(get(r.config, "train.batch_size"))
+                for r in by_cell.get((method, col), [])
+                if r.summary.get("sigma") and get(r.config, "train.batch_size")
+            ]
+            rows.append(
+                {
+                    "quantity": SIGMA_OVER_B,
+                    "method": method,
+                    "column": col,
+                    "paper": paper_sigma(paper, col) / batch,
+                    "ours": float(np.mean(vals)) if vals else None,
+                    STD: None,
+                    "n": len(vals),
+                }
+            )
+    return rows
+
+
 def claims_from_frame(frame: pd.DataFrame, paper: dict) -> list[Claim]:
     """The orderings on the table's accuracy cells (its CSV holds everything they read)."""
     cells = {
@@ -186,6 +274,13 @@ def claims_from_frame(frame: pd.DataFrame, paper: dict) -> list[Claim]:
         if row["quantity"] == "accuracy" and row["n"]
     }
     ran = {method for method, _ in cells}
+    names = _names(frame)
+    full = names["classifier"]
+    # the paper's wording where every layer trains; the rows' own names where a top on cached layers does
+    full_ft = "full fine-tuning" if full == METHODS["classifier"] else f"{full} fine-tuning"
+    head = names["head"].removeprefix("head (").removesuffix(")")
+    if names["head"] == METHODS["head"]:
+        head += ", the encoder frozen"
 
     def printed(method: str, col: str) -> str:
         value = _published(paper, method, col)
@@ -195,7 +290,7 @@ def claims_from_frame(frame: pd.DataFrame, paper: dict) -> list[Claim]:
         Ordering(
             ("infilling", col),
             ("classifier", col),
-            f"{col}: full + infilling beats full (the plain classifier) on SST-2 accuracy",
+            f"{col}: {names['infilling']} beats {full} (the plain classifier) on SST-2 accuracy",
             paper=f"{printed('infilling', col)} vs {printed('classifier', col)} (RoBERTa-base)",
         )
         for col in ("eps3", "eps8")
@@ -205,7 +300,7 @@ def claims_from_frame(frame: pd.DataFrame, paper: dict) -> list[Claim]:
             Ordering(
                 ("rgp", "eps8"),
                 ("classifier", "eps8"),
-                "eps8: RGP beats full fine-tuning (both with the plain classifier) on SST-2 accuracy",
+                f"eps8: RGP beats {full_ft} (both with the plain classifier) on SST-2 accuracy",
                 paper=f"{printed('rgp', 'eps8')} vs {printed('classifier', 'eps8')} (RoBERTa-base)",
             )
         )
@@ -214,13 +309,14 @@ def claims_from_frame(frame: pd.DataFrame, paper: dict) -> list[Claim]:
             Ordering(
                 ("classifier", col),
                 ("head", col),
-                f"{col}: full fine-tuning beats training the head alone (pooler + classifier, the encoder frozen)",
+                f"{col}: {full_ft} beats training the head alone ({head})",
                 paper=f"{printed('classifier', col)} (full); the table has no head row: Li et al.'s thesis that "
                 "full fine-tuning's dimension does not hurt it",
             )
             for col in ("eps3", "eps8")
         ]
-    for objective, name in METHODS.items():
+    for objective in METHODS:
+        name = names[objective]
         if objective not in ran:
             continue
         orderings += [
@@ -243,11 +339,12 @@ def claims_from_frame(frame: pd.DataFrame, paper: dict) -> list[Claim]:
 def _majority_note(frame: pd.DataFrame) -> list[str]:
     """The cells whose every seed scored the majority-class rate: models that predict one class for every
     sentence (read from the cells' mean and spread)."""
+    names = _names(frame)
     acc = frame[(frame.quantity == "accuracy") & (frame.n > 0)]
     flat = acc[((acc.ours - MAJORITY).abs() < 1e-6) & (acc[STD].fillna(0.0) < 1e-6)]
     if flat.empty:
         return []
-    cells = ", ".join(f"{METHODS.get(r.method, r.method)} {r.column}" for r in flat.itertuples())
+    cells = ", ".join(f"{names.get(r.method, r.method)} {r.column}" for r in flat.itertuples())
     note = (
         f"At the majority-class rate ({MAJORITY:.2f} %, 444 of 872 dev sentences are positive) on every seed: "
         f"{cells}. These models predict one class for every sentence: at this budget they have not learned the "
@@ -256,7 +353,7 @@ def _majority_note(frame: pd.DataFrame) -> list[str]:
     worse = [r for r in flat.itertuples() if _loss(frame, r.method, r.column) > LN2 + LOSS_MARGIN]
     if worse:
         cells_loss = ", ".join(
-            f"{METHODS.get(r.method, r.method)} {r.column} ({_loss(frame, r.method, r.column):.3f})"
+            f"{names.get(r.method, r.method)} {r.column} ({_loss(frame, r.method, r.column):.3f})"
             for r in worse
         )
         note += (
@@ -266,9 +363,9 @@ def _majority_note(frame: pd.DataFrame) -> list[str]:
         )
     flat_np = [r.method for r in flat.itertuples() if r.column == "nonprivate"]
     if flat_np:
-        names = ", ".join(METHODS.get(m, m) for m in flat_np)
+        rows = ", ".join(names.get(m, m) for m in flat_np)
         note += (
-            f" {names} stays there without noise too: its private cells fail for lack of steps at this learning "
+            f" {rows} stays there without noise too: its private cells fail for lack of steps at this learning "
             "rate, not for the noise."
         )
     return [note]
@@ -280,10 +377,11 @@ def _loss(frame: pd.DataFrame, method: str, column: str) -> float:
     return float(row["ours"].iloc[0]) if len(row) else float("nan")
 
 
-def _noise_note(by_cell: dict) -> list[str]:
+def _noise_note(by_cell: dict, names: dict | None = None) -> list[str]:
     """Per private cell, the norm of the noise in the averaged update against the clipped mean gradient's, from the
     runs' own sigma, expected batch B and trainable count d: ||z|| = sigma C sqrt(d) / B, while the average of
     per-example gradients clipped to C has norm at most C (Li et al.'s gradient-SNR, read as an upper bound)."""
+    names = {**METHODS, **(names or {})}
     parts = []
     for (method, col), runs in sorted(by_cell.items()):
         if col == "nonprivate":
@@ -295,7 +393,7 @@ def _noise_note(by_cell: dict) -> list[str]:
                 dims.add(noise[1])
         if ratios:
             d = " / ".join(f"{x:,}" for x in sorted(dims))
-            parts.append(f"{METHODS.get(method, method)} {col} (d = {d}): {np.mean(ratios):.3g}")
+            parts.append(f"{names.get(method, method)} {col} (d = {d}): {np.mean(ratios):.3g}")
     if not parts:
         return []
     note = (
@@ -304,7 +402,7 @@ def _noise_note(by_cell: dict) -> list[str]:
         f"(C): {'; '.join(parts)}. Above 1 the update is mostly noise at every step."
     )
     measured = [
-        f"{METHODS.get(method, method)} {col}: ||g|| / C {m[0]:.3g}, so ||g|| / ||z|| {m[1]:.3g}; "
+        f"{names.get(method, method)} {col}: ||g|| / C {m[0]:.3g}, so ||g|| / ||z|| {m[1]:.3g}; "
         + (
             f"median v private / clean {m[2]:.3g}"
             if math.isfinite(m[2])
@@ -357,7 +455,7 @@ def _measured(runs) -> tuple[float, float, float] | None:
     )
 
 
-def _start_note(by_cell: dict) -> list[str]:
+def _start_note(by_cell: dict, names: dict | None = None) -> list[str]:
     """Dev accuracy of the untrained models (step 0, logged with ``train.eval_at_start``), per method: what the
     pretrained checkpoint brings before any step (for infilling, the label words' prior)."""
     at_start: dict[str, list[float]] = {}
@@ -368,8 +466,9 @@ def _start_note(by_cell: dict) -> list[str]:
                 at_start.setdefault(method, []).append(float(first["test_accuracy"]))
     if not at_start:
         return []
+    label = {**METHODS, **(names or {})}
     parts = [
-        f"{METHODS.get(m, m)} {np.mean(v):.2f} % ({len(v)} runs)"
+        f"{label.get(m, m)} {np.mean(v):.2f} % ({len(v)} runs)"
         for m, v in sorted(
             at_start.items(), key=lambda kv: list(METHODS).index(kv[0]) if kv[0] in METHODS else 99
         )
@@ -378,42 +477,118 @@ def _start_note(by_cell: dict) -> list[str]:
 
 
 def _setting(complete, profile: str) -> str:
-    """The shared setting, read from a private full fine-tuning run where there is one (the rows that train fewer
-    parameters, and the non-private ones, may take their own lr); the data note from an infilling run where there
-    is one (it adds the template, the label words and the masked-LM head to the classifier's)."""
+    """The shared setting, read from a private full fine-tuning run where there is one (its population, sampling
+    rate and steps: the privacy regime); the data note from an infilling run where there is one (it adds the
+    template, the label words and the masked-LM head to the classifier's). The learning rates are per row
+    (:func:`_lr_note`)."""
     full = [
         r for r in complete if method_of(r.config) == "classifier" and get(r.config, "noise.kind") != "none"
     ]
-    cfg = (full or complete)[0].config
+    first = (full or complete)[0]
+    cfg, plan = first.config, first.summary.get("privacy_plan") or {}
     infilling = [r for r in complete if method_of(r.config) == "infilling"]
     s = (infilling or full or complete)[0].summary
+    steps, n, q = s.get("steps"), plan.get("population"), plan.get("sampling_rate")
+    regime = f"{steps} Poisson steps"
+    if n and q and steps:
+        regime += f" (q = {float(q):.4f} of N = {int(n):,}: {float(q) * int(steps):.2f} epochs)"
+    sigmas = {
+        col: np.mean(
+            [
+                float(r.summary["sigma"])
+                for r in complete
+                if column_of(r.config) == col and r.summary.get("sigma")
+            ]
+        )
+        for col in ("eps3", "eps8")
+        if any(column_of(r.config) == col and r.summary.get("sigma") for r in complete)
+    }
+    sigma = ", ".join(f"{c} {v:.3f}" for c, v in sigmas.items())
     return (
-        f"profile {profile}: {s.get('data_note', '')}; expected B = {get(cfg, 'train.batch_size')}, "
-        f"{s.get('steps')} Poisson steps, C = {get(cfg, 'privacy.clip')}, Adam lr {get(cfg, 'optimizer.lr')} "
-        f"{lr_schedule_words(cfg)}, delta = {get(cfg, 'privacy.delta')}, sigma calibrated under RDP to the "
-        f"column's epsilon, {get(cfg, 'train.clipping')} clipping, max {get(cfg, 'task.max_length')} tokens. "
-        "Paper: RoBERTa-base on all 67,349 sentences, B = 1000, 3 epochs."
+        f"profile {profile}: {s.get('data_note', '')}; expected B = {get(cfg, 'train.batch_size')}, {regime}, "
+        f"C = {get(cfg, 'privacy.clip')}, Adam {lr_schedule_words(cfg)} (each row's lr: the notes), delta = "
+        f"{get(cfg, 'privacy.delta')}, sigma calibrated under RDP to the column's epsilon"
+        + (f" ({sigma})" if sigma else "")
+        + f", {get(cfg, 'train.clipping')} clipping, max {get(cfg, 'task.max_length')} tokens. Paper: RoBERTa-base "
+        "on all 67,349 sentences, B = 1000, 3 epochs (203 steps at q = 0.0148), sigma 0.822 / 0.578."
     )
 
 
+def _lr_note(by_cell: dict, names: dict) -> list[str]:
+    """Each row's learning rate in each column, read from its runs (a cell whose runs disagree lists each), and
+    where they were chosen: the public tuning split's pilots when the runs hold one out (task.public_split)."""
+    label = {**METHODS, **names}
+    parts = []
+    for method in [*METHODS, *sorted({m for m, _ in by_cell} - set(METHODS))]:
+        lrs = []
+        for col in COLUMNS:
+            values = sorted({float(get(r.config, "optimizer.lr")) for r in by_cell.get((method, col), [])})
+            if values:
+                lrs.append(f"{col} {' / '.join(f'{v:g}' for v in values)}")
+        if lrs:
+            parts.append(f"{label.get(method, method)}: {', '.join(lrs)}")
+    if not parts:
+        return []
+    public = [r for runs in by_cell.values() for r in runs if get(r.config, "task.public_split") is not None]
+    size, val = (
+        (get(public[0].config, "task.public_split"), get(public[0].config, "task.public_val"))
+        if public
+        else (0, 0)
+    )
+    where = (
+        f"each the best final accuracy of a grid on a public tuning split ({int(size):,} "
+        "training sentences removed from every private run's training set: trained on all but "
+        f"{int(val or 1000):,} of them at the private runs' B, steps and sigma, scored "
+        "on those; never on dev; results/li_glue_pilots.md, configs/experiment/li_glue_pilots.yaml), so the choice "
+        "costs the private runs no privacy"
+        if public
+        else "the preset's (configs/experiment/li_glue.yaml says where each comes from)"
+    )
+    return [f"Learning rates, {where}: {'; '.join(parts)}."]
+
+
+#: full fine-tuning of every MiniLM layer on the CPU, measured (the preset records the command and the run)
+FULL_COST = (
+    "Full fine-tuning of every layer (no cached layers) is not run on the CPU profile: at B = 1000 a private step "
+    "of the whole MiniLM-L6 takes ~11 s on 2 cores (measured), ~37 min a run of 188 steps, against ~1.7 s and "
+    "~6 min for the top block on cached layers; RGP (the paper's eps = 8 row) is not run there either."
+)
+
+
 def _notes(found, profile: str) -> list[str]:
+    cached = [r for r in found.complete if get(r.config, "task.cache_frozen_prefix")]
     notes = []
-    if profile == "cpu":
+    if profile == "cpu" and cached:
         notes.append(
             "CPU profile: MiniLM-L6 (22.7M parameters, a sentence-embedding checkpoint) instead of RoBERTa-base "
-            "(125M), 24 steps of B = 256 (0.09 epochs) instead of 203 of B = 1000 (3 epochs), both from all 67,349 "
-            "sentences: compare the orderings, not the accuracies. Non-private full fine-tuning (both objectives) "
-            "takes lr 5e-5, the authors' launcher's non-private default (private-transformers, "
-            "examples/classification/run_wrapper.py); LoRA takes 5e-4 in every column and the head 5e-3 (the best "
-            "non-private lr of the pilots in configs/experiment/li_glue.yaml). The infilling rows read the label "
-            "words through a masked-LM head that MiniLM lacks, fitted here non-privately on public arXiv abstracts "
-            "with the encoder frozen (`dp-adam-bench pretrain minilm_mlm_head`), where RoBERTa brings the head it was "
-            "pretrained with: the prior that infilling exploits is weaker here (its accuracy before training: the "
-            "note above)."
+            "(125M), in the paper's privacy regime (the setting line): what shrinks is what trains. The embeddings "
+            "and the encoder layers below the trained top run once per sentence, in eval mode (no dropout there), "
+            "and are cached (tasks/frozen_prefix.py); a per-example gradient of the top on them is the full "
+            "model's with those layers frozen, so the privacy is the same. top1 trains the last block and a "
+            "classifier on the L2-normalised mean of its token states (MiniLM's own sentence embedding; its [CLS] "
+            "pooler is missing from the checkpoint); top1 + infilling trains the last block and the masked-LM head "
+            "(its transform and the two label words' decoder rows, the only rows the loss reads); the head row is "
+            "a linear classifier on the frozen encoder's mean-pooled, L2-normalised embedding. The paper's numbers "
+            "beside them are RoBERTa-base's full fine-tuning: compare the orderings, not the accuracies. The "
+            "infilling rows read the label words through a masked-LM head that MiniLM lacks, fitted here "
+            "non-privately on public arXiv abstracts with the encoder frozen (`dp-adam-bench pretrain "
+            "minilm_mlm_head`), where RoBERTa brings the head it was pretrained with."
+        )
+        notes.append(FULL_COST)
+    elif profile == "cpu":
+        notes.append(
+            "CPU profile: MiniLM-L6 (22.7M parameters, a sentence-embedding checkpoint) instead of RoBERTa-base "
+            "(125M): compare the orderings, not the accuracies. The infilling rows read the label words through a "
+            "masked-LM head that MiniLM lacks, fitted here non-privately on public arXiv abstracts with the encoder "
+            "frozen (`dp-adam-bench pretrain minilm_mlm_head`), where RoBERTa brings the head it was pretrained with."
         )
     notes.append(
         "GDP + CLT is an approximation, not a bound; PRV and PLD are numerical accountants of the same mechanism. "
-        "The paper's epsilon columns are for its own N, B and epochs (results/li_glue_accounting.md), not ours."
+        "The paper's epsilon columns are for its N, B and epochs (results/li_glue_accounting.md re-derives them); "
+        "ours are for the setting line's, the same B and epochs of a training set without the public tuning split "
+        "where the runs hold one out. sigma / B is the noise in the averaged update in units of the clip (sigma C / "
+        "B over C), the quantity the private results scale with (Li et al. §3; McKenna et al. 2025, "
+        "arXiv:2501.18914)."
     )
     return notes + incomplete_note(found.incomplete)
 
