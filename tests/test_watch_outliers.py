@@ -170,11 +170,6 @@ def test_example_sizes_count_the_attention_mask_or_the_nonzero_entries():
     private.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="until session.step notes its batch (EngineWatch.note_batch) and the trainer gives the watch "
-    "sizes=backend.example_sizes: issue 56's wiring, in files of the lead's",
-)
 def test_make_private_checks_each_batchs_longest_and_shortest_before_its_release(monkeypatch):
     """The user's path with a check at every step: each step after the first draws its batch after a periodic
     check whose examples include that batch's longest and shortest (by its attention mask), before its release."""

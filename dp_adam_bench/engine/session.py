@@ -247,6 +247,8 @@ class PrivateTraining:
                     else ""
                 )
             )
+        if self.watch is not None:  # a due check runs on this batch's longest and shortest, before its release
+            self.watch.note_batch(self.run.population[idx])
         self.steps_done += 1
         self.participation.observe(idx)
         run, variant, backend = self.run, self.variant, self.backend

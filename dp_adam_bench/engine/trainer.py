@@ -205,6 +205,7 @@ def prepare(cfg, task, folder: Path | None = None) -> Run:
                 int(settings.get("examples", DEFAULT_EXAMPLES)),
                 seeds.check,
                 cfg.train.get("engine_watch"),
+                sizes=backend.example_sizes,
             )
             if settings.get("enabled", True):
                 fp = ckpt.fingerprint(_to_dict(cfg))
