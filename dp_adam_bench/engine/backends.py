@@ -247,7 +247,7 @@ class ModelBackend:
                 and not mask.is_floating_point()
             ):
                 return nonzero(mask)
-        size = torch.zeros(n, dtype=torch.long)
+        size = torch.zeros(n, dtype=torch.long, device="cpu")
         for t in pytree.tree_leaves(batch):
             if isinstance(t, torch.Tensor) and t.dim() and t.shape[0] == n:
                 size += nonzero(t)

@@ -247,10 +247,10 @@ class ParticipationLedger:
             "releases": list(self.releases),
             "stream_starts": list(self.stream_starts),
             "recorded_from": self.recorded_from,
-            "digests": torch.tensor(self.digests, dtype=torch.int64),
-            "sizes": torch.tensor(self.sizes, dtype=torch.int32),
-            "gap_lags": torch.tensor(self.gap_lags, dtype=torch.int32),
-            "gap_counts": torch.tensor(self.gap_counts, dtype=torch.int32),
+            "digests": torch.tensor(self.digests, device="cpu", dtype=torch.int64),
+            "sizes": torch.tensor(self.sizes, device="cpu", dtype=torch.int32),
+            "gap_lags": torch.tensor(self.gap_lags, device="cpu", dtype=torch.int32),
+            "gap_counts": torch.tensor(self.gap_counts, device="cpu", dtype=torch.int32),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -536,9 +536,9 @@ def _near_repeat_check(part: ParticipationLedger, q: float, b: int, sizes: list[
         if power is not None
         else f"no share of a batch of {expected} examples at one gap is visible at this run's size"
     )
-    lags = torch.tensor(part.gap_lags, dtype=torch.int64).reshape(-1, GAPS_KEPT)
-    counts = torch.tensor(part.gap_counts, dtype=torch.int64).reshape(-1, GAPS_KEPT)
-    n = torch.tensor(part.sizes, dtype=torch.int64).reshape(-1, 1).expand_as(counts)
+    lags = torch.tensor(part.gap_lags, dtype=torch.int64, device="cpu").reshape(-1, GAPS_KEPT)
+    counts = torch.tensor(part.gap_counts, dtype=torch.int64, device="cpu").reshape(-1, GAPS_KEPT)
+    n = torch.tensor(part.sizes, dtype=torch.int64, device="cpu").reshape(-1, 1).expand_as(counts)
     valid = (counts > 0) & (lags > 0) & (lags % b == 0)
     if not bool(valid.any()):
         return _check(

@@ -108,7 +108,9 @@ def model_skip(model: nn.Module | None, params) -> set[int]:
     return skip
 
 
-def emitted(model: nn.Module | None, params, state, variant, rows: dict[str, dict], copy: bool = True) -> dict:
+def emitted(
+    model: nn.Module | None, params, state, variant, rows: dict[str, dict], copy: bool = True
+) -> dict:
     """Everything one step leaves behind, by name (module docstring): copies, or (``copy=False``) the live tensors
     of a world that is not changed before the comparison."""
 
@@ -249,7 +251,7 @@ class PostProcessingCheck:
         draw rounds q); never empty when the population is not, so the other world clips something."""
         n = len(self.population)
         pick = torch.nonzero(
-            torch.rand(n, generator=self.generator, dtype=torch.float64) < self.rate
+            torch.rand(n, generator=self.generator, dtype=torch.float64, device="cpu") < self.rate
         ).flatten()
         if not len(pick) and n:
             pick = torch.randint(n, (max(1, exclude_size),), generator=self.generator).unique()

@@ -98,12 +98,12 @@ class EngineWatch:
         """The longest and the shortest example of ``batch`` (dataset indices; the first of equal sizes), by
         ``sizes``; none without a batch or ``sizes``."""
         if batch is None or self.sizes is None or not len(batch):
-            return batch.new_zeros(0) if batch is not None else torch.zeros(0, dtype=torch.long)
+            return batch.new_zeros(0) if batch is not None else torch.zeros(0, dtype=torch.long, device="cpu")
         size = torch.as_tensor(self.sizes(batch)).reshape(-1).cpu()
         if size.shape != (len(batch),):
             raise ValueError(f"engine watch: sizes gave {tuple(size.shape)} for a batch of {len(batch)}")
         picks = [int(torch.argmax(size)), int(torch.argmin(size))]
-        return batch.reshape(-1)[torch.tensor(sorted(set(picks)))]
+        return batch.reshape(-1)[torch.tensor(sorted(set(picks)), device=batch.device)]
 
     def check_examples(self) -> torch.Tensor:
         """A check's examples: :meth:`choose` (random), then the last noted batch's :meth:`outliers` not already

