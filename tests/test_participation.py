@@ -173,7 +173,8 @@ class _Broken:
         self.inner, self.control, self.broken = inner, control, None
 
     def release(self, idx, privatizer, scale):
-        if privatizer._pinned is not None:  # the post-processing check's replays behind the release already made
+        # the post-processing check's replays behind the release already made
+        if privatizer._pinned is not None:
             return self.inner.release(idx, privatizer, scale)
         if self.broken is None:
             self.broken = self.control.wrap(privatizer)

@@ -142,7 +142,8 @@ def _break(backend, control) -> None:
     release, broken = backend.release, {}
 
     def broken_release(idx, privatizer, scale):
-        if getattr(privatizer, "_pinned", None) is not None:  # the post-processing check's replay of the release
+        # the post-processing check's replay of the release
+        if getattr(privatizer, "_pinned", None) is not None:
             return release(idx, privatizer, scale)
         if "p" not in broken:
             broken["p"] = control.wrap(privatizer)

@@ -52,6 +52,7 @@ from dataclasses import dataclass, fields, is_dataclass
 import torch
 from torch import nn
 
+from dp_adam_bench.engine.seeds import task_rng_state
 from dp_adam_bench.errors import PrivacyMismatch
 
 DEFAULT_BUDGET = 0.02
@@ -173,8 +174,6 @@ class _RandomState:
 
     @classmethod
     def take(cls, session) -> _RandomState:
-        from dp_adam_bench.engine.session import task_rng_state
-
         cuda = (
             torch.cuda.get_rng_state_all()
             if torch.cuda.is_available() and torch.cuda.is_initialized()

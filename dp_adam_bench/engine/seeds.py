@@ -20,6 +20,7 @@ import secrets
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 _DROPOUT_STREAM = 0x64726F70  # "drop"
 _SIDE_STREAM = 17
@@ -65,3 +66,18 @@ class RunSeeds:
         if self.secure:
             return {"mode": "secure", "reproducible": False, "note": "sampler and noise seeded from secrets"}
         return {"mode": "reproducible", "reproducible": True}
+
+
+def task_rng_state(run) -> dict[str, torch.Tensor]:
+    """The task's random state, ``task.rng_state()`` (``tasks/base.py``); {} for a task without one."""
+    get = getattr(getattr(run, "task", None), "rng_state", None)
+    if get is None:
+        return {}
+    state = dict(get())
+    bad = [k for k, v in state.items() if not isinstance(v, torch.Tensor)]
+    if bad:
+        raise TypeError(
+            f"{type(run.task).__name__}.rng_state() must map names to tensors (generator states); "
+            f"{', '.join(map(repr, bad))} are not"
+        )
+    return state

@@ -42,7 +42,7 @@ from dp_adam_bench.engine.distributed import SharedNoise
 from dp_adam_bench.engine.noise_check import NoiseCheck
 from dp_adam_bench.engine.participation import ParticipationLedger, reconcile
 from dp_adam_bench.engine.privatizer import Privatizer
-from dp_adam_bench.engine.seeds import RunSeeds
+from dp_adam_bench.engine.seeds import RunSeeds, task_rng_state
 from dp_adam_bench.finetune.moved import DEFAULT_AFTER, MovedCheck
 from dp_adam_bench.privacy.accounting import AccountantFailure, PrivacyLedger
 from dp_adam_bench.privacy.noise_factory import build_mechanisms
@@ -247,7 +247,8 @@ class PrivateTraining:
                     else ""
                 )
             )
-        if self.watch is not None:  # a due check runs on this batch's longest and shortest, before its release
+        # a due check runs on this batch's longest and shortest, before its release
+        if self.watch is not None:
             self.watch.note_batch(self.run.population[idx])
         self.steps_done += 1
         self.participation.observe(idx)
@@ -512,22 +513,7 @@ def _rank_seed(seeds: RunSeeds, rank: int, step: int) -> int:
     return int(np.random.SeedSequence([seeds.dropout, rank, step]).generate_state(1, np.uint64)[0] >> 1)
 
 
-# --- random state: the task's generators, and a digest of every generator of the run ---------------------------------
-def task_rng_state(run) -> dict[str, torch.Tensor]:
-    """The task's random state, ``task.rng_state()`` (``tasks/base.py``); {} for a task without one."""
-    get = getattr(getattr(run, "task", None), "rng_state", None)
-    if get is None:
-        return {}
-    state = dict(get())
-    bad = [k for k, v in state.items() if not isinstance(v, torch.Tensor)]
-    if bad:
-        raise TypeError(
-            f"{type(run.task).__name__}.rng_state() must map names to tensors (generator states); "
-            f"{', '.join(map(repr, bad))} are not"
-        )
-    return state
-
-
+# --- random state: restoring the task's generators, and a digest of every generator of the run ---------------------
 def _load_task_rng(run, state: dict) -> list[str]:
     """Restore this rank's task random state from ``state["task_rng"]`` (every rank's, in rank order); returns what
     an older checkpoint lacked, for the caller's warning. Resumed with another number of ranks, rank r > 0 keeps the

@@ -230,9 +230,9 @@ def paper_sigma(paper: dict, col: str) -> float:
     """The paper's sigma for SST-2 at a column's epsilon: calibrated under RDP from its N, B and epochs, as
     :mod:`~dp_adam_bench.report.li_glue_accounting` re-derives the table's epsilons."""
     from dp_adam_bench.privacy.accounting import calibrate_sigma
-    from dp_adam_bench.report.li_glue_accounting import CALIBRATION_TOL, _setting
+    from dp_adam_bench.report.li_glue_accounting import CALIBRATION_TOL, paper_setting
 
-    delta, q, steps = _setting(paper["tasks"][TASK])
+    delta, q, steps = paper_setting(paper["tasks"][TASK])
     return calibrate_sigma(
         float(paper["accounting"][col]["rdp"]), delta, q, steps, "rdp", tol=CALIBRATION_TOL
     )

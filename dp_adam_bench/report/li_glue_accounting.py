@@ -47,7 +47,7 @@ def printed(value: float) -> str:
     return f"{value:.{DECIMALS}f}"
 
 
-def _setting(task: dict) -> tuple[float, float, int]:
+def paper_setting(task: dict) -> tuple[float, float, int]:
     """(delta, q, steps) of a task: delta = 1 / (2 N), Poisson rate B / N, private-transformers' step count."""
     n = int(task["N"])
     q = int(task["batch_size"]) / n
@@ -58,7 +58,7 @@ def _rows(tasks: dict, accounting: dict) -> pd.DataFrame:
     rows = []
     for target, published in accounting.items():
         for name, task in tasks.items():
-            delta, q, steps = _setting(task)
+            delta, q, steps = paper_setting(task)
             sigma = calibrate_sigma(float(published["rdp"]), delta, q, steps, "rdp", tol=CALIBRATION_TOL)
             for column in COLUMNS:
                 ours = epsilon_under(column, sigma, q, steps, delta)
@@ -140,7 +140,7 @@ def _misses(df: pd.DataFrame) -> list[str]:
 def _notes(df: pd.DataFrame, tasks: dict, accounting: dict) -> list[str]:
     bisect = []
     for name, task in tasks.items():
-        delta, q, steps = _setting(task)
+        delta, q, steps = paper_setting(task)
         for target, published in accounting.items():
             s = private_transformers_sigma(float(published["rdp"]), q, steps, delta)
             eps = ", ".join(
