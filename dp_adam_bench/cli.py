@@ -59,8 +59,21 @@ def _report(args) -> int:
             print(f"    runtime: cpu {spec.runtime_cpu}; paper {spec.runtime_paper}")
         print("groups: " + ", ".join(f"{g} = {' '.join(ids)}" for g, ids in registry.GROUPS.items()))
         return 0
+    options = {"metric": args.metric, "compare": args.compare or (), "baseline": args.baseline or ()}
     for table in args.tables:
-        for tid in registry.resolve(table):
+        try:
+            ids = registry.resolve(table)
+        except ValueError:  # not a table: an experiment's runs (report/experiment.py), or one line
+            from dp_adam_bench.report.experiment import build_experiment
+
+            for path in build_experiment(table, ctx, **options):
+                print(f"wrote {path}")
+            continue
+        if any(options.values()):
+            raise ValueError(
+                f"--metric, --compare and --baseline are for an experiment's runs, not table {table!r}"
+            )
+        for tid in ids:
             for path in registry.build(tid, ctx):
                 print(f"wrote {path}")
     return 0
@@ -208,9 +221,32 @@ def _add_profile(p, **kwargs) -> None:
 
 def _add_report(sub) -> None:
     p = sub.add_parser("report", help="write results/<id>.{csv,md,png} from the run store")
-    p.add_argument("tables", nargs="*", help="table ids or groups (see --list)")
+    p.add_argument(
+        "tables",
+        nargs="*",
+        help="table ids or groups (see --list), or an experiment name: its runs (runs/<name>/, a multirun's "
+        "experiment_name) grouped by the config keys that vary, seeds pooled, into results/<name>.{csv,md,png}",
+    )
     p.add_argument("--list", action="store_true", help="list table ids with their paper and runtime")
     p.add_argument("--document", action="store_true", help="assemble results/REPORT.md from the tables")
+    p.add_argument(
+        "--metric",
+        metavar="NAME",
+        help="an experiment's metric: a key of its summaries' metrics (default: test_accuracy, else test_loss, ...)",
+    )
+    p.add_argument(
+        "--compare",
+        action="append",
+        metavar="KEY",
+        help="an experiment's cells that differ only along KEY (optimizer, optimizer.lr), pair by pair: Welch's "
+        "t-test over seeds (repeatable)",
+    )
+    p.add_argument(
+        "--baseline",
+        action="append",
+        metavar="KEY=VALUE",
+        help="each other cell of an experiment against the cell with KEY=VALUE (optimizer=sgd) (repeatable)",
+    )
     _add_profile(p)
     p.add_argument(
         "--source",
