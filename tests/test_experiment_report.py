@@ -113,7 +113,7 @@ def test_the_report_of_a_2x2_multirun(grid, tmp_path, monkeypatch, capsys):
         ln for ln in md.splitlines() if ln.startswith(f"- optimizer={hi} > optimizer={lo} in test_loss")
     )
     assert f"t = {welch.statistic:+.2f} (Welch, df {df:.1f})" in line
-    state = "holds" if welch.pvalue < 0.05 else "not decided"
+    state = "holds" if welch.pvalue < 0.05 else "agrees, not decided"
     assert f"**{state}**" in line and "over 2 / 2 seeds" in line
     base = f"optimizer=adambc {'>' if statistics.mean(values['adambc']) > statistics.mean(values['sgd']) else '<'}"
     assert f"- {base} optimizer=sgd (baseline) in test_loss: **{state}**" in md
@@ -239,7 +239,7 @@ def test_a_key_swept_beside_the_optimizer_is_a_column_and_compare_pairs_only_alo
     assert wide.startswith(
         "- optimizer=adam > optimizer=sgd at optimizer.lr=0.1 in test_loss"
     )  # larger first
-    assert "**not decided**" in wide and "seeds a cell would decide it" in wide
+    assert "**agrees, not decided**" in wide and "seeds a cell would decide it" in wide
 
 
 def test_baseline_compares_each_other_cell_with_the_baseline_in_the_observed_direction(tmp_path):

@@ -30,7 +30,7 @@ the API, a sweep preset, whose folder is its ``experiment_name``: ``ganesh_fig3_
   fixed (:func:`along`); a group name (``optimizer``) stands for its field (``optimizer.name``). Each comparison
   is Welch's t-test over seeds (Welch 1947, Biometrika 34(1-2); :mod:`dp_adam_bench.report.stats`) with its
   degrees of freedom. There is no paper direction here: a comparison states the direction observed (the larger
-  mean first for ``--compare``), and is **holds** (p < 0.05), **not decided** (p >= 0.05, with the seeds a cell
+  mean first for ``--compare``), and is **holds** (p < 0.05), **agrees, not decided** (p >= 0.05, with the seeds a cell
   that would decide it if the gap and spread seen were the truth) or **untested** (fewer than 2 seeds a cell, or
   a value not finite): the subset of the five-state rule (:func:`stats.state`) that an observed direction can
   take.
@@ -71,7 +71,7 @@ DEFAULT_METRICS = ("test_accuracy", "accuracy", "eval_accuracy", "test_loss", "e
 #: a key a run's config lacks (another optimizer's parameter)
 MISSING = "—"
 #: what a comparison of two cells can be when the direction is the one observed (:func:`stats.state`'s subset)
-OBSERVED_STATES = {stats.HOLDS: "holds", stats.AGREES: "not decided", stats.UNTESTED: "untested"}
+OBSERVED_STATES = {stats.HOLDS: "holds", stats.AGREES: stats.AGREES, stats.UNTESTED: "untested"}
 
 
 # --------------------------------------------------------------------------------------------- finding the runs
@@ -365,7 +365,7 @@ def comparison_line(a: Cell, b: Cell, names: Sequence[str], at: str, metric: str
     g = gap(sa, sb)
     sign = "=" if g.diff == 0 else (">" if g.diff > 0 else "<")
     observed = g if g.diff >= 0 else stats.flipped(g)
-    state = OBSERVED_STATES.get(stats.state(observed, strict=False), "not decided")
+    state = OBSERVED_STATES.get(stats.state(observed, strict=False), stats.AGREES)
     detail = [f"{sa.mean:.4g} vs {sb.mean:.4g}, gap {g.diff:+.4g}", g.test()]
     if g.flag():
         detail.append(g.flag())
@@ -597,6 +597,6 @@ def verdict_rule() -> str:
     return (
         "- Verdicts (dp_adam_bench/report/stats.py), in the direction observed (there is no paper direction to "
         f"check): Welch's two-sided t-test over seeds (Welch-Satterthwaite df, printed); holds when p < "
-        f"{stats.LEVEL:g}; not decided when p >= {stats.LEVEL:g} (with the seeds a cell that would decide it if the "
-        "gap and spread seen were the truth); untested with fewer than 2 seeds a cell or a value not finite."
+        f"{stats.LEVEL:g}; agrees, not decided when p >= {stats.LEVEL:g} (with the seeds a cell that would decide "
+        "it if the gap and spread seen were the truth); untested with fewer than 2 seeds a cell or a value not finite."
     )
