@@ -80,8 +80,17 @@ def _report(args) -> int:
 
 
 def _sweep(args) -> int:
-    from dp_adam_bench.sweep import override_error, run_sweep
+    from dp_adam_bench.sweep import adhoc_error, is_preset, override_error, run_sweep
 
+    if not is_preset(args.experiment):  # an ad-hoc grid: NAME and its overrides (sweep.py), or one line
+        bad = adhoc_error(args.experiment, args.overrides)
+        if bad:
+            raise ConfigError(bad)
+        if args.plan or args.smoke:
+            raise ConfigError(
+                f"--plan and --smoke take a preset, and {args.experiment} is an ad-hoc grid: --dry-run prints its "
+                "multirun command"
+            )
     bad = override_error(args.experiment, args.profile, args.overrides)
     if bad:
         raise ConfigError(bad)
@@ -264,8 +273,14 @@ def _add_report(sub) -> None:
 
 
 def _add_sweep(sub) -> None:
-    p = sub.add_parser("sweep", help="run an experiment preset's sweep (Hydra multirun)")
-    p.add_argument("experiment")
+    p = sub.add_parser(
+        "sweep", help="run an experiment preset's sweep, or a grid of your own (Hydra multirun)"
+    )
+    p.add_argument(
+        "experiment",
+        help="a preset (configs/experiment/), or a name for your own grid given by the overrides (key=a,b sweeps "
+        "a and b): its runs go to runs/<name>/, and report <name> reads them",
+    )
     _add_profile(p)
     _add_launch_options(p)
     p.add_argument(
@@ -286,7 +301,9 @@ def _add_sweep(sub) -> None:
         help="run every run of the preset for 2 steps (full privacy plan, kill and resume, evaluation on a few "
         "examples) and build its reports from them, under <run store>/_smoke/ (never results/)",
     )
-    p.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
+    p.add_argument(
+        "overrides", nargs="*", help="extra Hydra overrides for every run (a grid of your own: its overrides)"
+    )
     p.set_defaults(func=_sweep)
 
 

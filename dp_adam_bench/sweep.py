@@ -20,6 +20,11 @@ training (its folder locked) is skipped with a line, and its siblings run.
 
 Locally, ``basic`` runs one job at a time; ``joblib`` (``--jobs N``, ``--jobs-per-gpu k``) runs N at once, one GPU
 per worker when the machine has GPUs (:mod:`dp_adam_bench.placement`).
+
+A name that is not a preset, given overrides, is an *ad-hoc grid* (``dp-adam-bench sweep NAME key=a,b key2=c,d``):
+one Hydra multirun of ``dp_adam_bench.train`` with ``experiment_name=NAME`` and the overrides (comma lists swept),
+with the same launchers, progress and skipping of complete runs; ``dp-adam-bench report NAME`` then reads its runs
+(:func:`adhoc_error` says which names are refused, and why).
 """
 
 from __future__ import annotations
@@ -229,15 +234,125 @@ def sweep_commands(
         args += [_override(k, v, keys) for k, v in keys.items() if k not in given]
         if seeds is not None and "seed" not in given and "seed" not in entry:
             args.append(f"seed={_values(seeds)}")
-        if launcher == "joblib":
-            local = local or local_jobs()
-            args += ["hydra/launcher=joblib", f"hydra.launcher.n_jobs={local.jobs}"]
-            if "train.threads" not in given:
-                args.append(f"train.threads={local.threads}")
-        elif launcher == "slurm":
-            args += ["hydra/launcher=slurm"]
+        args += _launcher_args(launcher, local, given)
         commands.append([python_executable(), "-m", "dp_adam_bench.train", "-m", *args, *overrides])
     return commands
+
+
+def _launcher_args(launcher: str, local: LocalJobs | None, given: set[str]) -> list[str]:
+    """The overrides that pick the multirun's launcher (joblib: its workers, and one torch thread count per run
+    unless the user gave ``train.threads``)."""
+    if launcher == "joblib":
+        local = local or local_jobs()
+        args = ["hydra/launcher=joblib", f"hydra.launcher.n_jobs={local.jobs}"]
+        return args + ([f"train.threads={local.threads}"] if "train.threads" not in given else [])
+    return ["hydra/launcher=slurm"] if launcher == "slurm" else []
+
+
+def presets() -> list[str]:
+    """The experiment presets (``configs/experiment/<name>.yaml``), sorted."""
+    return sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
+
+
+def is_preset(experiment: str) -> bool:
+    return experiment in presets()
+
+
+#: the profile a run gets when none is given (configs/config.yaml): an ad-hoc grid's command names another only
+ROOT_PROFILE = "cpu"
+#: an example of an ad-hoc grid, for the refusals
+ADHOC_EXAMPLE = "task=logistic_1d optimizer=sgd,adambc seed=0,1"
+
+
+def _override_key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def preset_folder_names() -> dict[str, str]:
+    """{run store folder: the preset whose runs live there} for every preset and profile: its ``experiment_name``
+    as the preset's file writes it, ``${profile}`` filled in (every preset names its folder so; tested against the
+    composed config)."""
+    import yaml
+
+    out = {}
+    for name in presets():
+        data = yaml.safe_load((CONFIG_DIR / "experiment" / f"{name}.yaml").read_text()) or {}
+        folder = data.get("experiment_name")
+        for profile in ("cpu", "paper"):
+            if isinstance(folder, str):
+                out.setdefault(folder.replace("${profile}", profile), name)
+    return out
+
+
+def adhoc_error(name: str, overrides: Sequence[str]) -> str | None:
+    """Why ``sweep NAME overrides`` is not an ad-hoc grid, in one line that says what to do; None when it is
+    (``name`` is not a preset). Refused: no config overrides (nothing says what to run); a name that is not a run
+    store folder name (``a=b``: the grid's name was left out); the folder of a preset's runs (the grid's runs
+    would mix with the preset's in its reports); a report table id or group (``report NAME`` would build that
+    table, not the grid's); ``experiment_name=`` among the overrides (NAME is the grid's experiment_name)."""
+    from dp_adam_bench.report import registry
+
+    example = f"dp-adam-bench sweep {name if _plain_name(name) else 'my_grid'} {ADHOC_EXAMPLE}"
+    if "=" in name:
+        return (
+            f"{name!r} is an override, not a name: an ad-hoc grid is named first ({example}); the presets: "
+            f"{', '.join(presets())}"
+        )
+    if not _plain_name(name):
+        return (
+            f"{name!r} cannot name an ad-hoc grid's run folder (runs/<name>/): use letters, digits, '-', '_' and "
+            f"'.', not starting with '_' or '.' ({example})"
+        )
+    config = [o for o in overrides if not _is_hydra_override(o)]
+    if not config:
+        return (
+            f"unknown experiment {name!r} and no overrides to sweep: give the grid's overrides to sweep an ad-hoc "
+            f"grid named {name} ({example}), or name a preset: {', '.join(presets())}"
+        )
+    owner = preset_folder_names().get(name)
+    if owner is not None:
+        return (
+            f"{name!r} is the run folder of preset {owner}'s runs: an ad-hoc grid of that name would mix its runs "
+            f"with the preset's; name the grid otherwise, or run the preset: dp-adam-bench sweep {owner}"
+        )
+    if name in registry.GROUPS or name in registry.REPORTS:
+        return (
+            f"{name!r} is a report table (dp-adam-bench report {name} would build that table, not this grid's): "
+            "name the grid otherwise"
+        )
+    named = [o for o in config if _override_key(o) == "experiment_name"]
+    if named:
+        return f"{named[0]!r}: an ad-hoc grid's runs are named by the sweep's NAME ({name}); leave it out"
+    return None
+
+
+def _plain_name(name: str) -> bool:
+    import re
+
+    return bool(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name))
+
+
+def adhoc_commands(
+    name: str,
+    profile: str = ROOT_PROFILE,
+    launcher: str = "basic",
+    overrides: Sequence[str] = (),
+    local: LocalJobs | None = None,
+) -> list[list[str]]:
+    """The one ``python -m dp_adam_bench.train -m experiment_name=NAME ...`` command of an ad-hoc grid (the
+    overrides as given, comma lists swept by Hydra), with the launcher's overrides as :func:`sweep_commands` adds
+    them; ``profile=`` only when it is not the root config's. Refused as :func:`adhoc_error` says."""
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"unknown launcher {launcher!r}; valid: {', '.join(LAUNCHERS)}")
+    bad = adhoc_error(name, overrides)
+    if bad:
+        raise ConfigError(bad)
+    given = {_override_key(o) for o in overrides if "=" in o}
+    args = [f"experiment_name={name}"]
+    if profile != ROOT_PROFILE and "profile" not in given:
+        args.append(f"profile={profile}")
+    args += _launcher_args(launcher, local, given)
+    return [[python_executable(), "-m", "dp_adam_bench.train", "-m", *args, *overrides]]
 
 
 def python_executable() -> str:
@@ -251,9 +366,10 @@ def shell_line(cmd: Sequence[str]) -> str:
 
 
 def override_error(experiment: str, profile: str, overrides: Sequence[str]) -> str | None:
-    """Why the preset's config does not compose with the sweep's extra config overrides, in the training entry
-    point's one line (:func:`dp_adam_bench.train.compose_error`: the override, and what is valid); None when it
-    composes. A swept override (``optimizer=adam,sgd``) is checked at each of its values."""
+    """Why the preset's config (an ad-hoc grid's: the root config) does not compose with the sweep's extra config
+    overrides, in the training entry point's one line (:func:`dp_adam_bench.train.compose_error`: the override,
+    and what is valid); None when it composes. A swept override (``optimizer=adam,sgd``) is checked at each of its
+    values."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
@@ -267,8 +383,9 @@ def override_error(experiment: str, profile: str, overrides: Sequence[str]) -> s
         (jobs,) = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(config), None)
     except HydraException:
         return compose_error(config)  # names the override that does not parse
+    preset = [f"experiment={experiment}"] if is_preset(experiment) else []  # else an ad-hoc grid's name
     for job in jobs:
-        err = compose_error([f"experiment={experiment}", f"profile={profile}", *job])
+        err = compose_error([*preset, f"profile={profile}", *job])
         if err:
             return err
     return None
@@ -285,13 +402,15 @@ def slurm_launcher_params(experiment: str, profile: str = "cpu", overrides: Sequ
     ``hydra.job.name`` is set to ``train``, the name Hydra gives the job of ``python -m dp_adam_bench.train``;
     ``submitit_folder`` holds the sweep folder's timestamp, which a real launch takes at its own start.
     """
-    load_preset(experiment, profile)  # an unknown preset fails with the valid ones
+    preset = [f"experiment={experiment}"] if is_preset(experiment) else []  # else an ad-hoc grid's name
+    if preset:
+        load_preset(experiment, profile)  # a preset that does not compose fails in one line
     hydra_overrides = [o for o in overrides if _is_hydra_override(o)]
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose(
             "config",
             overrides=[
-                f"experiment={experiment}",
+                *preset,
                 f"profile={profile}",
                 "hydra/launcher=slurm",
                 "hydra.job.name=train",
@@ -362,7 +481,8 @@ def slurm_plan(
     keys += sorted(
         k for k in params if k not in _SLURM_KEYS and k != "_target_" and params[k] not in (None, {}, [])
     )
-    lines = [f"SLURM launcher (hydra.launcher composed for experiment={experiment} profile={profile}):"]
+    what = f"experiment={experiment}" if is_preset(experiment) else f"the ad-hoc grid {experiment},"
+    lines = [f"SLURM launcher (hydra.launcher composed for {what} profile={profile}):"]
     lines += [f"  {k}: {override_value(params[k])}" for k in keys]
     if not params.get("partition"):
         lines.append("  (partition null: the cluster's default partition; set hydra.launcher.partition=...)")
@@ -386,13 +506,16 @@ def run_sweep(
     jobs: int | None = None,
     jobs_per_gpu: int | None = None,
 ) -> int:
-    """Run (or, ``dry_run``, print) the sweep's multirun commands; the first that fails stops the sweep with its
+    """Run (or, ``dry_run``, print) the sweep's multirun commands (an ad-hoc grid's one command when
+    ``experiment`` is not a preset, :func:`adhoc_commands`); the first that fails stops the sweep with its
     exit code. With joblib and more than one worker the commands run side by side, packed onto the workers
     (:mod:`dp_adam_bench.packing`), else one after the other. ``launcher`` None: joblib when ``jobs`` /
     ``jobs_per_gpu`` is given, else basic."""
     launcher = resolve_launcher(launcher, jobs, jobs_per_gpu)
     local = local_jobs(jobs, jobs_per_gpu) if launcher == "joblib" else None
-    commands = sweep_commands(experiment, profile, launcher, overrides, local=local)
+    adhoc = not is_preset(experiment)
+    build = adhoc_commands if adhoc else sweep_commands
+    commands = build(experiment, profile, launcher, overrides, local=local)
     env = local.env() if local is not None else {}
     if local is not None:
         where = f"one GPU per worker, slots {','.join(local.gpu_slots)}" if local.gpu_slots else "on the CPU"
@@ -402,13 +525,17 @@ def run_sweep(
     packed = not dry_run and local is not None and local.jobs > 1 and len(commands) > 1
     if packed:  # composing every run's config takes ~0.1 s a run: say why nothing starts yet
         print(f"sweep {experiment}: counting the pending runs of {len(commands)} multiruns ...", flush=True)
-    per_command = [command_runs([cmd]) for cmd in commands] if packed else None
+    elif adhoc and not dry_run and count_jobs(commands[0]) > 20:
+        print(f"sweep {experiment}: counting the pending runs of the grid ...", flush=True)
+    # an ad-hoc grid's runs are its command's jobs, worked out before launching: all complete, nothing launches
+    per_command = [command_runs([cmd]) for cmd in commands] if packed or (adhoc and not dry_run) else None
     tracker = None if dry_run else _sweep_progress(experiment, profile, commands, overrides, per_command)
     prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in env.items())
+    forced = any(_override_key(o) == "train.force" for o in overrides)  # the runs decide: they may rerun
     try:
         if (
             tracker is not None
-            and all(_is_hydra_override(o) for o in overrides)
+            and (all(_is_hydra_override(o) for o in overrides) or adhoc and not forced)
             and tracker.done == tracker.total
         ):
             print(  # every run of the preset is complete: no multirun launched just to skip each one
