@@ -310,7 +310,9 @@ def make_private(
 
     ``private.step()`` returns a :class:`~dp_adam_bench.engine.session.StepResult`: the step, the batch size and,
     as diagnostics (computed on the private batch, not released by the mechanism), each example's gradient norm
-    before clipping (``result.norms``) and the fraction clipped (``result.frac_clipped``).
+    before clipping (``result.norms``), the fraction clipped (``result.frac_clipped``) and the batch's mean loss
+    from the step's own forward (``result.loss_nonprivate``, a 0-dim tensor; None with the loop and functorch
+    engines); and the plan's sampling rate ``result.q`` (public; None for fixed-size batches).
 
     ``evaluate(model) -> dict`` is optional: your own metrics, which ``private.evaluate()`` returns (the model in
     eval mode, without gradients).

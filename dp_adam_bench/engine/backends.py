@@ -114,6 +114,7 @@ class ModelBackend:
         self.trial_dims = 0
         self._counts = torch.zeros(2, dtype=torch.float64, device=device)
         self.last_norms: torch.Tensor | None = None  # the last step's per-example norms (diagnostic)
+        self.last_loss: torch.Tensor | None = None  # the last step's mean loss (diagnostic; :meth:`release`)
 
     @property
     def numel_per_trial(self) -> int:
@@ -126,10 +127,14 @@ class ModelBackend:
     def release(self, idx: torch.Tensor, privatizer: Privatizer, scale) -> Release:
         """The logical batch ``idx``: this rank's share in physical micro-batches, clipped sums all-reduced, then
         the privatizer's releases. Counts for :meth:`clipped_fraction` and the per-example norms
-        (:attr:`last_norms`, diagnostic: never released) stay on the device (no host sync)."""
+        (:attr:`last_norms`, diagnostic: never released) stay on the device (no host sync), and so does the mean
+        loss over the examples clipped here (:attr:`last_loss`, diagnostic: never released), summed from what the
+        engine's forward computed (no extra pass); None when the engine does not see the losses (loop,
+        functorch) or no example was clipped."""
         ddp, clip = self.ddp, privatizer.clip
         summed = None  # the first micro-batch's sums (fresh tensors), then the others added to them
         norms = []
+        loss_sum, losses_seen = None, True
         self._counts = torch.zeros(2, dtype=torch.float64, device=self.device)  # (examples, clipped) here
         self.model.train()
         share = idx[ddp.rank :: ddp.world]  # this rank's share of the logical batch
@@ -149,10 +154,16 @@ class ModelBackend:
                     acc.add_(s)
             cs.summed = None  # not held through the release
             norms.append(cs.norms.detach())
+            if cs.loss_sum is None:
+                losses_seen = False
+            else:
+                loss_sum = cs.loss_sum if loss_sum is None else loss_sum + cs.loss_sum
             self._counts[0] += cs.norms.numel()
             if clip:
                 self._counts[1] += (cs.norms > clip).sum()
         self.last_norms = torch.cat(norms) if norms else torch.zeros(0, device=self.device)
+        examples = sum(n.numel() for n in norms)
+        self.last_loss = loss_sum / examples if losses_seen and loss_sum is not None and examples else None
         if summed is None:
             summed = [torch.zeros_like(p) for p in self.params]
         ddp.all_reduce_(summed)  # the global sum of clipped gradients, before any noise

@@ -523,6 +523,7 @@ class BKEngine(GradEngine):
             raise ValueError(
                 f"bk clipping: loss_per_example returned shape {tuple(losses.shape)}, want ({b},)"
             )
+        self._loss_sum = losses.detach().sum()  # ClippedSum.loss_sum: a diagnostic, never released
         folded = [(layer, call) for layer in self.layers for call in layer.calls if call.folded]
         probe = b > 1 and bool(folded)
         torch.autograd.grad(losses.sum(), [anchor], allow_unused=True, retain_graph=probe)

@@ -57,6 +57,10 @@ class ClippedSum:
     summed: list[torch.Tensor]
     norms: torch.Tensor  # ||s * g_i|| before clipping, one per example
     count: int
+    # sum_i loss_i of the micro-batch, as the engine's own forward computed it (detached; a diagnostic of the
+    # private batch, never released): bk, ghost and hooks; None for loop and functorch (their losses stay inside
+    # per-example autograd calls) and for an empty batch
+    loss_sum: torch.Tensor | None = None
 
 
 def _trainable(model: nn.Module) -> list[nn.Parameter]:
@@ -103,6 +107,8 @@ class GradEngine:
 
     name = "engine"
     supports_scale = True
+    # the losses' sum of the micro-batch being clipped (ClippedSum.loss_sum), noted by an engine that sees them
+    _loss_sum: torch.Tensor | None = None
     #: whether the whole of ``_clipped_sum`` (forward and backward too) runs in full fp32 (``ieee_fp32``)
     fp32_whole = True
 
@@ -138,10 +144,14 @@ class GradEngine:
                 )
         if batch_len(batch) == 0:
             return zero_sum(self.params)
+        self._loss_sum = None  # an engine whose forward computes the losses notes their sum here
         # norms and sums in the precision they claim: no TF32 / bf16 fp32 math in any kernel (engine/fp32_exact.py);
         # an engine that makes both from captures of its forward and backward narrows this to that part itself
         with ieee_fp32() if self.fp32_whole else contextlib.nullcontext():
-            return self._clipped_sum(batch, clip, scale)
+            out = self._clipped_sum(batch, clip, scale)
+        if out.loss_sum is None:
+            out.loss_sum, self._loss_sum = self._loss_sum, None
+        return out
 
     def _clipped_sum(self, batch: dict, clip: float | None, scale: list[torch.Tensor] | None) -> ClippedSum:
         """:meth:`clipped_sum` on a batch of at least one example, ``scale`` already checked."""
@@ -232,6 +242,7 @@ class HooksEngine(GradEngine):
             raise
         finally:
             self._batch = None
+        self._loss_sum = loss.detach()
         loss.backward()
         out, b = [], batch_len(batch)
         for p in self.params:
@@ -362,6 +373,7 @@ class GhostEngine(GradEngine):
             raise
         finally:
             self._calls, self._batch = None, None
+        self._loss_sum = losses.detach().sum()
         losses.sum().backward(retain_graph=True)
         norms = self.gsm.get_norm_sample().detach()
         for p in self.params:

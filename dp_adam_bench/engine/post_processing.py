@@ -29,6 +29,9 @@ What it compares (``emitted``): every tensor of ``model.state_dict()`` (trainabl
 plain tensor attributes hung on modules, the variant's state (recursively), the variant object's own attributes
 (numbers and tensors, recursively through wrapped variants), and each emitter's row (keys under ``diag/`` are the
 labelled private diagnostics, excluded by name: they go to ``private_diagnostics.jsonl``, never to shared logs).
+An emitter reads the step's :class:`~dp_adam_bench.engine.session.StepResult` of its own world: the diagnostics it
+carries (the per-example ``norms``, ``frac_clipped``, the batch's ``loss_nonprivate``) are that world's batch's, so
+a row that shares one under any other key differs between the worlds and stops the run.
 
 What it cannot see: a leak on a step it does not check (it runs at the first step, the first step after a resume,
 and periodically within ``budget`` of the training time, 2 % by default, or ``every`` N steps); a leak whose value

@@ -95,13 +95,28 @@ class StepResult:
     mechanism (only the noisy sum is), so publishing them spends privacy the accountant does not count. ``norms``:
     each example's gradient norm before clipping (in the scaled geometry of a scale-then-privatize variant), on the
     model's device, in the order the micro-batches ran; data-parallel, this rank's share. None for closed-form toy
-    tasks."""
+    tasks.
+
+    ``loss_nonprivate`` is diagnostic as well, and says so in its name: the mean loss of the step's logical batch
+    (this rank's share, data-parallel), as a 0-dim tensor on the model's device (``float()`` waits for the
+    device), computed by the step's own forward before any clipping or noise, at the parameters before the update.
+    It is a function of the private batch that the mechanism does not release: reading it is free, publishing it
+    (a log, a dashboard, a stopping rule) spends privacy the accountant does not count. The post-processing check
+    (:mod:`dp_adam_bench.engine.post_processing`) compares what an emitter's row shares, where it may appear only
+    under a ``diag/`` key (a labelled diagnostic, excluded by name, kept in ``private_diagnostics.jsonl``). None
+    for closed-form toy tasks (no loss is computed), for the loop and functorch clipping engines (their losses
+    stay inside per-example autograd calls; bk, the default, ghost and hooks give it) and for an empty batch.
+
+    ``q``: the plan's sampling rate (the Poisson and cyclic Poisson samplers' q, the shuffle sampler's B/N, the rate
+    it is accounted at), public; None for the fixed-size samplers without one (single_pass, balls_in_bins)."""
 
     step: int
     batch_size: int
     diagnostics: dict
     norms: torch.Tensor | None = None
     clip: float | None = None  # the clip norm C of the step (None: a non-private run, nothing clipped)
+    loss_nonprivate: torch.Tensor | None = None  # the batch's mean loss: diagnostic, not released (docstring)
+    q: float | None = None  # the plan's sampling rate (None for a sampler without one)
 
     @property
     def frac_clipped(self) -> float | None:
@@ -223,6 +238,13 @@ class PrivateTraining:
         return self.plan.sigma
 
     @property
+    def q(self) -> float | None:
+        """The plan's sampling rate (what the summary records as ``privacy_plan.sampling_rate``); None for the
+        fixed-size samplers without one."""
+        sampler = self.plan.sampler
+        return float(sampler.q) if hasattr(sampler, "q") else None
+
+    @property
     def notes(self) -> list[str]:
         return list(self.plan.notes)
 
@@ -286,7 +308,8 @@ class PrivateTraining:
             self.watch.after_step(self.steps_done, seconds)
         if self.post_check is not None:
             self.post_check.after_step(seconds)
-        return StepResult(self.steps_done, self.last_batch_size, diag or {}, norms, self.clip)
+        loss = getattr(backend, "last_loss", None)
+        return StepResult(self.steps_done, self.last_batch_size, diag or {}, norms, self.clip, loss, self.q)
 
     def post_release(self, ctx, variant, state) -> None:
         """What a step does after its noisy release ``ctx``: the public side information, the step's learning rate
@@ -313,8 +336,14 @@ class PrivateTraining:
         """Every emitter's row for the step just taken with the batch ``idx`` (the post-processing check's worlds)."""
         if not self.emitters:
             return {}
-        result = StepResult(
-            self.steps_done, int(idx.numel()), {}, getattr(self.backend, "last_norms", None), self.clip
+        result = StepResult(  # this world's own leftovers: the norms and the loss of the batch ``idx``
+            self.steps_done,
+            int(idx.numel()),
+            {},
+            getattr(self.backend, "last_norms", None),
+            self.clip,
+            getattr(self.backend, "last_loss", None),
+            self.q,
         )
         return {name: dict(row(result)) for name, row in self.emitters.items()}
 
