@@ -253,13 +253,32 @@ def load_glue_split(
     )
     if data is not None:
         return data, origin
-    raise missing_data(
-        f"GLUE {spec.folder} {split!r} split",
-        source,
-        tried,
-        f"Set task.data_dir to a folder holding GLUE's {spec.files[split][1]} (the shared data has SST-2 only), or "
-        f"give hub access ({hf_name}).",
+    raise missing_data(f"GLUE {spec.folder} {split!r} split", source, tried, how_to_get(spec, split, hf_name))
+
+
+#: GLUE's own names of its tasks (its download page's and zip files')
+GLUE_NAMES = {"sst2": "SST-2", "mnli": "MNLI", "qnli": "QNLI", "qqp": "QQP"}
+
+
+def how_to_get(spec: GlueSpec, split: str, hf_name: str = HF_NAME) -> str:
+    """What a user does when a GLUE split is found nowhere, in one line: ``dp-adam-bench data prepare`` has no GLUE
+    asset, so the task's TSVs come from the GLUE benchmark's own download (gluebenchmark.com/tasks, one zip per
+    task, Wang et al. 2018, arXiv:1804.07461) into ``task.data_dir``, or from the hub under ``hf_name``; a split the
+    hub has no labels for (SST-2's test) needs a labelled file."""
+    name = GLUE_NAMES.get(spec.folder, spec.folder)
+    labelled = [spec.files[s][1] for s in spec.hf_splits]  # the splits GLUE's zip has with labels
+    files = " and ".join([", ".join(labelled[:-1]), labelled[-1]] if len(labelled) > 1 else labelled)
+    line = (
+        f"GLUE's {name} is not an asset of `dp-adam-bench data prepare`: download {name} from the GLUE benchmark "
+        f"(gluebenchmark.com/tasks, {name}.zip) and set task.data_dir to the unzipped folder ({files}; .tsv.gz "
+        "too)"
     )
+    if split not in spec.hf_splits:
+        return (
+            f"{line}; GLUE's own {spec.files[split][1]} has no labels and neither has the hub's: the {split!r} split "
+            f"needs a labelled {spec.files[split][1]} there (label and text columns)."
+        )
+    return f"{line}, or give hub access ({hf_name}, config {spec.folder})."
 
 
 # --------------------------------------------------------------------------------------------- templates
