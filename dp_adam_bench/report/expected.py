@@ -22,7 +22,7 @@ from dp_adam_bench.tracking.run_store import RunRecord
 GROUP_FIELDS = {"optimizer": "optimizer.name", "noise": "noise.kind", "task": "task.name"}
 
 
-def _canonical(x):
+def canonical(x):
     """Values equal up to float formatting compare equal (``1e-4`` from YAML vs ``0.0001`` from a config)."""
     if isinstance(x, bool) or x is None:
         return x
@@ -43,9 +43,9 @@ def missing_runs(spec: SweepSpec, complete: list[RunRecord]) -> list[dict]:
         keys = tuple(point)
         if keys not in seen:
             seen[keys] = {
-                tuple(_canonical(get(r.config, GROUP_FIELDS.get(k, k))) for k in keys) for r in complete
+                tuple(canonical(get(r.config, GROUP_FIELDS.get(k, k))) for k in keys) for r in complete
             }
-        if tuple(_canonical(v) for v in point.values()) not in seen[keys]:
+        if tuple(canonical(v) for v in point.values()) not in seen[keys]:
             missing.append(point)
     return missing
 
@@ -71,7 +71,7 @@ class PresetRuns:
         return [
             point_text(p)
             for p in self.missing_points
-            if all(_canonical(p.get(k)) == _canonical(v) for k, v in fixed.items())
+            if all(canonical(p.get(k)) == canonical(v) for k, v in fixed.items())
         ]
 
 

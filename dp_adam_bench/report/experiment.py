@@ -57,9 +57,9 @@ import pandas as pd
 import yaml
 
 from dp_adam_bench.paths import REPO_ROOT
-from dp_adam_bench.report import stats
+from dp_adam_bench.report import expected, stats
 from dp_adam_bench.report.context import ReportContext
-from dp_adam_bench.report.expected import GROUP_FIELDS, _canonical
+from dp_adam_bench.report.expected import GROUP_FIELDS
 from dp_adam_bench.report.skeleton import SeedStats, Table, gap
 from dp_adam_bench.tracking.run_store import RunRecord, run_identity
 
@@ -123,7 +123,7 @@ def canonical(value) -> object:
     """A value compared up to float formatting; lists by their JSON."""
     if isinstance(value, (list, dict)):
         return json.dumps(value, sort_keys=True, default=str)
-    return _canonical(value)
+    return expected.canonical(value)
 
 
 def varying_keys(configs: Sequence[dict[str, object]]) -> list[str]:
