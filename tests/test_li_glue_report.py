@@ -3,6 +3,8 @@ paper's SST-2 numbers, the orderings with Welch's t-test (scipy's is the oracle)
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -282,8 +284,9 @@ CACHED = {
 SIGMA = {"eps3": 0.8322, "eps8": 0.5834}  # the CPU profile's, calibrated for N = 62,349, B = 1000, 188 steps
 
 
-def _cached_store(root, accuracies: dict):
-    """Runs of the CPU profile's cached rows, three seeds a cell: ``accuracies[(objective, finetune, column)]``."""
+def _cached_store(root, accuracies: dict, start: dict | None = None):
+    """Runs of the CPU profile's cached rows, three seeds a cell: ``accuracies[(objective, finetune, column)]``;
+    ``start[objective]``: the dev accuracy its runs log at step 0."""
     n = 62_349
     for (objective, finetune, blocks, pooling), lrs in CACHED.items():
         for col, lr in lrs.items():
@@ -311,6 +314,9 @@ def _cached_store(root, accuracies: dict):
                         "data_note": "GLUE sst2 train (62349: the training sentences outside the 5000-sentence "
                         "public tuning split) / dev (872)",
                     },
+                    metrics=[{"step": 0, "test_accuracy": start[objective]}]
+                    if objective in (start or {})
+                    else (),
                 )
 
 
@@ -334,8 +340,10 @@ def test_rows_on_cached_layers_are_named_for_what_trains_beside_the_papers_sigma
         "infilling": "top1 + infilling",
         "lora": "LoRA (top1)",
         "head": "head (frozen encoder: linear on the mean-pooled embedding)",
-        "rgp": "RGP",  # no run: the paper's name
-    }
+    }  # RGP has no run: no empty row; the paper's SST-2 number goes to the rows not run here, saying why
+    not_run = md_section(isolated_dirs / "results" / "li_glue.md", "## The paper's other rows")
+    rgp = next(line for line in not_run.splitlines() if line.startswith("| RGP (RoBERTa-base) | eps8 |"))
+    assert "| 91.6 | this profile does not run RGP" in rgp
     # sigma / B: ours from the runs' sigma and B; the paper's sigma from Opacus' own RDP calibration (the oracle)
     ratio = df[df.quantity == "noise-batch ratio sigma / B"].set_index(["method", "column"])
     for col, eps in (("eps3", 3.0), ("eps8", 8.0)):
@@ -357,8 +365,44 @@ def test_rows_on_cached_layers_are_named_for_what_trains_beside_the_papers_sigma
     setting = next(line for line in md.splitlines() if line.startswith("Setting:"))
     assert "188 Poisson steps (q = 0.0160 of N = 62,349: 3.02 epochs)" in setting
     assert "sigma calibrated under RDP to the column's epsilon (eps3 0.832, eps8 0.583)" in setting
-    assert "Full fine-tuning of every layer (no cached layers) is not run on the CPU profile" in md
+    assert "Not run on the CPU profile: full fine-tuning of every layer (no cached layers), RGP" in md
     # the re-statement reads the names from the CSV: the same claims as the table's
     claims = li_glue.claims_from_frame(df, li_glue.load_paper("li")["glue"])
     for c in claims:
         assert f"{c.text}: **" in md, c.text
+
+
+@pytest.mark.slow
+def test_infilling_below_the_classifier_says_why_from_its_step_0_accuracy(isolated_dirs):
+    """The paper's claim fails the other way (infilling below the classifier): the note gives both cells and the
+    untrained infilling model's accuracy; at the majority class it says the model predicts one label word."""
+    acc = {}
+    for (objective, finetune, _, _), lrs in CACHED.items():
+        for col in lrs:
+            base = {"eps3": 80.0, "eps8": 82.0, "nonprivate": 86.0}[col] - (
+                2.0 if objective == "infilling" else 0.0
+            )
+            acc[(objective, finetune, col)] = (base, base + 0.5, base + 1.0)
+    _cached_store(isolated_dirs / "runs", acc, start={"infilling": li_glue.MAJORITY})
+    li_glue.build(ReportContext())
+    md = (isolated_dirs / "results" / "li_glue.md").read_text()
+    note = next(line for line in md.splitlines() if "scores below" in line)
+    assert (
+        "top1 + infilling scores below top1 at eps3 78.50 vs 80.50 (paper 91.86 vs 86.12); eps8 80.50 vs 82.50"
+        in note
+    )
+    assert "scores 50.92 % at step 0 (the majority-class rate: it predicts the same label word" in note
+    # above the classifier: no such note
+    above = {k: tuple(v + 4.0 for v in vals) if k[0] == "infilling" else vals for k, vals in acc.items()}
+    shutil.rmtree(isolated_dirs / "runs" / "li_glue_cpu")
+    _cached_store(isolated_dirs / "runs", above, start={"infilling": li_glue.MAJORITY})
+    li_glue.build(ReportContext())
+    assert "scores below" not in (isolated_dirs / "results" / "li_glue.md").read_text()
+
+
+def md_section(path, heading: str) -> str:
+    """The text of ``path`` from the line starting with ``heading`` to the next heading."""
+    text = path.read_text()
+    start = text.index(heading)
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end >= 0 else None]

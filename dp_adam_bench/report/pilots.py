@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from dp_adam_bench.report.aggregate import group_values, select_best
+from dp_adam_bench.report.aggregate import get, group_values, select_best
 from dp_adam_bench.report.common import Claim, incomplete_note, write_table
 from dp_adam_bench.report.context import ReportContext
 from dp_adam_bench.report.expected import preset_runs
@@ -129,13 +129,18 @@ def _frame(groups: list[PilotGroup], selection: Selection) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=columns)
 
 
-def _notes(incomplete, unchecked: list[str]) -> list[str]:
-    notes = [
-        "The choice of a learning rate from runs on the private training data is not accounted in any epsilon "
+def _notes(complete, incomplete, unchecked: list[str]) -> list[str]:
+    public = all(get(r.config, "task.tune") and get(r.config, "task.public_split") for r in complete)
+    privacy = (
+        "The pilots train and score on a public tuning split (task.public_split, task.tune) that every run of the "
+        "table leaves out of its private training set: the choice reads no private example and costs no privacy "
+        "(the epsilon these runs log is meaningless, as their data is public)."
+        if public
+        else "The choice of a learning rate from runs on the private training data is not accounted in any epsilon "
         "here, as in the papers' own tuning; the pilots score on a split the table does not "
-        "report, so at least the table's numbers are not selected on themselves.",
-        *incomplete_note(incomplete),
-    ]
+        "report, so at least the table's numbers are not selected on themselves."
+    )
+    notes = [privacy, *incomplete_note(incomplete)]
     if unchecked:
         notes.append(
             "Not checked against an edge (the chosen value is the only one run at the chosen setting of the other "
@@ -177,7 +182,7 @@ def build(ctx: ReportContext | None, preset: str, table: str | tuple[str, ...], 
         command=command,
         setting=_setting_text(groups, sel, preset, tables, ctx.profile, scored_on),
         claims=[claim for claims, _ in checks for claim in claims],
-        notes=_notes(runs.incomplete, [u for _, unchecked in checks for u in unchecked]),
+        notes=_notes(runs.complete, runs.incomplete, [u for _, unchecked in checks for u in unchecked]),
         digits=4,
         missing=runs.missing,
     )
