@@ -331,7 +331,11 @@ def _add_wandb_dashboard(sub) -> None:
         "wandb-dashboard", help="save the W&B workspace of configs/wandb/dashboard.yaml (one per experiment)"
     )
     p.add_argument("--project", required=True, metavar="ENTITY/PROJECT")
-    p.add_argument("--experiment", help="one experiment preset (default: every preset)")
+    p.add_argument(
+        "--experiment",
+        help="one experiment: a preset, or the experiment_name of runs in the run store (an ad-hoc sweep, a "
+        "multirun; grouped as `report NAME` groups them); default: every preset",
+    )
     _add_profile(p, help="names the W&B group of the runs")
     p.add_argument(
         "--dry-run", action="store_true", help="print the panel plan; no network, no wandb-workspaces"

@@ -84,6 +84,14 @@ def test_a_grid_of_ones_own_runs_skips_when_complete_and_reports(isolated_dirs, 
     assert all(row[header.index("n")] == "2" for row in rows.values())
     assert "## Comparisons along optimizer" in (isolated_dirs / "results" / f"{GRID}.md").read_text()
 
+    capsys.readouterr()
+    assert (
+        cli.main(["wandb-dashboard", "--project", "ENTITY/PROJECT", "--experiment", GRID, "--dry-run"]) == 0
+    )
+    plan = capsys.readouterr().out
+    assert f"runs: W&B group = '{GRID}' (the run store's runs of {GRID}" in plan
+    assert "by optimizer: y=test_loss, test_loss_mean vs Step; grouped by config.optimizer.name" in plan
+
 
 def test_the_dry_run_prints_one_multirun_of_the_grid_with_the_launcher(isolated_dirs, monkeypatch, capsys):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
@@ -180,5 +188,14 @@ def test_the_readme_runs_this_grid_and_report():
     assert commands == [
         [".venv/bin/dp-adam-bench", "sweep", GRID, *OVERRIDES[:3]],
         [".venv/bin/dp-adam-bench", "report", GRID, "--compare", "optimizer"],
+        [
+            ".venv/bin/dp-adam-bench",
+            "wandb-dashboard",
+            "--project",
+            "ENTITY/PROJECT",
+            "--experiment",
+            GRID,
+            "--dry-run",
+        ],
     ]
     assert all(o.startswith(("task.", "train.", "logger.")) for o in OVERRIDES[3:])  # only made quick

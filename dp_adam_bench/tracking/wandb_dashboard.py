@@ -86,23 +86,54 @@ def _check_panel(panel: dict, where: str, diagnostic: bool) -> None:
 
 
 def experiment_info(presets: Sequence[str], profile: str = "cpu") -> list[dict]:
-    """``{experiment, group, metric}`` per preset: the W&B group its runs log to for ``profile`` and its
-    selection metric (None when the preset declares none), from the composed config as the trainer sees it."""
+    """``{experiment, group, metric}`` per name: for a preset, the W&B group its runs log to for ``profile`` and
+    its selection metric (None when the preset declares none), from the composed config as the trainer sees it;
+    for any other name with runs in the run store (an ad-hoc sweep, a Hydra multirun, runs from the API), what
+    :func:`run_info` reads from them."""
     from hydra import compose, initialize_config_dir
 
     available = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
-    unknown = [p for p in presets if p not in available]
+    infos = {name: run_info(name) for name in presets if name not in available}
+    unknown = [name for name, info in infos.items() if info is None]
     if unknown:
-        raise ValueError(f"unknown experiment {unknown[0]!r}; valid presets: {', '.join(available)}")
-    infos = []
+        raise ValueError(
+            f"unknown experiment {unknown[0]!r}: not a preset, and no runs of an experiment of that name in the run "
+            f"store; valid presets: {', '.join(available)}"
+        )
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         for preset in presets:
+            if preset in infos:
+                continue
             cfg = compose("config", overrides=[f"experiment={preset}", f"profile={profile}"])
             selection = (cfg.get("sweep") or {}).get("selection") or {}
-            infos.append(
-                {"experiment": preset, "group": str(cfg.experiment_name), "metric": selection.get("metric")}
-            )
-    return infos
+            infos[preset] = {
+                "experiment": preset,
+                "group": str(cfg.experiment_name),
+                "metric": selection.get("metric"),
+            }
+    return [infos[name] for name in presets]
+
+
+def run_info(name: str) -> dict | None:
+    """``{experiment, group, metric, groupby}`` of the experiment ``name`` from its runs in the run store (None
+    when it has none): the W&B group is the name (the logger's group is the run's experiment_name), the metric
+    and the keys are the columns ``dp-adam-bench report NAME`` names its cells by
+    (:mod:`dp_adam_bench.report.experiment`), so the dashboard groups the runs as the report's cells are split."""
+    from dp_adam_bench.report.context import ReportContext
+    from dp_adam_bench.report.experiment import canonical, find_runs, group_cells, label_keys, pick_metric
+
+    runs = find_runs(ReportContext(), name)
+    if not runs:
+        return None
+    try:
+        metric, _ = pick_metric(runs, None)
+    except ValueError:  # no run has finished: the panels read the spec's default metric
+        metric = None
+    keys, cells = group_cells(runs, metric) if metric else ([], [])
+    # the report's columns: the keys that name its cells (a key whose value follows another's, such as each
+    # optimizer's own lr, splits no cell and gets no panel)
+    labels = label_keys(keys, [tuple(canonical(c.values[k]) for k in keys) for c in cells])
+    return {"experiment": name, "group": name, "metric": metric, "groupby": [f"config.{k}" for k in labels]}
 
 
 def _fill(value, names: dict):
@@ -128,13 +159,43 @@ def dashboard_plan(spec: dict, infos: Sequence[dict]) -> list[dict]:
             "metric": info.get("metric") or spec["default_metric"],
         }
         sections = _fill(spec["sections"], names)
+        if info.get("groupby") is not None:
+            sections = [_regrouped(section, info["groupby"]) for section in sections]
         for section in sections:
             for panel in section["panels"]:
                 for key in ("y", "metrics"):
                     if key in panel:
                         panel[key] = list(dict.fromkeys(panel[key]))
-        plans.append({**names, "name": _fill(spec["name"], names), "sections": sections})
+        plans.append(
+            {
+                **names,
+                "name": _fill(spec["name"], names),
+                "sections": sections,
+                "from_runs": "groupby" in info,
+            }
+        )
     return plans
+
+
+def _regrouped(section: dict, keys: Sequence[str]) -> dict:
+    """``section`` for an experiment that is not a preset: each panel grouped by a config key is repeated once per
+    key its runs vary along (``keys``: the report's cell keys; W&B groups a panel by one key), titled for it; a
+    panel grouped by a run attribute stays as it is."""
+    from dp_adam_bench.report.experiment import short
+
+    panels = []
+    for panel in section["panels"]:
+        group = panel.get("groupby")
+        if not (isinstance(group, str) and group.startswith("config.")) or not keys:
+            panels.append(panel)
+            continue
+        old = short(group.removeprefix("config."))
+        for key in keys:
+            new = short(key.removeprefix("config."))  # as the report's columns name it
+            panels.append(
+                {**panel, "groupby": key, "title": panel["title"].replace(f"by {old}", f"by {new}")}
+            )
+    return {**section, "panels": panels}
 
 
 def format_plan(plans: Sequence[dict], project: str) -> str:
@@ -142,8 +203,9 @@ def format_plan(plans: Sequence[dict], project: str) -> str:
     lines = []
     for plan in plans:
         lines.append(f"workspace {plan['name']!r} in {project}")
+        source = "the run store's runs of" if plan.get("from_runs") else "preset"
         lines.append(
-            f"  runs: W&B group = {plan['group']!r} (preset {plan['experiment']}, metric {plan['metric']})"
+            f"  runs: W&B group = {plan['group']!r} ({source} {plan['experiment']}, metric {plan['metric']})"
         )
         for section in plan["sections"]:
             lines.append(f"  section {section['name']!r}")
