@@ -630,7 +630,9 @@ def _lr_note(by_cell: dict, names: dict) -> list[str]:
         "training sentences removed from every private run's training set: trained on all but "
         f"{int(val or 1000):,} of them at the private runs' B, steps and sigma, scored "
         "on those; never on dev; results/li_glue_pilots.md, configs/experiment/li_glue_pilots.yaml), so the choice "
-        "costs the private runs no privacy"
+        "costs the private runs no privacy, on the assumption that those sentences may be public (every SST-2 "
+        "sentence is; on data private throughout, hold out only data you may publish: the epsilon covers the "
+        "training set alone)"
         if public
         else "the preset's (configs/experiment/li_glue.yaml says where each comes from)"
     )

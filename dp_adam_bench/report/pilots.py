@@ -134,7 +134,9 @@ def _notes(complete, incomplete, unchecked: list[str]) -> list[str]:
     privacy = (
         "The pilots train and score on a public tuning split (task.public_split, task.tune) that every run of the "
         "table leaves out of its private training set: the choice reads no private example and costs no privacy "
-        "(the epsilon these runs log is meaningless, as their data is public)."
+        "(the epsilon these runs log is meaningless, as their data is public). That assumes the split may be public: "
+        "on data private throughout, hold out only data you may publish, since the epsilon covers the training set "
+        "alone."
         if public
         else "The choice of a learning rate from runs on the private training data is not accounted in any epsilon "
         "here, as in the papers' own tuning; the pilots score on a split the table does not "

@@ -47,8 +47,10 @@ checkpoint never trained (its pooler is missing and starts random).
 Tuning without touching the private data or dev (``task.public_split``, ``task.public_val``, ``task.tune``): a
 fixed draw (``data_seed``) of ``public_split`` training sentences is set aside as public and removed from the
 training set of every run; a run with ``task.tune=true`` trains on that split minus ``public_val`` of its sentences
-and is scored on those ``public_val``, so a learning rate chosen on it is a function of public data only and costs
-the private runs no privacy.
+and is scored on those ``public_val``, so a learning rate chosen on it is a function of that split only and costs
+the private runs no privacy. The split is treated as public: right for a benchmark whose every sentence is published
+(SST-2); on data private throughout, hold out only data that may be released, since the epsilon covers the training
+set alone and says nothing of the split.
 """
 
 from __future__ import annotations
