@@ -143,11 +143,9 @@ def _wandb_dashboard(args) -> int:
     from dp_adam_bench.tracking import wandb_dashboard as dash
 
     entity, project = dash.split_project(args.project)
-    presets = (
-        [args.experiment]
-        if args.experiment
-        else sorted(p.stem for p in (dash.CONFIG_DIR / "experiment").glob("*.yaml"))
-    )
+    from dp_adam_bench.sweep import presets as preset_names
+
+    presets = [args.experiment] if args.experiment else preset_names()
     plans = dash.dashboard_plan(dash.load_spec(), dash.experiment_info(presets, args.profile))
     if args.dry_run:
         print(dash.format_plan(plans, args.project))

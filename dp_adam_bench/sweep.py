@@ -52,7 +52,7 @@ LAUNCHERS = ("basic", "joblib", "slurm")
 def load_preset(experiment: str, profile: str = "cpu", overrides: Sequence[str] = ()) -> dict:
     """Compose the root config with ``experiment=<name>`` and return it as plain data, its ``sweep`` node
     resolved for ``profile`` (entries set to null removed)."""
-    available = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
+    available = presets()
     if experiment not in available:
         raise ValueError(f"unknown experiment {experiment!r}; valid presets: {', '.join(available)}")
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):

@@ -92,7 +92,9 @@ def experiment_info(presets: Sequence[str], profile: str = "cpu") -> list[dict]:
     :func:`run_info` reads from them."""
     from hydra import compose, initialize_config_dir
 
-    available = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
+    from dp_adam_bench.sweep import presets as preset_names
+
+    available = preset_names()
     infos = {name: run_info(name) for name in presets if name not in available}
     unknown = [name for name, info in infos.items() if info is None]
     if unknown:
