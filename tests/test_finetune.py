@@ -309,6 +309,51 @@ def test_e2e_forward_with_a_prefix_matches_peft():
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("method", ["full", "lora", "prefix", "rgp", "top1"])
+def test_decoding_reads_what_training_fit(method):
+    """The model e2e_gpt2 decodes its BLEU from (``generate``, peft's for LoRA and prefix-tuning) is the one its
+    training forward fits: greedy decoding through ``generate`` equals greedy decoding through the target-position
+    forward, token for token, once the method's weights have moved. peft 0.21.2 under transformers 5 failed this
+    for prefix-tuning (generate replaced the prefix's keys and values by its own cache and decoded the untouched
+    model), which left every prefix cell of li_e2e_methods at one ROUGE-L whatever its training."""
+    from dp_adam_bench.tasks.e2e_gpt2 import GPT2AtTargets
+
+    args = {"length": 3, "mid_dim": 8} if method == "prefix" else None
+    model = (
+        GPT2AtTargets(tiny_gpt2())
+        if method == "full"
+        else apply(GPT2AtTargets(tiny_gpt2()), method, args).model
+    )
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(2.0 * torch.randn_like(p))
+    model.eval()
+    prompt = torch.randint(1, VOCAB, (1, 5))
+    ours = prompt
+    for _ in range(6):
+        t = ours.shape[1]
+        logits = model(
+            input_ids=ours,
+            attention_mask=torch.ones_like(ours),
+            position_ids=torch.arange(t).unsqueeze(0),
+            target_positions=torch.tensor([[t - 1]]),
+        )
+        ours = torch.cat([ours, logits[:, -1].argmax(-1, keepdim=True)], 1)
+    got = model.generate(
+        input_ids=prompt,
+        attention_mask=torch.ones_like(prompt),
+        num_beams=1,
+        do_sample=False,
+        max_new_tokens=6,
+        min_new_tokens=6,
+        pad_token_id=0,
+        use_cache=True,
+    )
+    assert got[0, 5:].tolist() == ours[0, 5:].tolist()
+
+
 def test_lora_is_checked_again_once_training_has_opened_its_zero_factor():
     """LoRA's B = 0 at the start closes A's gradient: the start check verifies A only by perturbing the weights; the
     watch checks the engine again on the weights training reached (B moved), and leaves nothing unverified."""
