@@ -60,6 +60,10 @@ def _report(args) -> int:
         print("groups: " + ", ".join(f"{g} = {' '.join(ids)}" for g, ids in registry.GROUPS.items()))
         return 0
     options = {"metric": args.metric, "compare": args.compare or (), "baseline": args.baseline or ()}
+    if args.spec:
+        from dp_adam_bench.report.experiment_spec import load_spec
+
+        options["spec"] = load_spec(args.spec)
     for table in args.tables:
         try:
             ids = registry.resolve(table)
@@ -71,7 +75,7 @@ def _report(args) -> int:
             continue
         if any(options.values()):
             raise ValueError(
-                f"--metric, --compare and --baseline are for an experiment's runs, not table {table!r}"
+                f"--metric, --compare, --baseline and --spec are for an experiment's runs, not table {table!r}"
             )
         for tid in ids:
             for path in registry.build(tid, ctx):
@@ -253,6 +257,12 @@ def _add_report(sub) -> None:
         action="append",
         metavar="KEY=VALUE",
         help="each other cell of an experiment against the cell with KEY=VALUE (optimizer=sgd) (repeatable)",
+    )
+    p.add_argument(
+        "--spec",
+        metavar="FILE",
+        help="a YAML file with an experiment's metric, compare, baseline and paper numbers to print beside ours "
+        "(paper: {source, cells: [{KEY: VALUE, value: NUMBER}]}); the command line's options add to it",
     )
     _add_profile(p)
     p.add_argument(

@@ -60,6 +60,7 @@ from dp_adam_bench.paths import REPO_ROOT
 from dp_adam_bench.report import expected, stats
 from dp_adam_bench.report.context import ReportContext
 from dp_adam_bench.report.expected import GROUP_FIELDS
+from dp_adam_bench.report.experiment_spec import ExperimentSpec, PaperCell
 from dp_adam_bench.report.skeleton import SeedStats, Table, gap
 from dp_adam_bench.tracking.run_store import RunRecord, run_identity
 
@@ -296,10 +297,16 @@ def table_metrics(cells: Sequence[Cell], metric: str) -> list[str]:
     return [metric, *(k for k in others if not k.endswith("_std"))]
 
 
-def frame(cells: Sequence[Cell], labels: Sequence[str], metrics: Sequence[str]) -> pd.DataFrame:
-    """One row a cell: its label values, each metric's mean and sample std with n, then its privacy."""
+def frame(
+    cells: Sequence[Cell],
+    labels: Sequence[str],
+    metrics: Sequence[str],
+    paper: dict[int, float] | None = None,
+) -> pd.DataFrame:
+    """One row a cell: its label values, each metric's mean and sample std with n (then, with ``paper``, the paper's
+    number of the first metric and ours minus it, by the cell's index), then its privacy."""
     rows = []
-    for cell in cells:
+    for i, cell in enumerate(cells):
         row: dict[str, object] = {short(k): shown(cell.values[k]) for k in labels}
         for m in metrics:
             vals = [v for v in (final(r, m) for r in cell.runs) if v is not None]
@@ -308,6 +315,9 @@ def frame(cells: Sequence[Cell], labels: Sequence[str], metrics: Sequence[str]) 
             row[f"{m}{stats.STD_SUFFIX}"] = cs.std if cs else None
             if m == metrics[0]:
                 row["n"] = len(vals)
+                if paper is not None:
+                    row["paper"] = paper.get(i)
+                    row["ours_minus_paper"] = cs.mean - paper[i] if cs and i in paper else None
         facts = [privacy(r) for r in cell.runs]
         row |= {
             k: one_value([f[k] for f in facts])
@@ -355,18 +365,37 @@ def differ_only_along(a: Cell, b: Cell, alongs: Sequence[str]) -> bool:
     return all(canonical(a.values[k]) == canonical(b.values[k]) for k in a.values if k not in alongs)
 
 
-def comparison_line(a: Cell, b: Cell, names: Sequence[str], at: str, metric: str, suffix: str = "") -> str:
-    """``a`` against ``b`` (``at``: what both share) in the direction observed: the means, the gap, Welch's test
-    of a - b (its df) and the state, judged as if the observed direction were the claim (:data:`OBSERVED_STATES`)."""
+def comparison_line(
+    a: Cell,
+    b: Cell,
+    names: Sequence[str],
+    at: str,
+    metric: str,
+    suffix: str = "",
+    paper: tuple[float | None, float | None] = (None, None),
+) -> str:
+    """``a`` against ``b`` (``at``: what both share). With two different paper numbers (``paper``: a's, b's) the
+    claim is the paper's direction, judged in all five states (:func:`stats.state`); otherwise the direction
+    observed, judged as if it were the claim (:data:`OBSERVED_STATES`): the means, the gap, Welch's test of a - b
+    (its df) and the state."""
     sa, sb = cell_stats(a, metric), cell_stats(b, metric)
     na, nb = a.name(names), b.name(names) + suffix
+    pa, pb = paper
+    claimed = pa is not None and pb is not None and pa != pb
     if sa is None or sb is None:
-        return f"- {na} vs {nb}{at} in {metric}: **untested** (a cell has no complete run)"
+        sign = ("<" if pa < pb else ">") if claimed else "vs"
+        return f"- {na} {sign} {nb}{at} in {metric}: **untested** (a cell has no complete run)"
     g = gap(sa, sb)
-    sign = "=" if g.diff == 0 else (">" if g.diff > 0 else "<")
-    observed = g if g.diff >= 0 else stats.flipped(g)
-    state = OBSERVED_STATES.get(stats.state(observed, strict=False), stats.AGREES)
+    if claimed:
+        sign = ">" if pa > pb else "<"
+        state = stats.state(g if pa > pb else stats.flipped(g))
+    else:
+        sign = "=" if g.diff == 0 else (">" if g.diff > 0 else "<")
+        observed = g if g.diff >= 0 else stats.flipped(g)
+        state = OBSERVED_STATES.get(stats.state(observed, strict=False), stats.AGREES)
     detail = [f"{sa.mean:.4g} vs {sb.mean:.4g}, gap {g.diff:+.4g}", g.test()]
+    if claimed:
+        detail.append(f"paper: {pa:.4g} vs {pb:.4g}")
     if g.flag():
         detail.append(g.flag())
     elif g.untested():
@@ -375,19 +404,32 @@ def comparison_line(a: Cell, b: Cell, names: Sequence[str], at: str, metric: str
 
 
 def compare_lines(
-    key: str, keys: Sequence[str], labels: Sequence[str], cells: Sequence[Cell], metric: str
+    key: str,
+    keys: Sequence[str],
+    labels: Sequence[str],
+    cells: Sequence[Cell],
+    metric: str,
+    paper: dict[int, float] | None = None,
 ) -> str:
-    """Every pair of cells that differ only along ``key``, one line each, the larger mean first (or why there is
-    none)."""
+    """Every pair of cells that differ only along ``key``, one line each, the larger mean first (the larger paper
+    number first where both cells have one) (or why there is none)."""
     alongs = along(key, keys, labels, cells)
     names = [k for k in labels if k in alongs] or alongs
+    paper = paper or {}
     lines = []
     for i, a in enumerate(cells):
-        for b in cells[i + 1 :]:
+        for j in range(i + 1, len(cells)):
+            b = cells[j]
             if differ_only_along(a, b, alongs):
-                sa, sb = cell_stats(a, metric), cell_stats(b, metric)
-                first, second = (b, a) if sa is not None and sb is not None and sb.mean > sa.mean else (a, b)
-                lines.append(comparison_line(first, second, names, context(a, labels, alongs), metric))
+                pa, pb = paper.get(i), paper.get(j)
+                if pa is not None and pb is not None and pa != pb:
+                    swap = pb > pa
+                else:
+                    sa, sb = cell_stats(a, metric), cell_stats(b, metric)
+                    swap = sa is not None and sb is not None and sb.mean > sa.mean
+                first, second, numbers = (b, a, (pb, pa)) if swap else (a, b, (pa, pb))
+                at = context(a, labels, alongs)
+                lines.append(comparison_line(first, second, names, at, metric, paper=numbers))
     return (
         "\n".join(lines) or f"No two cells differ only along {key} (the keys that vary: {', '.join(keys)})."
     )
@@ -400,7 +442,12 @@ def context(cell: Cell, labels: Sequence[str], alongs: Sequence[str]) -> str:
 
 
 def baseline_lines(
-    spec: str, keys: Sequence[str], labels: Sequence[str], cells: Sequence[Cell], metric: str
+    spec: str,
+    keys: Sequence[str],
+    labels: Sequence[str],
+    cells: Sequence[Cell],
+    metric: str,
+    paper: dict[int, float] | None = None,
 ) -> str:
     """Every cell against the baseline cell (``KEY=VALUE``) that differs from it only along KEY, one line each."""
     key, sep, raw = spec.partition("=")
@@ -418,13 +465,74 @@ def baseline_lines(
         seen = sorted({shown(c.values[field_key]) for c in cells})
         raise ValueError(f"--baseline {spec!r}: no cell has {field_key}={raw}; its values: {', '.join(seen)}")
     names = [k for k in labels if k in alongs] or alongs
+    index = {id(c): i for i, c in enumerate(cells)}
+    paper = paper or {}
     lines = [
-        comparison_line(c, base, names, context(c, labels, alongs), metric, " (baseline)")
+        comparison_line(
+            c,
+            base,
+            names,
+            context(c, labels, alongs),
+            metric,
+            " (baseline)",
+            paper=(paper.get(index[id(c)]), paper.get(index[id(base)])),
+        )
         for base in bases
         for c in cells
         if c is not base and c not in bases and differ_only_along(c, base, alongs)
     ]
     return "\n".join(lines) or f"No cell differs from the baseline {spec} only along {key}."
+
+
+# --------------------------------------------------------------------------------------------- paper numbers
+
+
+def resolve_key(name: str, keys: Sequence[str], where: str) -> str:
+    """The varying key a spec's ``name`` stands for: itself, a group's field (``optimizer`` -> ``optimizer.name``)
+    or the one varying key with that short name; a ValueError naming the keys that vary otherwise."""
+    if name in keys:
+        return name
+    if GROUP_FIELDS.get(name) in keys:
+        return GROUP_FIELDS[name]
+    by_short = [k for k in keys if short(k) == name]
+    if len(by_short) == 1:
+        return by_short[0]
+    raise ValueError(
+        f"{where}: {name!r} does not vary across the runs; the keys that vary: {', '.join(keys)}"
+    )
+
+
+def paper_numbers(
+    spec: ExperimentSpec, keys: Sequence[str], cells: Sequence[Cell]
+) -> tuple[dict[int, float], list[PaperCell]]:
+    """``({cell index: the paper's number}, the paper cells that match no cell)``. A paper cell applies to every
+    cell whose values it names; a cell named by two paper cells is a ValueError (which number is its?)."""
+    numbers: dict[int, float] = {}
+    unmatched = []
+    for n, pc in enumerate(spec.paper):
+        where = f"--spec {spec.path}: paper.cells[{n}]"
+        want = {resolve_key(k, keys, where): v for k, v in pc.where.items()}
+        hits = [
+            i
+            for i, c in enumerate(cells)
+            if all(
+                canonical(c.values[k]) == canonical(v) or shown(c.values[k]) == str(v)
+                for k, v in want.items()
+            )
+        ]
+        for i in hits:
+            if i in numbers:
+                raise ValueError(
+                    f"{where} ({pc.label()}) names the cell {cells[i].name(keys)}, as another does"
+                )
+            numbers[i] = pc.value
+        if not hits:
+            unmatched.append(pc)
+    return numbers, unmatched
+
+
+def unmatched_section(unmatched: Sequence[PaperCell], source: str | None) -> str:
+    return "\n".join(f"- {pc.label()}: {pc.value:.4g} ({source})" for pc in unmatched)
 
 
 # --------------------------------------------------------------------------------------------- figure and notes
@@ -526,9 +634,16 @@ def where(ctx: ReportContext, folder: str) -> str:
     return ctx.where(folder).replace(f"{REPO_ROOT}/", "")
 
 
-def command_line(name: str, metric: str | None, compare: Sequence[str], baseline: Sequence[str]) -> str:
+def command_line(
+    name: str,
+    metric: str | None,
+    compare: Sequence[str],
+    baseline: Sequence[str],
+    spec: str | None = None,
+) -> str:
     """The command that regenerates the report."""
     parts = ["dp-adam-bench report", name]
+    parts += [f"--spec {spec}"] if spec else []
     parts += [f"--metric {metric}"] if metric else []
     parts += [f"--compare {k}" for k in compare] + [f"--baseline {b}" for b in baseline]
     return " ".join(parts)
@@ -541,29 +656,44 @@ def build_experiment(
     metric: str | None = None,
     compare: Sequence[str] = (),
     baseline: Sequence[str] = (),
+    spec: ExperimentSpec | None = None,
 ) -> list[Path]:
     """Write ``<results>/<name>.{csv,md,png}`` from the runs of experiment ``name`` (see the module docstring); a
-    ValueError in one line when it has none, or for an option the runs cannot answer."""
+    ValueError in one line when it has none, or for an option the runs cannot answer. ``spec``: a spec file's
+    metric (the command line's wins), comparisons (added to the command line's) and paper numbers
+    (:mod:`dp_adam_bench.report.experiment_spec`)."""
     from dp_adam_bench.report.registry import results_for
 
+    spec = spec or ExperimentSpec()
+    chosen_metric = metric
+    metric = metric or spec.metric
+    compare, baseline = [*spec.compare, *compare], [*spec.baseline, *baseline]
     runs = find_runs(ctx, name)
     if not runs:
         raise no_runs_error(name, ctx)
     metric, why = pick_metric(runs, metric)
+    if chosen_metric is None and spec.metric is not None:
+        why = f"--spec {spec.path}"
     keys, cells = group_cells(runs, metric)
     labels = label_keys(keys, [tuple(canonical(c.values[k]) for k in keys) for c in cells])
     cells = ordered(cells, keys, labels)
+    paper, unmatched = paper_numbers(spec, keys, cells) if spec.paper else (None, [])
     out = results_for(ctx.profile, ctx.out)
-    table = frame(cells, labels, table_metrics(cells, metric))
+    table = frame(cells, labels, table_metrics(cells, metric), paper)
     sections = [
-        (f"Comparisons along {k} ({metric})", compare_lines(k, keys, labels, cells, metric)) for k in compare
+        (f"Comparisons along {k} ({metric})", compare_lines(k, keys, labels, cells, metric, paper))
+        for k in compare
     ]
     sections += [
-        (f"Against the baseline {b} ({metric})", baseline_lines(b, keys, labels, cells, metric))
+        (f"Against the baseline {b} ({metric})", baseline_lines(b, keys, labels, cells, metric, paper))
         for b in baseline
     ]
+    if unmatched:
+        sections.append(
+            (f"Paper numbers with no cell here ({len(unmatched)})", unmatched_section(unmatched, spec.source))
+        )
     if compare or baseline:
-        sections.append(("How a comparison is judged", verdict_rule()))
+        sections.append(("How a comparison is judged", verdict_rule(bool(paper))))
     if differs_section(cells, keys, labels):
         sections.append(("What else differs between the cells", differs_section(cells, keys, labels)))
     left = left_out_section(cells, labels)
@@ -579,11 +709,18 @@ def build_experiment(
         f"{len(cells)} cells by {', '.join(short(k) for k in labels) or 'nothing (one cell)'}; metric `{metric}` "
         f"({why})."
     )
+    if paper is not None:
+        setting += (
+            f" Paper: {spec.source}, {len(spec.paper) - len(unmatched)} of its {len(spec.paper)} numbers beside "
+            f"{len(paper)} cells of ours (column `paper`; `ours_minus_paper` in {metric})."
+        )
     figure = learning_curves(cells, labels, metric, name, out)
     return Table(
         name,
         f"Experiment {name}: {metric} over seeds",
-        command_line(name, None if why.startswith("the default") else metric, compare, baseline),
+        command_line(
+            name, chosen_metric, compare[len(spec.compare) :], baseline[len(spec.baseline) :], spec.path
+        ),
         table,
         setting=setting,
         notes=notes(cells),
@@ -592,8 +729,18 @@ def build_experiment(
     ).write(out)
 
 
-def verdict_rule() -> str:
-    """The rule the comparison lines follow, in words (opening as the other tables' rule note does)."""
+def verdict_rule(paper: bool = False) -> str:
+    """The rule the comparison lines follow, in words (opening as the other tables' rule note does); ``paper``: some
+    comparisons are between cells with paper numbers, judged in the paper's direction."""
+    if paper:
+        return (
+            "- Verdicts (dp_adam_bench/report/stats.py): Welch's two-sided t-test over seeds (Welch-Satterthwaite "
+            "df, printed). Between two cells with different paper numbers the claim is the paper's direction: holds "
+            f"(p < {stats.LEVEL:g}), agrees, not decided (p >= {stats.LEVEL:g}), disagrees, not decided (the "
+            f"other direction, p >= {stats.LEVEL:g}), contradicted (the other direction, p < {stats.LEVEL:g}); "
+            "otherwise the direction observed is stated, holds or agrees, not decided. Untested with fewer than 2 "
+            "seeds a cell or a value not finite."
+        )
     return (
         "- Verdicts (dp_adam_bench/report/stats.py), in the direction observed (there is no paper direction to "
         f"check): Welch's two-sided t-test over seeds (Welch-Satterthwaite df, printed); holds when p < "
