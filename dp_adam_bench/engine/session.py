@@ -13,6 +13,11 @@ parameters, the optimizer variant and the privacy plan, all validated). Each :me
 5. records the step in the privacy ledger, and the batch and the noise streams' releases in the participation
    ledger (reconciled with the privacy ledger by :meth:`PrivateTraining.participation_report`).
 
+The checks on every step (the engine watch, the participation ledger, the noise check, the post-processing check's
+bookkeeping, the moved check, and any a caller adds with :meth:`PrivateTraining.add_observer`) are observers
+(:mod:`dp_adam_bench.engine.observers`): hooks before the batch is drawn, on the batch, after the step is recorded
+and after the update, each able to stop the run, and a state saved under the check's name.
+
 :meth:`state_dict` / :meth:`load_state_dict` hold everything a resumed run needs to continue exactly as the
 uninterrupted one would have: parameters, the variant's state, the noise mechanisms' generators and buffers, the
 sampler's state, the ledger, the participation ledger (what the sampler and the noise streams did,
@@ -40,6 +45,14 @@ from dp_adam_bench.engine import post_processing
 from dp_adam_bench.engine.diagnostics import Diagnostics
 from dp_adam_bench.engine.distributed import SharedNoise
 from dp_adam_bench.engine.noise_check import NoiseCheck
+from dp_adam_bench.engine.observers import (
+    MovedObserver,
+    NoiseObserver,
+    ParticipationObserver,
+    PostProcessingObserver,
+    StepObserver,
+    WatchObserver,
+)
 from dp_adam_bench.engine.participation import ParticipationLedger, reconcile
 from dp_adam_bench.engine.privatizer import Privatizer
 from dp_adam_bench.engine.seeds import RunSeeds, task_rng_state
@@ -70,6 +83,8 @@ STATE_KEYS = (
 #: check-examples generator, :mod:`dp_adam_bench.engine.watch`) and ``noise_check`` the noise check's record (None
 #: without them); ``rng_fingerprints``: a digest of every live generator, checked after a load; ``moved_check``:
 #: the starting digests of the trainable tensors and the check's result (finetune/moved.py).
+#: the checks' states, each under its observer's name (:mod:`dp_adam_bench.engine.observers`)
+OBSERVER_KEYS = ("participation", "watch", "noise_check", "moved_check", "post_processing_check")
 OPTIONAL_STATE_KEYS = (
     "plan",
     "participation",
@@ -213,6 +228,24 @@ class PrivateTraining:
             self.moved_check = MovedCheck(
                 self._trained_tensors, DEFAULT_AFTER if after is None else int(after)
             )
+        # the checks on every step, in the order their hooks run (engine/observers.py)
+        self.observers: list[StepObserver] = []
+        if self.watch is not None:
+            self.add_observer(WatchObserver(self.watch))
+        self.add_observer(ParticipationObserver(self.participation))
+        if self.noise_check is not None:
+            self.add_observer(NoiseObserver(self.noise_check))
+        if self.moved_check is not None:
+            self.add_observer(MovedObserver(self.moved_check))
+        if self.post_check is not None:
+            self.add_observer(PostProcessingObserver(self.post_check))
+
+    def add_observer(self, observer: StepObserver) -> None:
+        """Run ``observer``'s hooks at every step after those already added, and keep its state in checkpoints
+        under its name (:mod:`dp_adam_bench.engine.observers`)."""
+        if any(o.name == observer.name for o in self.observers):
+            raise ValueError(f"an observer named {observer.name!r} is already registered")
+        self.observers.append(observer)
 
     # --- what the run is ------------------------------------------------------------------------------------------
     @property
@@ -256,8 +289,8 @@ class PrivateTraining:
             self._batches = itertools.islice(
                 self.plan.sampler.iter_from(start), max(0, self.plan.steps - start)
             )
-        if self.watch is not None:  # may stop the run (EngineCheckFailed) before this step's release
-            self.watch.before_step(self.steps_done)
+        for o in self.observers:  # may stop the run (the engine watch: EngineCheckFailed) before any release
+            o.before_step(self, self.steps_done)
         started = time.perf_counter()
         idx = next(self._batches, None)
         if idx is None:
@@ -269,11 +302,11 @@ class PrivateTraining:
                     else ""
                 )
             )
-        # a due check runs on this batch's longest and shortest, before its release
-        if self.watch is not None:
-            self.watch.note_batch(self.run.population[idx])
+        for o in (
+            self.observers
+        ):  # a due engine check runs on this batch's longest and shortest, before its release
+            o.on_batch(self, idx)
         self.steps_done += 1
-        self.participation.observe(idx)
         run, variant, backend = self.run, self.variant, self.backend
         idx = run.population[idx]
         scale = variant.scale(self.state)  # once per logical step (stp); None for every other variant
@@ -287,8 +320,8 @@ class PrivateTraining:
             self.last_rows = None
         ctx = release.ctx
         self.plan.record_step(self.ledger, self.steps_done)
-        if self.noise_check is not None:  # a mismatch stops the run before the next release
-            self.noise_check.check_step(self.plan, self.ledger, self.steps_done)
+        for o in self.observers:  # the noise check: a mismatch stops the run before the next release
+            o.after_record(self, self.steps_done)
         self.last_batch_size = int(idx.numel())
         diag = None
         norms = getattr(backend, "last_norms", None)
@@ -300,14 +333,9 @@ class PrivateTraining:
                 scale=scale,
                 scale_eps=getattr(variant, "eps_s1", None),
             )
-        if self.moved_check is not None:  # may stop the run (NotTraining) after this step
-            counts = self.last_batch_size > 0 or (self.plan.noisy and self.plan.sigma > 0)
-            self.moved_check.after_step(self.steps_done, self.plan.steps, counts)
         seconds = time.perf_counter() - started
-        if self.watch is not None:
-            self.watch.after_step(self.steps_done, seconds)
-        if self.post_check is not None:
-            self.post_check.after_step(seconds)
+        for o in self.observers:  # the moved check may stop the run (NotTraining) after this step
+            o.after_step(self, self.steps_done, seconds)
         loss = getattr(backend, "last_loss", None)
         return StepResult(self.steps_done, self.last_batch_size, diag or {}, norms, self.clip, loss, self.q)
 
@@ -448,12 +476,10 @@ class PrivateTraining:
             "side_rng": self.side_gen.get_state(),
             "torch_rng_ranks": [r[0] for r in ranks],
             "plan": self.plan.describe(),  # what the ledger was accounted under (checked on load)
-            "participation": self.participation.state_dict(),
             "task_rng": [r[1] for r in ranks],
-            "watch": self.watch.state_dict() if getattr(self, "watch", None) is not None else None,
-            "noise_check": self.noise_check.state_dict() if self.noise_check is not None else None,
-            "moved_check": self.moved_check.state_dict() if self.moved_check is not None else None,
-            "post_processing_check": self.post_check.state_dict() if self.post_check is not None else None,
+            # each check's state under its name (None: the run has no such check)
+            **dict.fromkeys(OBSERVER_KEYS),
+            **{o.name: o.state_dict() for o in self.observers},
             "rng_fingerprints": shared | {k: v for r in ranks for k, v in r[2].items()},
         }
 
@@ -485,25 +511,11 @@ class PrivateTraining:
             self.diagnostics.load_state_dict(state["diagnostics"])
         self.side_gen.set_state(state["side_rng"].cpu())
         self.steps_done = int(state["step"])
-        if state.get("participation") is not None:
-            self.participation.load_state_dict(state["participation"])
-        else:  # a checkpoint written before the participation ledger existed
-            self.participation.mark_unobserved(self.steps_done)
         self._batches = None
         if self._model_task:
             _seed_global_rng(self.run.ddp, self.run.seeds, state)
-        if getattr(self, "watch", None) is not None and state.get("watch") is not None:
-            self.watch.load_state_dict(state["watch"])
-        if self.noise_check is not None and state.get("noise_check") is not None:
-            self.noise_check.load_state_dict(state["noise_check"])
-        if self.moved_check is not None and state.get("moved_check") is not None:
-            self.moved_check.load_state_dict(state["moved_check"])
-        if (
-            self.post_check is not None
-        ):  # the first step after a resume is checked, whatever the checkpoint holds
-            if state.get("post_processing_check") is not None:
-                self.post_check.load_state_dict(state["post_processing_check"])
-            self.post_check.pending = "resume"
+        for o in self.observers:  # None: a checkpoint written before the check existed
+            o.load_state_dict(state.get(o.name), self.steps_done)
         older = _load_task_rng(self.run, state)
         if "rng_fingerprints" in state:  # everything restored: the live generators against the saved digests
             verify_restored_generators(self, state)
