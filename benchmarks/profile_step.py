@@ -13,6 +13,8 @@ other than bk: ``..._stp-<engine>.txt``), with a JSON sidecar of the per-phase s
   backward, bk's weighted sums), ``norms_and_clipped_sum`` (the materialising engines' norms and einsum),
   ``engine_other``, ``accumulate``, ``scale`` (stp), ``noise`` (noise and 1/B, unscaling for stp), ``optimizer``,
   ``zero_grad``; with each phase's top operators;
+* the precision breakdown: per phase, the self time of matmuls and convolutions, of casts and copies, and of the
+  rest, by the dtype of each operator's first input (``--precision bf16``: where bf16 autocast leaves fp32 work);
 * the top operators by self CPU time over the profiled steps (``key_averages``).
 
 The engine-internal phases are labelled from here, without touching the library: Opacus' grad / norm sampler
@@ -22,6 +24,7 @@ Backward work not under a finer label is ``backward`` (autograd nodes run on the
     .venv/bin/python benchmarks/profile_step.py --model gpt2_small --batch-size 8 --mode ghost
     .venv/bin/python benchmarks/profile_step.py --model bert_tiny_mlm --batch-size 256 --mode stp --engine hooks
     .venv/bin/python benchmarks/profile_step.py --quick --model cnn5 --batch-size 16 --mode bk --out-dir /tmp/p
+    .venv/bin/python benchmarks/profile_step.py --model bert_base --batch-size 8 --mode bk --precision bf16
 
 ``benchmarks/run_all.py`` runs it for every (model, B, mode) that misses its target (non-private first, as the
 reference). Threads: ``BENCH_THREADS`` (default 2), as in bench_engines.py; one torch job at a time.
@@ -65,11 +68,12 @@ PHASES = (
 CONTAINER = "clip_engine"  # the label around engine.clipped_sum: work not under a finer label is split below
 
 
-def profile_name(model: str, b: int, mode: str, engine: str | None = None) -> str:
-    """File stem of a profile: ``<model>_B<b>_<mode>``, ``..._stp-<engine>`` for stp off the default engine."""
+def profile_name(model: str, b: int, mode: str, engine: str | None = None, precision: str = "fp32") -> str:
+    """File stem of a profile: ``<model>_B<b>_<mode>``, ``..._stp-<engine>`` for stp off the default engine,
+    ``..._bf16`` under bf16 autocast."""
     if mode == "stp" and engine and engine != be.DEFAULT_STP_ENGINE:
         mode = f"stp-{engine}"
-    return f"{model}_B{b}_{mode}"
+    return f"{model}_B{b}_{mode}" + ("" if precision == "fp32" else f"_{precision}")
 
 
 # --------------------------------------------------------------------------------------------- instrumentation
@@ -225,6 +229,59 @@ def attribute(events, n_steps: int) -> tuple[dict[str, float], dict[str, list[tu
     return dict(per_phase), top
 
 
+#: operators by what they do, for the precision breakdown (the rest is "other")
+OP_KINDS = {
+    "matmul / conv": (
+        "aten::mm",
+        "aten::bmm",
+        "aten::addmm",
+        "aten::baddbmm",
+        "aten::convolution",
+        "aten::_convolution",
+        "aten::mkldnn_convolution",
+        "aten::convolution_backward",
+        "aten::_scaled_dot_product_flash_attention_for_cpu",
+        "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+    ),
+    "cast / copy": ("aten::to", "aten::_to_copy", "aten::copy_", "aten::clone", "aten::contiguous"),
+}
+
+
+def _kind(name: str) -> str:
+    return next((k for k, names in OP_KINDS.items() if name in names), "other")
+
+
+def precision_breakdown(events, n_steps: int) -> dict[tuple[str, str, str], float]:
+    """Self CPU seconds per step by (phase, operator kind, the dtype of its first tensor input): which kernels
+    run in bf16 and which in fp32, and what the casts between them cost (needs ``record_shapes=True``)."""
+    out: dict[tuple[str, str, str], float] = defaultdict(float)
+    for ev in events:
+        s = ev.self_cpu_time_total / 1e6 / n_steps
+        if s <= 0 or ev.name.startswith(be.PHASE_PREFIX):
+            continue
+        dtypes = [d for d in (getattr(ev, "input_dtypes", None) or []) if d and d != "Scalar"]
+        dtype = dtypes[0].replace("c10::", "") if dtypes else "-"
+        out[(_phase_of(ev), _kind(ev.name), dtype)] += s
+    return dict(out)
+
+
+def _precision_table(breakdown: dict[tuple[str, str, str], float]) -> list[str]:
+    lines = [
+        "Precision breakdown: self CPU seconds per step by phase, operator kind and the dtype of the operator's "
+        "first tensor input (aten::to / _to_copy: the dtype cast from; copy_: the destination's)",
+        "",
+        "| phase | kind | input dtype | s/step |",
+        "|---|---|---|---|",
+    ]
+    order = {p: i for i, p in enumerate(PHASES)}
+    for (phase, kind, dtype), s in sorted(
+        breakdown.items(), key=lambda kv: (order.get(kv[0][0], len(order)), -kv[1])
+    ):
+        if s >= 1e-4:
+            lines.append(f"| {phase} | {kind} | {dtype} | {s:.4g} |")
+    return lines
+
+
 def summary(label: str, phases: dict[str, float], base: dict | None, top_op: tuple[str, float] | None) -> str:
     total = sum(phases.values())
     if total <= 0:
@@ -271,8 +328,10 @@ def profile(
     quick: bool = False,
     out_dir: Path = OUT_DIR,
     top: int = 25,
+    precision: str = "fp32",
 ) -> Path:
-    """Profile one configuration and write its text file (and JSON sidecar); returns the text file's path."""
+    """Profile one configuration and write its text file (and JSON sidecar); returns the text file's path.
+    ``precision``: ``bf16`` runs the model's forward and backward under bf16 autocast, as train.precision=bf16."""
     import torch
 
     engine = _engine_of(mode, engine)
@@ -285,15 +344,21 @@ def profile(
         "engine": engine,
         "physical_batch_size": physical_batch_size,
         "quick": quick,
+        "precision": precision,
     }
     run = _profiled_run(spec, warmup, steps)
     phases, top_ops = attribute(run.prof.events(), steps)
-    stem = profile_name(model, b, mode, engine)
+    stem = profile_name(model, b, mode, engine, precision)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    base = _comparable_base(out_dir / f"{profile_name(model, b, 'nonprivate')}.json", mode, threads, quick)
+    base_file = out_dir / f"{profile_name(model, b, 'nonprivate', precision=precision)}.json"
+    base = _comparable_base(base_file, mode, threads, quick)
     averages = run.prof.key_averages()
-    what = f"{mode}" + (f" ({engine})" if engine and engine != mode else "")
+    what = (
+        f"{mode}"
+        + (f" ({engine})" if engine and engine != mode else "")
+        + (f", {precision} autocast" if precision != "fp32" else "")
+    )
     line = summary(f"{model} B={b} {what}", phases, base, _top_op(averages, steps))
     info = {
         "model": model,
@@ -305,6 +370,7 @@ def profile(
         "params": run.step.params,
         "threads": threads,
         "quick": quick,
+        "precision": precision,
         "warmup": warmup,
         "steps": steps,
         "wall_unprofiled_s": run.warm,
@@ -317,6 +383,7 @@ def profile(
     }
     (out_dir / f"{stem}.json").write_text(json.dumps(info, indent=2) + "\n")
     lines = _heading(info, run, what) + _phase_table(phases, top_ops, base)
+    lines += ["", *_precision_table(precision_breakdown(run.prof.events(), steps))]
     lines += [
         "",
         f"Top {top} operators by self CPU time, all {steps} profiled steps:",
@@ -348,7 +415,8 @@ def _profiled_run(spec: dict, warmup: int, steps: int) -> Profiled:
     try:
         wrapped = instrument(step, record_function, patches)
         warm = _timed(step, warmup)
-        with torch.profiler.profile(activities=[ProfilerActivity.CPU]) as prof:
+        # input shapes and dtypes recorded: which kernels run in which precision, and the casts between them
+        with torch.profiler.profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
             walls = _timed(step, steps)
     finally:
         patches.undo()
@@ -451,6 +519,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="tiny language models, as bench_engines --quick")
     parser.add_argument("--out-dir", type=Path, default=OUT_DIR)
     parser.add_argument("--top", type=int, default=25, help="operators listed")
+    parser.add_argument(
+        "--precision", choices=["fp32", "bf16"], default="fp32", help="bf16: the model under bf16 autocast"
+    )
     args = parser.parse_args(argv)
     if args.batch_size < 1 or args.steps < 1 or args.warmup < 0:
         parser.error("need --batch-size >= 1, --steps >= 1, --warmup >= 0")
@@ -470,6 +541,7 @@ def main(argv: list[str] | None = None) -> None:
         args.quick,
         args.out_dir,
         args.top,
+        args.precision,
     )
     print(path.read_text().splitlines()[1])
     print(f"wrote {path} in {time.perf_counter() - t0:.1f} s")

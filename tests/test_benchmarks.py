@@ -344,6 +344,16 @@ def test_profile_step_writes_its_file(tmp_path, one_thread):
     assert dict(GradSampleModule.GRAD_SAMPLERS) == samplers and grads._sum_materialised is summed
     assert profile_step.profile_name("m", 8, "stp", "hooks") == "m_B8_stp-hooks"
     assert profile_step.profile_name("m", 8, "stp", "bk") == "m_B8_stp"
+    # under bf16 autocast the forward's matmuls take bf16 inputs and bk's norms and sums fp32 ones (fp32_exact.py),
+    # (the captures cast up): the precision breakdown says which, per phase
+    bf16 = profile_step.profile("gpt2_small", 2, "bk", precision="bf16", **kw)
+    assert bf16.name == "gpt2_small_B2_bk_bf16.txt"
+    rows = {tuple(c.strip() for c in ln.split("|")[1:4]) for ln in bf16.read_text().splitlines()}
+    assert ("forward", "matmul / conv", "BFloat16") in rows
+    assert ("norms", "matmul / conv", "float") in rows and ("clipped_sum", "matmul / conv", "float") in rows
+    assert ("forward", "matmul / conv", "BFloat16") not in {
+        tuple(c.strip() for c in ln.split("|")[1:4]) for ln in path.read_text().splitlines()
+    }  # the fp32 profile has none
     # the README lists it with its summary
     section = "\n".join(profiles.profiles_section(tmp_path.parent / "x"))
     assert "No profiles yet" in section

@@ -93,6 +93,16 @@ def profiles_section(bench_dir: Path) -> list[str]:
         "time goes (against the non-private step where its profile exists: where the extra time of the DP step "
         "goes).",
         "",
+        "A file ending in `_bf16` is the same step under bf16 autocast (`profile_step.py --precision bf16`, issue "
+        "60: why bk in bf16 is 2-3x a non-private bf16 step on a GPU), against the non-private bf16 step; its "
+        "precision breakdown gives each phase's time by operator kind (matmul / conv, cast / copy, other) and input "
+        "dtype, which shows that bk's norms and clipped sums run fp32 matmuls on the bf16 captures "
+        "(engine/fp32_exact.py) while autocast's forward and backward run bf16 ones. The BERT-base and GPT-2 small "
+        "pairs (fp32 and bf16): `for p in fp32 bf16; do for m in 'bert_base 8' 'gpt2_small 4'; do for mode in "
+        "nonprivate bk; do BENCH_THREADS=1 python benchmarks/profile_step.py --model ${m% *} --batch-size ${m#* } "
+        "--mode $mode --precision $p --physical-batch-size 0; done; done; done` (2026-12-08, one thread, while two "
+        "training jobs used the machine's 2 cores: the seconds are inflated, the shares within a file are not).",
+        "",
     ]
     if not entries:
         return lines + [
