@@ -421,13 +421,14 @@ def _refuse_public_mismatch(optimizer: str, public_size: int) -> None:
 def _sampler_for(noise: dict, sampler: str | None, precision: str) -> str:
     """``sampler``, by default the one the mechanism is accounted with (single_pass for correlated noise, else
     poisson); an unknown sampler or precision is refused here, before the sampler picks steps or epochs."""
-    from dp_adam_bench.config import PRECISIONS, SAMPLERS
+    from dp_adam_bench.config import PRECISIONS
+    from dp_adam_bench.engine.samplers import SAMPLERS
     from dp_adam_bench.privacy.noise_factory import NOISE
 
     correlated = NOISE.get(noise["kind"]).correlated
     sampler = sampler or ("single_pass" if correlated else "poisson")
     if sampler not in SAMPLERS:
-        raise ConfigError(f"sampler={sampler!r} is not known; valid: {', '.join(SAMPLERS)}")
+        raise ConfigError(f"sampler={sampler!r} is not known; valid: {', '.join(SAMPLERS.names())}")
     if precision not in PRECISIONS:
         raise ConfigError(f"precision={precision!r} is not known; valid: {', '.join(PRECISIONS)}")
     return sampler

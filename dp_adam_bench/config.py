@@ -12,10 +12,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+from dp_adam_bench.engine.samplers import SAMPLERS
 from dp_adam_bench.errors import ConfigError
 from dp_adam_bench.optim.schedule import SCHEDULES
 
-SAMPLERS = ("single_pass", "poisson", "shuffle", "cyclic_poisson", "balls_in_bins")
 #: samplers that fit correlated noise (DP-MF): their participations are accounted with the strategy
 MF_SAMPLERS = ("single_pass", "cyclic_poisson", "balls_in_bins")
 PROFILES = ("cpu", "paper")
@@ -133,7 +133,7 @@ def validate(cfg: Mapping, *, custom_task: bool = False) -> None:
     _validate_top_level(cfg, custom_task)
     _validate_optimizer(cfg)
     kind, noise = _validate_noise(cfg)
-    sampler = choice(cfg, "train.sampler", SAMPLERS)
+    sampler = choice(cfg, "train.sampler", SAMPLERS.names())
     _validate_training_options(cfg)
     _validate_accounting(cfg, kind, sampler, noise)
     _validate_schedule(cfg, sampler, noise.private)

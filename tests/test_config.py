@@ -30,7 +30,10 @@ def test_default_config_is_valid():
         ("train.epochs=0", r"train.epochs=0 must be an integer >= 1"),
         ("noise.kind=laplace", r"noise.kind='laplace'.*valid: bandmf, blt, dpmf_sqrt, independent, none"),
         ("task.name=imagenet", r"task.name='imagenet' is not a known task; valid: .*logistic_1d"),
-        ("train.sampler=uniform", r"train.sampler=.uniform.; valid: single_pass, poisson, shuffle"),
+        (
+            "train.sampler=uniform",
+            r"train.sampler=.uniform.; valid: balls_in_bins, cyclic_poisson, poisson, shuffle",
+        ),
     ],
 )
 def test_bad_values_name_the_field(override, match):
@@ -233,3 +236,27 @@ def test_held_out_seeds_reach_the_selection_and_only_the_cpu_profile_runs_them()
     held = [p for p in cpu.points() if p["seed"] in cpu.selection.heldout_seeds]
     assert len(held) == 8 and {p["task.train_subset"] for p in held} == {1536}  # 4 cells x 2 seeds, 96 steps
     assert not [p for p in paper.points() if p["seed"] not in paper.seeds]
+
+
+def test_a_registered_sampler_is_valid_and_built_without_touching_the_validator():
+    """Samplers are a registry (engine/samplers.py) like the other pieces: an entry added there is a valid
+    train.sampler for the validator and the one build_sampler builds, with no other edit."""
+    from dp_adam_bench.engine.plan import build_sampler
+    from dp_adam_bench.engine.samplers import SAMPLERS
+
+    built = []
+
+    def every_example(cfg, n, steps, seed):
+        built.append((n, steps, seed))
+        return "the sampler"
+
+    cfg = run_config(compose_cfg(["train.sampler=every_example", "noise=independent"]))
+    with pytest.raises(
+        ConfigError, match="train.sampler='every_example'; valid: balls_in_bins, cyclic_poisson"
+    ):
+        validate(cfg)
+    with SAMPLERS.replaced("every_example", every_example):
+        validate(cfg)
+        from omegaconf import OmegaConf
+
+        assert build_sampler(OmegaConf.create(cfg), 10, 3, 7) == "the sampler" and built == [(10, 3, 7)]

@@ -40,6 +40,7 @@ from dp_adam_bench.engine.plan_accounting import (
     choose_accounting,
 )
 from dp_adam_bench.engine.plan_sigma import calibrated_stream_sigma, poisson_sigma_and_steps
+from dp_adam_bench.engine.samplers import SAMPLERS
 from dp_adam_bench.engine.sampling import (
     BallsInBinsSampler,
     CyclicPoissonSampler,
@@ -249,25 +250,44 @@ def check_batch_fits(cfg, n: int) -> None:
 
 
 def build_sampler(cfg, n: int, steps: int | None, seed: int):
-    """The sampler the config names, over ``n`` private examples (checked by :func:`check_batch_fits`)."""
+    """The sampler the config names (the ``train.sampler`` registry, :mod:`dp_adam_bench.engine.samplers`), over
+    ``n`` private examples (checked by :func:`check_batch_fits`)."""
+    return SAMPLERS.build(cfg.train.sampler, cfg, n, steps, seed)
+
+
+def poisson_sampler(cfg, n: int, steps: int | None, seed: int) -> PoissonSampler:
+    """Poisson sampling at rate q = B / N (the accountants' assumption)."""
+    return PoissonSampler(n, float(cfg.train.batch_size), steps=steps, seed=seed)
+
+
+def cyclic_poisson_sampler(cfg, n: int, steps: int | None, seed: int) -> CyclicPoissonSampler:
+    """Poisson sampling within b cyclic groups (amplified BandMF), at rate b B / N within the step's group."""
     t = cfg.train
-    if t.sampler == "poisson":
-        return PoissonSampler(n, float(t.batch_size), steps=steps, seed=seed)
-    if t.sampler == "cyclic_poisson":
-        b = cycle_length(cfg)
-        q = b * float(t.batch_size) / n
-        if not q <= 1:
-            raise ConfigError(
-                f"train.sampler=cyclic_poisson with cycle length {b} and train.batch_size={t.batch_size}: each of "
-                f"the {b} groups holds about {n / b:.4g} of the {n} examples, fewer than the expected batch, so "
-                f"the sampling rate b B / N = {q:.4g} exceeds 1; lower train.batch_size or the cycle length "
-                "(train.cycle_length, or noise.bands for BandMF)"
-            )
-        return CyclicPoissonSampler(n, float(t.batch_size), steps=steps, cycle_length=b, seed=seed)
-    if t.sampler == "balls_in_bins":
-        return BallsInBinsSampler(n, n // int(t.batch_size), epochs=int(t.epochs), seed=seed)
-    cls = ShuffleSampler if t.sampler == "shuffle" else SinglePassSampler
-    return cls(n, int(t.batch_size), epochs=int(t.epochs), seed=seed)
+    b = cycle_length(cfg)
+    q = b * float(t.batch_size) / n
+    if not q <= 1:
+        raise ConfigError(
+            f"train.sampler=cyclic_poisson with cycle length {b} and train.batch_size={t.batch_size}: each of "
+            f"the {b} groups holds about {n / b:.4g} of the {n} examples, fewer than the expected batch, so "
+            f"the sampling rate b B / N = {q:.4g} exceeds 1; lower train.batch_size or the cycle length "
+            "(train.cycle_length, or noise.bands for BandMF)"
+        )
+    return CyclicPoissonSampler(n, float(t.batch_size), steps=steps, cycle_length=b, seed=seed)
+
+
+def balls_in_bins_sampler(cfg, n: int, steps: int | None, seed: int) -> BallsInBinsSampler:
+    """Every example in one of N // B bins per epoch, at random."""
+    return BallsInBinsSampler(n, n // int(cfg.train.batch_size), epochs=int(cfg.train.epochs), seed=seed)
+
+
+def shuffle_sampler(cfg, n: int, steps: int | None, seed: int) -> ShuffleSampler:
+    """A fresh permutation per epoch, cut into batches of B (not what the accountants assume: flagged)."""
+    return ShuffleSampler(n, int(cfg.train.batch_size), epochs=int(cfg.train.epochs), seed=seed)
+
+
+def single_pass_sampler(cfg, n: int, steps: int | None, seed: int) -> SinglePassSampler:
+    """Batches of B cycling through one seeded permutation, the same every epoch (DP-MF's single pass)."""
+    return SinglePassSampler(n, int(cfg.train.batch_size), epochs=int(cfg.train.epochs), seed=seed)
 
 
 def cycle_length(cfg) -> int:
