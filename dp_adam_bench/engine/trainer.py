@@ -143,94 +143,121 @@ def prepare(cfg, task, folder: Path | None = None) -> Run:
     could not do honestly. Nothing is written. ``folder``: the run folder :func:`run` will train in; when the run
     resumes from a checkpoint there that records a passed engine self-check under the same key, that record is
     carried over instead of running the check again (:mod:`dp_adam_bench.engine.self_check`)."""
-    seed = int(cfg.seed)
-    seeds = RunSeeds.derive(seed, secure=bool(cfg.privacy.get("secure_rng", False)))
-    vector = is_vector_task(task)
-    ddp = distributed.setup(cfg.train.get("distributed", "auto"), cfg.train.get("device", "auto"))
-    if ddp.active and vector:
-        raise ConfigError(
-            f"task.name={task.name!r} is a closed-form toy task that runs in one process; data-parallel training "
-            "(torchrun) is for model tasks"
-        )
+    seeds = RunSeeds.derive(int(cfg.seed), secure=bool(cfg.privacy.get("secure_rng", False)))
+    ddp = _distributed(cfg, task)
     variant = build_variant(cfg.optimizer.name, **{k: v for k, v in cfg.optimizer.items() if k != "name"})
     torch.manual_seed(seeds.model)  # every rank builds the same model
-    finetuned = {}
-    if vector:
-        backend = VectorBackend(task)
-    else:
-        device = ddp.device or resolve_device(cfg.train.get("device", "auto"))
-        # which parameters train (task.finetune): before the engine is built, so that it, the checks and the
-        # noise see only those
-        task_cfg = cfg.get("task") or {}
-        tuned = finetune.apply(
-            task.build_model().to(device), task_cfg.get("finetune"), _plain(task_cfg.get("finetune_args"))
-        )
-        model = tuned.model
-        backend = ModelBackend(
-            task,
-            model,
-            cfg.train.clipping,
-            cfg.train.physical_batch_size,
-            ddp,
-            device,
-            precision=cfg.train.get("precision", "fp32"),
-        )
-        # which tensors weight decay acts on, from the model's names and module types (optim/decay.py)
-        variant.decay_mask = decay_mask(model, backend.params, variant.decay_exclude)
-        finetuned = tuned.summary
-        if tuned.wrap_variant is not None:
-            variant = tuned.wrap_variant(variant, model, seeds.model)
+    backend, variant, finetuned = _backend(cfg, task, variant, ddp, seeds)
     try:
-        if variant.scale(variant.init(backend.params)) is not None and not backend.supports_scale:
-            raise ConfigError(
-                f"optimizer.name={variant.name!r} clips per-coordinate scaled per-example gradients "
-                f"(scale-then-privatize), which train.clipping={cfg.train.clipping} cannot compute; set "
-                "train.clipping=bk, hooks or functorch"
-            )
-        population, public = population_and_public(cfg, task, seed, variant.needs_side_info)
+        _refuse_scale_without_support(cfg, variant, backend)
+        population, public = population_and_public(cfg, task, int(cfg.seed), variant.needs_side_info)
         plan = build_plan(
             cfg, len(population), variant, numel=backend.numel_per_trial, sampler_seed=seeds.sampler
         )
         schedule = build_schedule(cfg.train.get("lr_schedule"), cfg.train.get("lr_warmup_steps"), plan.steps)
-        # the engine against autograd and the size-one loop on a few of the user's examples, drawn at random
-        # (engine/watch.py): before any run folder is written or noise released, then again as the run trains;
-        # none for closed-form toy tasks, whose gradients are the task's
-        check, key, probed, watch = {}, None, {}, None
-        if not vector:
-            clip = float(cfg.privacy.clip) if plan.noisy else None
-            settings = cfg.train.get("self_check") or {}
-            watch = EngineWatch(
-                lambda idx, gen, why: backend.engine_check(idx, gen, clip, settings, start=why == "start"),
-                population,
-                int(settings.get("examples", DEFAULT_EXAMPLES)),
-                seeds.check,
-                cfg.train.get("engine_watch"),
-                sizes=backend.example_sizes,
-            )
-            if settings.get("enabled", True):
-                fp = ckpt.fingerprint(_to_dict(cfg))
-                key = carry_key(fp, settings, backend.engine_name, backend.device, backend.model, task)
-                found = (
-                    ckpt.peek(folder, fp, "self_check")
-                    if key is not None and folder and cfg.train.get("resume", True)
-                    else None
-                )
-                check = carried_over(found[1], key, found[0]) if found else None
-                probed = carried_probe(found[1], found[0]) if check else None
-            # every use of every parameter seen by the engine (engine/probe.py), self-check or not: on every
-            # attempt but a resume that carries over a check (and this probe) passed under the same key; a resume
-            # checks the loaded weights again before its first release (EngineWatch.before_step)
-            if not (check and probed):
-                records = watch.check(0, "start")
-                probed, check = records["probe"], records["self_check"]
+        checks = (
+            {}
+            if is_vector_task(task)
+            else _engine_checks(cfg, task, backend, plan, population, seeds, folder)
+        )
     except Exception:
         backend.close()
         raise
-    run = Run(
-        cfg, task, backend, variant, plan, seeds, population, public, ddp, schedule, check, key, probed, watch
+    return Run(
+        cfg=cfg,
+        task=task,
+        backend=backend,
+        variant=variant,
+        plan=plan,
+        seeds=seeds,
+        population=population,
+        public=public,
+        ddp=ddp,
+        schedule=schedule,
+        finetune=finetuned,
+        **checks,
     )
-    run.finetune = finetuned
-    return run
+
+
+def _distributed(cfg, task) -> distributed.DistContext:
+    """The data-parallel context (torchrun), refused for the closed-form toy tasks."""
+    ddp = distributed.setup(cfg.train.get("distributed", "auto"), cfg.train.get("device", "auto"))
+    if ddp.active and is_vector_task(task):
+        raise ConfigError(
+            f"task.name={task.name!r} is a closed-form toy task that runs in one process; data-parallel training "
+            "(torchrun) is for model tasks"
+        )
+    return ddp
+
+
+def _backend(cfg, task, variant: Variant, ddp, seeds: RunSeeds) -> tuple:
+    """``(backend, variant, finetune summary)``: a toy task's vectorised backend, or the model on its device with
+    the trainable set ``task.finetune`` chose (before the engine is built, so that it, the checks and the noise
+    see only those), its clipping engine and the variant's weight-decay mask (and RGP's wrapper)."""
+    if is_vector_task(task):
+        return VectorBackend(task), variant, {}
+    device = ddp.device or resolve_device(cfg.train.get("device", "auto"))
+    task_cfg = cfg.get("task") or {}
+    tuned = finetune.apply(
+        task.build_model().to(device), task_cfg.get("finetune"), _plain(task_cfg.get("finetune_args"))
+    )
+    backend = ModelBackend(
+        task,
+        tuned.model,
+        cfg.train.clipping,
+        cfg.train.physical_batch_size,
+        ddp,
+        device,
+        precision=cfg.train.get("precision", "fp32"),
+    )
+    # which tensors weight decay acts on, from the model's names and module types (optim/decay.py)
+    variant.decay_mask = decay_mask(tuned.model, backend.params, variant.decay_exclude)
+    if tuned.wrap_variant is not None:
+        variant = tuned.wrap_variant(variant, tuned.model, seeds.model)
+    return backend, variant, tuned.summary
+
+
+def _refuse_scale_without_support(cfg, variant: Variant, backend) -> None:
+    if variant.scale(variant.init(backend.params)) is not None and not backend.supports_scale:
+        raise ConfigError(
+            f"optimizer.name={variant.name!r} clips per-coordinate scaled per-example gradients "
+            f"(scale-then-privatize), which train.clipping={cfg.train.clipping} cannot compute; set "
+            "train.clipping=bk, hooks or functorch"
+        )
+
+
+def _engine_checks(cfg, task, backend, plan: PrivacyPlan, population, seeds: RunSeeds, folder) -> dict:
+    """The engine against autograd and the size-one loop on a few of the user's examples, drawn at random
+    (engine/watch.py), before any run folder is written or noise released, then again as the run trains: the
+    Run's ``self_check``, ``self_check_key``, ``engine_probe`` and ``watch``. A resume that carries over a check
+    (and its probe) passed under the same key skips the start check; it checks the loaded weights again before
+    its first release (EngineWatch.before_step)."""
+    clip = float(cfg.privacy.clip) if plan.noisy else None
+    settings = cfg.train.get("self_check") or {}
+    watch = EngineWatch(
+        lambda idx, gen, why: backend.engine_check(idx, gen, clip, settings, start=why == "start"),
+        population,
+        int(settings.get("examples", DEFAULT_EXAMPLES)),
+        seeds.check,
+        cfg.train.get("engine_watch"),
+        sizes=backend.example_sizes,
+    )
+    check, key, probed = {}, None, {}
+    if settings.get("enabled", True):
+        fp = ckpt.fingerprint(_to_dict(cfg))
+        key = carry_key(fp, settings, backend.engine_name, backend.device, backend.model, task)
+        found = (
+            ckpt.peek(folder, fp, "self_check")
+            if key is not None and folder and cfg.train.get("resume", True)
+            else None
+        )
+        check = carried_over(found[1], key, found[0]) if found else None
+        probed = carried_probe(found[1], found[0]) if check else None
+    # every use of every parameter seen by the engine (engine/probe.py), self-check or not
+    if not (check and probed):
+        records = watch.check(0, "start")
+        probed, check = records["probe"], records["self_check"]
+    return {"self_check": check, "self_check_key": key, "engine_probe": probed, "watch": watch}
 
 
 def _check_to_carry(r: Run) -> dict | None:
