@@ -68,6 +68,7 @@ with full backward hooks).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -174,6 +175,24 @@ def _refuse_in_place(err: RuntimeError) -> None:
         ) from err
 
 
+@dataclass
+class _BatchCall:
+    """What one :meth:`BKEngine.clipped_sum` holds while it runs, made at its start and dropped at its end: the
+    batch's ``b`` examples, the per-coordinate scale (scale-then-privatize: id(param) -> scale), the anchors the
+    captures hang on while its forward is recorded (the folded calls' second one too), the layers whose broadcast
+    input was expanded in call order and those whose call has yet to be captured, and, while its norms are
+    computed, the parameters several layers used (id(param) -> (name, param, its layers, their Uses);
+    bk_rules/shared.py)."""
+
+    b: int
+    scale: dict[int, torch.Tensor] | None = None
+    anchor: torch.Tensor | None = None
+    fold_anchor: torch.Tensor | None = None
+    expanded: list = field(default_factory=list)
+    pending: set = field(default_factory=set)
+    shared: dict[int, tuple] = field(default_factory=dict)
+
+
 def _in_precision(call: _Call, dtype: torch.dtype) -> _Call:
     """``call`` with its floating inputs and output gradient at least in ``dtype`` (the parameters' precision)."""
 
@@ -273,19 +292,14 @@ class BKEngine(GradEngine):
         self.dtype = self.params[0].dtype
         #: the name each trainable parameter is reported by (its first registration: ``shared.weight`` of T5)
         self._param_names = {id(p): n for n, p in model.named_parameters()}
-        #: while a batch's norms are computed: id(param) -> (name, param, the layers using it, their Uses), for
-        #: the parameters used by several layers in that forward (bk_rules/shared.py)
-        self._shared: dict[int, tuple] = {}
         self.layers: list[_Layer] = []
         for mname, m in model.named_modules():
             own = own_trainable(m)
             if own:
                 self.layers.append(_Layer(mname or "<root>", m, rule_for(m) or GENERIC, list(own.values())))
-        # set only inside clipped_sum: outside it (evaluation, mean_grad) nothing is recorded
-        self._anchor: torch.Tensor | None = None
-        self._fold_anchor: torch.Tensor | None = None  # the folded calls' second anchor (_Capture)
-        self._batch = 0
-        self._scale: dict[int, torch.Tensor] | None = None  # id(param) -> per-coordinate scale (stp only)
+        # what one clipped_sum holds while it runs (_BatchCall), None outside it: evaluation and mean_grad record
+        # nothing, and nothing of a batch outlives its clipped sum
+        self._call: _BatchCall | None = None
         self._undo = []
         for mname, m in model.named_modules():
             adapter = adapter_for(m)
@@ -293,10 +307,7 @@ class BKEngine(GradEngine):
             if undo is not None:
                 self._undo.append(undo)
         self._group = 0
-        #: while recording: the layers whose broadcast input was expanded, in call order, and those whose call has
-        #: yet to be captured; the layers never to expand (their expansion broke the model's forward)
-        self._expanded: list[_Layer] = []
-        self._pending: set[int] = set()
+        #: the layers never to expand (their expansion broke the model's forward)
         self._no_expand: set[str] = set()
         #: generic rule: per module, the inputs (flat indices) its last replay took per example (bk_rules/generic.py)
         self.replay_splits: dict[str, frozenset] = {}
@@ -331,7 +342,25 @@ class BKEngine(GradEngine):
 
     # --- capture (used by the hooks and by rules that capture inside a forward) ----------------------------------
     def recording(self) -> bool:
-        return self._anchor is not None and torch.is_grad_enabled()
+        return self._call is not None and self._call.anchor is not None and torch.is_grad_enabled()
+
+    @contextmanager
+    def not_recording(self):
+        """Nothing is recorded inside the block (a rule running the original module for a reference)."""
+        call = self._call
+        anchor = call.anchor if call is not None else None
+        if call is not None:
+            call.anchor = None
+        try:
+            yield
+        finally:
+            if call is not None:
+                call.anchor = anchor
+
+    @property
+    def batch_size(self) -> int:
+        """The examples of the batch being recorded (0 outside a clipped sum)."""
+        return self._call.b if self._call is not None else 0
 
     def capture(
         self,
@@ -359,12 +388,12 @@ class BKEngine(GradEngine):
                     "gradient of the layer cannot be told apart; freeze the layer (requires_grad_(False)), feed it "
                     "one row per example, or use clipping loop"
                 )
-            if x.shape[0] != self._batch:
+            if x.shape[0] != self._call.b:
                 if layer.kind not in _FOLDABLE:
                     raise ValueError(
                         f"bk clipping: layer {layer.name!r} ({type(layer.module).__name__}, parameters {own}) got "
                         f"an input of shape {tuple(x.shape)}, whose first dimension is not the batch size "
-                        f"{self._batch}: the examples are folded into another dimension, which bk's "
+                        f"{self._call.b}: the examples are folded into another dimension, which bk's "
                         f"{layer.kind} rule cannot take apart (the Linear, Embedding and norm rules and the "
                         "generic rule can); freeze the layer (requires_grad_(False)), feed it one row per "
                         "example, or use clipping functorch / loop"
@@ -375,7 +404,9 @@ class BKEngine(GradEngine):
         )
         call.folded = folded
         layer.calls.append(call)
-        return _Capture.apply(out, self._anchor, call, self._clone, self._fold_anchor if folded else None)
+        return _Capture.apply(
+            out, self._call.anchor, call, self._clone, self._call.fold_anchor if folded else None
+        )
 
     def _note_rows(self, module, args, kwargs):
         """Pre-hook on a generic module's parent: the leading size of its first tensor input while recording."""
@@ -383,7 +414,7 @@ class BKEngine(GradEngine):
             first = next(
                 (t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor) and t.dim()), None
             )
-            self._rows_in[module] = first.shape[0] if first is not None else self._batch
+            self._rows_in[module] = first.shape[0] if first is not None else self._call.b
 
     def _make_pre_hook(self, layer: _Layer):
         """Inputs broadcast over the batch (:mod:`dp_adam_bench.engine.broadcast`) expanded to one row per example;
@@ -395,10 +426,10 @@ class BKEngine(GradEngine):
         def pre(module, args, kwargs):
             if not self.recording() or layer.name in self._no_expand:
                 return None
-            out = expand_primary(args, kwargs, self._batch)
+            out = expand_primary(args, kwargs, self._call.b)
             if out is not None:
-                self._expanded.append(layer)
-                self._pending.add(id(layer))
+                self._call.expanded.append(layer)
+                self._call.pending.add(id(layer))
             return out
 
         return pre
@@ -412,7 +443,7 @@ class BKEngine(GradEngine):
         def hook(module, args, kwargs, output):
             if not self.recording():
                 return None
-            b = self._batch
+            b = self._call.b
             leaves, spec = pytree.tree_flatten(output)
             stored = pytree.tree_map(_detach, (tuple(args), dict(kwargs)))
             self._group += 1
@@ -441,7 +472,7 @@ class BKEngine(GradEngine):
                     call.folded, call.broadcast = folded, broadcast
                     layer.calls.append(call)
                     t = _Capture.apply(
-                        t, self._anchor, call, self._clone, self._fold_anchor if folded else None
+                        t, self._call.anchor, call, self._clone, self._call.fold_anchor if folded else None
                     )
                 new.append(t)
             return pytree.tree_unflatten(new, spec)
@@ -452,8 +483,8 @@ class BKEngine(GradEngine):
         def hook(module, args, kwargs, output):
             if not self.recording():
                 return None
-            expanded = id(layer) in self._pending
-            self._pending.discard(id(layer))
+            expanded = id(layer) in self._call.pending
+            self._call.pending.discard(id(layer))
             # an expanded input's rows are checked after the backward like a fold's (engine/folds.py)
             return self.capture(
                 layer,
@@ -470,7 +501,9 @@ class BKEngine(GradEngine):
         """Whether the layer ``name`` takes the Gram form (True) or instantiates per-example gradients; recorded
         in ``choices``. An embedding's instantiated path only sums the T output gradients per distinct token;
         ``fits``: see :func:`~dp_adam_bench.engine.bk_rules.dense.use_gram`."""
-        if self._scale is not None:  # a per-coordinate scale: only instantiated per-example gradients see it
+        if (
+            self._scale() is not None
+        ):  # a per-coordinate scale: only instantiated per-example gradients see it
             gram = False
         elif self.mode != "auto":
             gram = self.mode == "gram"
@@ -485,12 +518,12 @@ class BKEngine(GradEngine):
     def shares(self, param: nn.Parameter | None) -> bool:
         """Whether ``param`` is used by several layers in the batch being computed: their rules then hand in
         its per-example gradient with :meth:`share`."""
-        return param is not None and id(param) in self._shared
+        return param is not None and self._call is not None and id(param) in self._call.shared
 
     def share(self, param: nn.Parameter, use: Use) -> None:
         """One layer's per-example gradient of a shared parameter (:mod:`~dp_adam_bench.engine.bk_rules.shared`),
         for the cross terms between its uses."""
-        self._shared[id(param)][3].append(use)
+        self._call.shared[id(param)][3].append(use)
 
     def kept(self, t: torch.Tensor) -> None:
         """Note a per-example gradient tensor a rule keeps until the clipped sum (``memory``)."""
@@ -498,13 +531,18 @@ class BKEngine(GradEngine):
 
     def scale_of(self, param: nn.Parameter | None) -> torch.Tensor | None:
         """The per-coordinate scale of ``param`` (scale-then-privatize), or None."""
-        return None if self._scale is None or param is None else self._scale[id(param)]
+        scale = self._scale()
+        return None if scale is None or param is None else scale[id(param)]
 
     def scaled(self, per_ex: dict) -> dict:
         """Instantiated per-example gradients ``{param: (B, *shape)}`` times their scales, if any."""
-        if self._scale is None:
+        scale = self._scale()
+        if scale is None:
             return per_ex
-        return {p: t * self._scale[id(p)] for p, t in per_ex.items()}
+        return {p: t * scale[id(p)] for p, t in per_ex.items()}
+
+    def _scale(self) -> dict[int, torch.Tensor] | None:
+        return self._call.scale if self._call is not None else None
 
     # --- engine interface -------------------------------------------------------------------------------------------
     def _record(self, batch, b: int, anchor: torch.Tensor) -> None:
@@ -514,11 +552,11 @@ class BKEngine(GradEngine):
             layer.calls = []
         self._rows_in.clear()  # filled again by the parents' pre-hooks in this forward
         fold_anchor = torch.zeros((), dtype=anchor.dtype, device=anchor.device, requires_grad=True)
-        self._anchor, self._fold_anchor, self._batch = anchor, fold_anchor, b
+        self._call.anchor, self._call.fold_anchor = anchor, fold_anchor
         try:
             losses = self.loss_per_example(self.model, batch)
         finally:
-            self._anchor = self._fold_anchor = None
+            self._call.anchor = self._call.fold_anchor = None
         if losses.shape != (b,):
             raise ValueError(
                 f"bk clipping: loss_per_example returned shape {tuple(losses.shape)}, want ({b},)"
@@ -602,15 +640,16 @@ class BKEngine(GradEngine):
 
     def _clipped_sum(self, batch, clip, scale):
         b = batch_len(batch)
+        call = self._call = _BatchCall(b)
         if scale is not None:  # shapes checked by GradEngine.clipped_sum
-            self._scale = {id(p): s.to(p.dtype) for p, s in zip(self.params, scale, strict=True)}
+            call.scale = {id(p): s.to(p.dtype) for p, s in zip(self.params, scale, strict=True)}
         ref = self.params[0]
         self.dtype = ref.dtype  # the precision of norms, clip factors and sums (rules read it)
         anchor = torch.zeros((), dtype=ref.dtype, device=ref.device, requires_grad=True)
         try:
             unexpanded = 0
             while True:
-                self._expanded, self._pending = [], set()
+                call.expanded, call.pending = [], set()
                 try:
                     self._record(batch, b, anchor)
                     break
@@ -618,7 +657,7 @@ class BKEngine(GradEngine):
                     if not self._clone and _in_place(err):
                         self._clone = True  # and once more, with copies of the captured outputs
                         continue
-                    last = self._expanded[-1].name if self._expanded else None
+                    last = call.expanded[-1].name if call.expanded else None
                     if last is not None and last not in self._no_expand and unexpanded < _MAX_UNEXPANDED:
                         # the model reshapes what the expanded layer returned: call it as the model does (its
                         # input then leads with 1, a fold engine/folds.py checks) and run the batch again
@@ -628,8 +667,8 @@ class BKEngine(GradEngine):
                     _refuse_in_place(err)
                     raise
                 finally:
-                    self._pending = set()
-            self._shared = self._shared_in_forward()
+                    call.pending = set()
+            call.shared = self._shared_in_forward()
             sq = torch.zeros(b, dtype=ref.dtype, device=ref.device)
             finishers = []
             self.memory = {"captured_bytes": _captured_bytes(self.layers), "per_example_bytes": 0}
@@ -651,10 +690,10 @@ class BKEngine(GradEngine):
                     layer.calls = []  # what the clipped sum needs is now held by ``finish``
                     sq = sq + layer_sq.to(sq.dtype)
                     finishers.append(finish)
-                _unshareable(self._shared)
-                for name, param, _, uses in self._shared.values():
+                _unshareable(call.shared)
+                for name, param, _, uses in call.shared.values():
                     sq = sq + cross_terms(self, name, param, uses, b).to(sq.dtype)
-                self._shared = {}
+                call.shared = {}
                 # a parameter's cross terms can be negative: an example whose uses cancel has a small norm, and
                 # rounding must not make its square negative
                 norms = sq.clamp(min=0).sqrt()
@@ -665,8 +704,7 @@ class BKEngine(GradEngine):
                         # a shared parameter's clipped sum is the sum over the layers that use it
                         found[id(p)] = s if id(p) not in found else found[id(p)] + s
         finally:
-            self._scale = None
-            self._shared = {}
+            self._call = None  # nothing of this batch outlives its clipped sum
             for layer in self.layers:
                 layer.calls = []
         summed = [found[id(p)].detach() if id(p) in found else torch.zeros_like(p) for p in self.params]

@@ -52,22 +52,21 @@ def install(engine, name, module):
             return checked[key], None
         real = module.relative_attention_bias
         stand_in = _Buckets(real)
-        anchor, engine._anchor = engine._anchor, None  # nothing recorded while the original runs
         try:
-            module.relative_attention_bias = stand_in
-            original(*args, **kwargs)
-            module.relative_attention_bias = real
-            reference = original(*args, **kwargs)  # (1, heads, q, k)
+            with engine.not_recording():  # nothing recorded while the original runs
+                module.relative_attention_bias = stand_in
+                original(*args, **kwargs)
+                module.relative_attention_bias = real
+                reference = original(*args, **kwargs)  # (1, heads, q, k)
         finally:
             module.relative_attention_bias = real
-            engine._anchor = anchor
         checked[key] = stand_in.ids
         return stand_in.ids, reference
 
     def compute_bias(*args, **kwargs):
         if not engine.recording():
             return original(*args, **kwargs)
-        b = engine._batch
+        b = engine.batch_size
         ids, reference = buckets(args, kwargs)
         values = module.relative_attention_bias(ids.expand(b, *ids.shape))  # (B, q, k, heads), captured
         bias = values.permute(0, 3, 1, 2)
