@@ -464,6 +464,7 @@ class PrivateTraining:
         shared, own = rng_fingerprints(self)
         # one collective for what each rank holds of its own: (global torch RNG, task random state, their digests)
         ranks = self.run.ddp.gather_objects((torch.get_rng_state(), task_rng_state(self.run), own))
+        checks = {o.name: o.state_dict() for o in self.observers}
         return {
             "step": self.steps_done,
             "params": [p.detach().clone() for p in self.backend.params],
@@ -476,10 +477,12 @@ class PrivateTraining:
             "side_rng": self.side_gen.get_state(),
             "torch_rng_ranks": [r[0] for r in ranks],
             "plan": self.plan.describe(),  # what the ledger was accounted under (checked on load)
+            # each check's state under its name (None: the run has no such check), in the order checkpoints
+            # have always had them
+            "participation": checks.pop("participation", None),
             "task_rng": [r[1] for r in ranks],
-            # each check's state under its name (None: the run has no such check)
-            **dict.fromkeys(OBSERVER_KEYS),
-            **{o.name: o.state_dict() for o in self.observers},
+            **{k: checks.pop(k, None) for k in OBSERVER_KEYS if k != "participation"},
+            **checks,  # the checks a caller added
             "rng_fingerprints": shared | {k: v for r in ranks for k, v in r[2].items()},
         }
 
