@@ -4,14 +4,18 @@ levels) with Welch's t-test (scipy's is the oracle), the trainable counts."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
+import yaml
 from scipy import stats as sps
 from test_language_reports import write_run
 
 from dp_adam_bench.report import li_e2e_methods
 from dp_adam_bench.report.context import ReportContext
 
+REPO = Path(__file__).resolve().parents[1]
 TRAINABLE = {
     "full": 2_900_000,
     "lora": 12_288,
@@ -20,6 +24,17 @@ TRAINABLE = {
     "top2": 400_000,
     "retrain": 2_900_000,
 }
+
+
+# each method's learning rate in the preset's cpu profile (the report checks the runs against the preset's plan)
+CPU_LR = yaml.safe_load((REPO / "configs" / "experiment" / "li_e2e_methods.yaml").read_text())["profiles"][
+    "cpu"
+]["lr"]
+
+
+def _lr_words(method: str) -> str:
+    private, nonprivate = CPU_LR[method], CPU_LR[f"{method}_nonprivate"]
+    return f"{method} {private:g}" + ("" if private == nonprivate else f" / {nonprivate:g}")
 
 
 def _cfg(method, noise, target, seed):
@@ -32,7 +47,7 @@ def _cfg(method, noise, target, seed):
             "finetune": "full" if method == "retrain" else method,
             "test_subset": 50,
         },
-        "optimizer": {"name": "adam", "lr": 2e-3},
+        "optimizer": {"name": "adam", "lr": CPU_LR[method + ("_nonprivate" if noise == "none" else "")]},
         "noise": {"kind": noise},
         "privacy": {"sigma": None, "clip": 0.1, "delta": 1.1887e-5, "target_epsilon": target},
         "train": {"batch_size": 256, "clipping": "bk", "lr_schedule": "constant"},
@@ -128,6 +143,8 @@ def test_cells_paper_digits_claims_and_counts(isolated_dirs):
     rgp_eps = sps.ttest_ind([39.0, 41.0], [35.0, 37.0], equal_var=False)
     assert f"rgp: eps = 8 > eps = 3 (BLEU): **{_state(rgp_eps)}**" in md and "paper: 58.455 vs 58.482" in md
     assert "lora 12,288 (2.0 min a run)" in md
+    lrs = "; ".join(_lr_words(m) for m in TRAINABLE)
+    assert f"constant: {lrs} (private / non-private where they differ)" in md
     assert "Non-private test loss above full fine-tuning's at eps = 3 (2.00): prefix 5.00." in md
     assert b.loc[("full", "eps3"), "paper"] == pytest.approx(61.519)
     assert df[df.quantity == "test_loss"]["paper"].isna().all()

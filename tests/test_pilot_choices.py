@@ -45,3 +45,14 @@ def test_li_glue_runs_the_learning_rates_its_pilots_chose():
     }
     for row, values in want.items():
         assert all(same(lr[row], v) for v in values), (row, lr[row], values)
+
+
+def test_li_e2e_methods_runs_the_learning_rates_its_pilots_chose():
+    lr = cpu_lr("li_e2e_methods")
+    picks = chosen("li_e2e_methods_pilots", ["finetune", "pretrained", "noise"])
+    # the pilots' group of each of the table's rows (retrain: full fine-tuning from a random start); a private
+    # row's lr, piloted at eps = 8's sigma, serves both private columns
+    for method in ("full", "lora", "prefix", "rgp", "top2", "retrain"):
+        finetune, pretrained = ("full", "False") if method == "retrain" else (method, "")
+        assert same(lr[method], picks[(finetune, pretrained, "independent")]), method
+        assert same(lr[f"{method}_nonprivate"], picks[(finetune, pretrained, "none")]), method

@@ -193,7 +193,7 @@ def _near(cells: dict, col: str, paper: str) -> Claim:
 
 def _fit_note(frame: pd.DataFrame) -> list[str]:
     """The methods whose non-private test loss stays above full fine-tuning's at eps = 3: they have not fit E2E in
-    this budget (steps, learning rate), so their private cells say little about the cost of privacy."""
+    this budget (steps, the method's capacity), so their private cells say little about the cost of privacy."""
     loss = frame[(frame.quantity == "test_loss") & (frame.n > 0)].set_index(["method", "column"])["ours"]
     if ("full", "eps3") not in loss.index:
         return []
@@ -207,8 +207,8 @@ def _fit_note(frame: pd.DataFrame) -> list[str]:
         return []
     return [
         f"Non-private test loss above full fine-tuning's at eps = 3 ({bar:.2f}): {', '.join(slow)}. These methods "
-        "have not fit E2E at this budget and learning rate even without noise, so their private cells measure "
-        "the budget, not the cost of privacy; a learning rate chosen per method on the dev split is the next step."
+        "have not fit E2E at this budget even without noise, at the learning rate their pilots chose, so their "
+        "private cells measure the budget, not the cost of privacy."
     ]
 
 
@@ -238,13 +238,33 @@ def _setting(complete, profile: str) -> str:
     cfg, s = first.config, first.summary
     return (
         f"profile {profile}: {s.get('data_note', '')}; expected B = {get(cfg, 'train.batch_size')}, "
-        f"{s.get('steps')} Poisson steps, C = {get(cfg, 'privacy.clip')}, Adam lr {get(cfg, 'optimizer.lr')} "
-        f"{lr_schedule_words(cfg)} for every method, delta = {get(cfg, 'privacy.delta')}, sigma calibrated under "
+        f"{s.get('steps')} Poisson steps, C = {get(cfg, 'privacy.clip')}, Adam lr {lr_schedule_words(cfg)}: "
+        f"{learning_rates(complete)}; delta = {get(cfg, 'privacy.delta')}, sigma calibrated under "
         f"RDP to the column's epsilon, {get(cfg, 'train.clipping')} clipping; {get(cfg, 'task.test_subset')} test "
         "MRs decoded with 5 beams. LoRA: r = 4, alpha = 32 on c_attn; prefix: 10 tokens through a 512-wide MLP; "
         "RGP: dp_adam_bench/finetune/rgp.py's defaults; top2: the last 2 blocks and ln_f; retrain: every "
         "parameter from a random start. Paper: GPT-2 (124M) on all 42,061 training pairs, li_e2e's paper profile."
     )
+
+
+def learning_rates(complete) -> str:
+    """Each method's learning rate, private / non-private (one value when they agree), from its runs' configs."""
+    lrs: dict[tuple[str, bool], set] = {}
+    for r in complete:
+        private = get(r.config, "noise.kind") != "none"
+        lrs.setdefault((method_of(r.config), private), set()).add(float(get(r.config, "optimizer.lr")))
+
+    def words(values: set | None) -> str:
+        return "/".join(f"{v:g}" for v in sorted(values)) if values else "-"
+
+    parts = []
+    for method in METHODS:
+        private, nonprivate = lrs.get((method, True)), lrs.get((method, False))
+        if private is None and nonprivate is None:
+            continue
+        same = private == nonprivate
+        parts.append(f"{method} {words(private)}" + ("" if same else f" / {words(nonprivate)}"))
+    return "; ".join(parts) + " (private / non-private where they differ)"
 
 
 def _notes(found, profile: str) -> list[str]:
@@ -253,7 +273,8 @@ def _notes(found, profile: str) -> list[str]:
         notes.append(
             "CPU profile: the 4-layer, 128-wide GPT-2 that li_e2e pretrains on arXiv abstracts (2.9M parameters "
             "untied) instead of GPT-2 (124M), and fewer, smaller steps (configs/experiment/li_e2e_methods.yaml): "
-            "compare the orderings, not the scores. One learning rate for every method, untuned per method."
+            "compare the orderings, not the scores. Each method's learning rate, private and non-private, is the "
+            "best dev loss of its pilots (results/li_e2e_methods_pilots.md; chosen on the dev split, never test)."
         )
     notes.append(
         "GDP + CLT is an approximation, not a bound; PRV and PLD are numerical accountants of the same mechanism. "

@@ -147,9 +147,28 @@ _TABLES: tuple[tuple[str, ReportSpec], ...] = (
             "Li et al. (E2E table, methods)",
             "BLEU / ROUGE-L of GPT-2 by fine-tuning method (full, LoRA, prefix, RGP, top2, retrain) at eps = 3, 8, "
             "non-private",
-            "~44 min (18 runs, LAUNCHER=joblib JOBS=2; + ~24 min once to pretrain, shared with li_e2e)",
+            "~90 min (36 runs, LAUNCHER=joblib JOBS=2; estimated from 44 min for 18 runs of one seed, 2026-11-28; + "
+            "~24 min once to pretrain, shared with li_e2e)",
             experiment="li_e2e_methods",
             runtime_paper="15 GPU runs of 4,108 steps (GPT-2 124M) and 3 from scratch",
+        ),
+    ),
+    (
+        "li_e2e_methods_pilots",
+        ReportSpec(
+            _in("pilots"),
+            "Li et al. (E2E table, methods: the CPU profile's pilots)",
+            "the learning rates the CPU li_e2e_methods uses, per method, private and non-private: every pilot run, "
+            "trained on the E2E training pairs and scored by its loss on the dev split",
+            "~115 min (36 runs, LAUNCHER=joblib JOBS=2, 2026-12-08, the 2 cores shared with tests and profiles for "
+            "most of it; + ~24 min once to pretrain, shared with li_e2e)",
+            experiment="li_e2e_methods_pilots",
+            runtime_paper="none: the paper profile uses li_e2e's learning rate for every method",
+            args=(
+                "li_e2e_methods_pilots",
+                "li_e2e_methods",
+                "(token cross-entropy) on every reference of 50 E2E dev MRs (never test)",
+            ),
         ),
     ),
     (
