@@ -81,6 +81,12 @@ def test_a_new_check_sees_every_step_in_order_and_keeps_its_state_in_checkpoints
     assert late.seen == -2  # told it is None after 2 steps
     with pytest.raises(ValueError, match="an observer named 'recorder' is already registered"):
         third.add_observer(Recorder())
+    clash = Recorder()
+    clash.name = "ledger"
+    with pytest.raises(
+        ValueError, match="an observer cannot be named 'ledger': a checkpoint keeps the run's own"
+    ):
+        third.add_observer(clash)
 
 
 def test_a_check_that_fails_stops_the_run_before_the_next_release():

@@ -501,9 +501,8 @@ class BKEngine(GradEngine):
         """Whether the layer ``name`` takes the Gram form (True) or instantiates per-example gradients; recorded
         in ``choices``. An embedding's instantiated path only sums the T output gradients per distinct token;
         ``fits``: see :func:`~dp_adam_bench.engine.bk_rules.dense.use_gram`."""
-        if (
-            self._scale() is not None
-        ):  # a per-coordinate scale: only instantiated per-example gradients see it
+        # a per-coordinate scale: only instantiated per-example gradients see it
+        if self._scale() is not None:
             gram = False
         elif self.mode != "auto":
             gram = self.mode == "gram"

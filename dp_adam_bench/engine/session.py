@@ -245,6 +245,12 @@ class PrivateTraining:
         under its name (:mod:`dp_adam_bench.engine.observers`)."""
         if any(o.name == observer.name for o in self.observers):
             raise ValueError(f"an observer named {observer.name!r} is already registered")
+        taken = set(STATE_KEYS) | set(OPTIONAL_STATE_KEYS)
+        if observer.name in taken and observer.name not in OBSERVER_KEYS:
+            # its state would overwrite the run's own in every checkpoint (the ledger, the parameters, ...)
+            raise ValueError(
+                f"an observer cannot be named {observer.name!r}: a checkpoint keeps the run's own state under it"
+            )
         self.observers.append(observer)
 
     # --- what the run is ------------------------------------------------------------------------------------------
@@ -302,9 +308,8 @@ class PrivateTraining:
                     else ""
                 )
             )
-        for o in (
-            self.observers
-        ):  # a due engine check runs on this batch's longest and shortest, before its release
+        # a due engine check runs on this batch's longest and shortest, before its release
+        for o in self.observers:
             o.on_batch(self, idx)
         self.steps_done += 1
         run, variant, backend = self.run, self.variant, self.backend
