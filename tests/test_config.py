@@ -260,3 +260,10 @@ def test_a_registered_sampler_is_valid_and_built_without_touching_the_validator(
         from omegaconf import OmegaConf
 
         assert build_sampler(OmegaConf.create(cfg), 10, 3, 7) == "the sampler" and built == [(10, 3, 7)]
+        # but no accountant here knows its sampling: a private run with it is refused, not accounted as Poisson
+        from dp_adam_bench.engine.trainer import build
+
+        with pytest.raises(
+            ConfigError, match="train.sampler='every_example' is registered, but the accounting"
+        ):
+            build(OmegaConf.create(cfg))

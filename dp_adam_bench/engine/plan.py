@@ -53,6 +53,8 @@ from dp_adam_bench.optim.base import Variant
 from dp_adam_bench.privacy.noise_factory import NOISE, build_strategy
 from dp_adam_bench.privacy.strategies import Strategy
 
+#: the samplers engine/plan_accounting.py accounts for (each by its own rule): a private run refuses any other
+ACCOUNTED_SAMPLERS = ("single_pass", "poisson", "shuffle", "cyclic_poisson", "balls_in_bins")
 #: samplers whose batches have a random, unbounded size
 VARIABLE_BATCHES = {
     "poisson": "Poisson",
@@ -373,6 +375,13 @@ def _refuse_what_cannot_be_accounted(cfg, n: int, variant: Variant, terms: Priva
     not an upper bound."""
     check_batch_fits(cfg, n)
     sampler_kind = cfg.train.sampler
+    if terms.noisy and sampler_kind not in ACCOUNTED_SAMPLERS:
+        # a sampler registered later (engine/samplers.py) would otherwise be accounted as Poisson sampling
+        raise ConfigError(
+            f"train.sampler={sampler_kind!r} is registered, but the accounting here knows only "
+            f"{', '.join(ACCOUNTED_SAMPLERS)}; a private run with another sampler needs its own accounting "
+            "(engine/plan_accounting.py) before it can report an epsilon"
+        )
     if terms.noisy and variant.needs_fixed_batch and sampler_kind in VARIABLE_BATCHES:
         raise ConfigError(
             f"optimizer.name={variant.name!r} bounds the sensitivity of g^2 assuming at most B examples per batch; "
